@@ -1,0 +1,39 @@
+"""ivq-debug: layer-wise numerical-accuracy debugging for VLMs going PyTorch → ONNX Runtime → QNN.
+
+The notebook API::
+
+    import ivq_debug as ivq
+    ref, test = ivq.open_dump("golden/ref.h5"), ivq.open_dump("golden/htp.h5")
+    cmp = ivq.compare(ref, test)
+    cmp.table           # pandas DataFrame, one row per aligned tensor
+    cmp.worst(10)
+    cmp.first_divergence
+
+Heavy modules (torch, onnxruntime, transformers) are imported only when a function needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "open_dump": ("ivq_debug.dump", "open_dump"),
+    "Dump": ("ivq_debug.dump", "Dump"),
+    "DumpWriter": ("ivq_debug.dump", "DumpWriter"),
+    "compare": ("ivq_debug.compare", "compare"),
+    "Comparison": ("ivq_debug.compare", "Comparison"),
+    "Budgets": ("ivq_debug.compare", "Budgets"),
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'ivq_debug' has no attribute {name!r}")

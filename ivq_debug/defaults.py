@@ -1,0 +1,48 @@
+"""Defaults, in one place.
+
+Anything a user might want to change has its default here; modules read these names instead of
+repeating literals.
+"""
+
+from __future__ import annotations
+
+# --- golden dumps -----------------------------------------------------------------------------------
+DUMP_FORMAT = "ivq-dump"
+DUMP_FORMAT_VERSION = 1
+#: HDF5 compression filter for tensor datasets: "gzip", "lzf" or None.
+DUMP_COMPRESSION: str | None = "lzf"
+#: gzip level when DUMP_COMPRESSION == "gzip".
+DUMP_COMPRESSION_LEVEL = 1
+#: target bytes per HDF5 chunk.
+DUMP_CHUNK_BYTES = 1 << 20
+#: tensors smaller than this are stored contiguous (no chunking / compression).
+DUMP_MIN_CHUNKED_BYTES = 64 << 10
+
+# --- comparison -------------------------------------------------------------------------------------
+#: metric used to rank layers (worst first) when none is given.
+RANK_METRIC = "sqnr_db"
+#: bytes per block when metrics stream through a tensor.
+COMPARE_BLOCK_BYTES = 16 << 20
+#: fraction of tensors that may stay unmatched before ivq-diff exits 4 (per side, of the smaller dump).
+MAX_UNMATCHED_FRACTION = 0.5
+#: number of worst layers printed by ivq-diff.
+TOP_N = 10
+
+#: Threshold presets (see docs/metrics.md). Each maps a metric to a (direction, value) budget:
+#: "min" means the metric must be >= value, "max" means <= value.
+PRESETS: dict[str, dict[str, tuple[str, float]]] = {
+    # fp32 ONNX vs PyTorch (seed: max_abs <= 1e-5)
+    "export": {"max_abs": ("max", 1e-5)},
+    # quantized vs reference (seed: max_abs <= 0.02 usable, > 0.1 rework)
+    "quant-usable": {"max_abs": ("max", 0.02)},
+    "quant-rework": {"max_abs": ("max", 0.1)},
+}
+
+#: projector output mean relative error above which the projector is said to drift (seed: 5 %).
+PROJECTOR_DRIFT_MEAN_REL = 0.05
+
+# --- QNN (HTP through onnxruntime-qnn) --------------------------------------------------------------
+#: Snapdragon X Elite; the x86 HTP emulator defaults to SM8350/v68 without it, where several ops fail.
+QNN_SOC_MODEL = "60"
+QNN_HTP_ARCH = "73"
+QNN_EP_NAME = "QNNExecutionProvider"

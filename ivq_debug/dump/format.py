@@ -1,0 +1,89 @@
+"""Layout constants and small helpers of the HDF5 golden-dump format (see ``docs/dump-format.md``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.defaults import DUMP_FORMAT, DUMP_FORMAT_VERSION
+
+FORMAT = DUMP_FORMAT
+FORMAT_VERSION = DUMP_FORMAT_VERSION
+
+RECORDS = "records"
+MANIFEST = "manifest"
+TABLES = "tables"
+META = "meta"
+
+#: groups inside a record
+KIND_GROUPS = {"input": "in", "tensor": "t"}
+RAW_GROUP = "q"  # raw quantized integers of a tensor (same key as the tensor)
+SAMPLE_GROUP = "s"  # sampled values of a tensor stored summary-only
+
+#: manifest columns, in order
+MANIFEST_COLUMNS = (
+    "rid",
+    "sample",
+    "part",
+    "step",
+    "kind",
+    "name",
+    "key",
+    "order",
+    "op_type",
+    "scope",
+    "shape",
+    "dtype",
+    "layout",
+    "stored",
+    "nbytes",
+    "min",
+    "max",
+    "mean",
+    "std",
+    "nonfinite",
+    "encoding",
+    "has_raw",
+)
+
+#: dtypes numpy cannot hold natively: stored as a same-width integer view, named in the ``dtype`` attribute
+VIEW_DTYPES = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
+def escape_name(name: str) -> str:
+    """Make a tensor name usable as one HDF5 link name (reversible: see :func:`unescape_name`)."""
+    if not name:
+        return "%00"
+    out = name.replace("%", "%25").replace("/", "%2F")
+    if out in (".", ".."):
+        out = out.replace(".", "%2E")
+    return out
+
+
+def unescape_name(key: str) -> str:
+    """Inverse of :func:`escape_name`."""
+    if key == "%00":
+        return ""
+    return key.replace("%2E", ".").replace("%2F", "/").replace("%25", "%")
+
+
+def record_id(index: int) -> str:
+    """HDF5 group name of the ``index``-th record."""
+    return f"r{index:06d}"
+
+
+def to_json(value: Any) -> str:
+    """JSON with numpy scalars and arrays converted; non-finite floats become strings."""
+
+    def default(o: Any) -> Any:
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, (set, tuple)):
+            return list(o)
+        return str(o)
+
+    return json.dumps(value, default=default, allow_nan=True, separators=(",", ":"))

@@ -1,0 +1,339 @@
+"""Lazy reader of golden dumps: the manifest is read at open, tensor data only on request."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.dump import format as fmt
+from ivq_debug.errors import InputError, UsageError
+
+RecordKey = tuple[int, str, int]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor or input of one record, as listed in the manifest."""
+
+    rid: str
+    sample: int
+    part: str
+    step: int
+    kind: str
+    name: str
+    key: str
+    order: int
+    op_type: str | None
+    scope: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str | None
+    stored: str
+    nbytes: int
+    encoding: dict[str, Any] | None
+    has_raw: bool
+
+    @property
+    def record(self) -> RecordKey:
+        """The (sample, part, step) key of the record."""
+        return (self.sample, self.part, self.step)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+
+def _decode(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+class Dump:
+    """A golden dump opened for reading. Use :func:`open_dump`.
+
+    Attributes:
+        path: the file.
+        backend: capture backend name.
+        backend_info: dict of library versions, providers, soc_model/htp_arch, emulated, …
+        model: dict describing the captured model.
+        manifest: pandas DataFrame, one row per (record, tensor), with statistics.
+        records: pandas DataFrame, one row per record (rid, sample, part, step, meta).
+        complete: False when the producer marked the dump partial (see ``incomplete_reasons``).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        import h5py
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise InputError("no such file", self.path)
+        if self.path.is_dir():
+            raise InputError("is a directory, not a dump file", self.path)
+        try:
+            self._f = h5py.File(self.path, "r")
+        except OSError as e:
+            msg = str(e).split("(")[-1].rstrip(")") if "(" in str(e) else str(e)
+            raise InputError(f"not a readable HDF5 dump ({msg.strip()})", self.path) from None
+        try:
+            self._load()
+        except InputError:
+            self._f.close()
+            raise
+        except (KeyError, ValueError, OSError, json.JSONDecodeError) as e:
+            self._f.close()
+            raise InputError(f"corrupt dump ({type(e).__name__}: {e})", self.path) from None
+
+    def _load(self) -> None:
+        a = self._f.attrs
+        if _decode(a.get("format")) != fmt.FORMAT:
+            raise InputError("not an ivq-debug dump (HDF5 file without format='ivq-dump')", self.path)
+        self.format_version = int(a.get("format_version", 0))
+        if self.format_version > fmt.FORMAT_VERSION:
+            raise InputError(
+                f"dump format version {self.format_version} is newer than this ivq-debug reads "
+                f"({fmt.FORMAT_VERSION}); upgrade ivq-debug",
+                self.path,
+            )
+        if not bool(a.get("finalized", False)) or fmt.MANIFEST not in self._f:
+            raise InputError("capture did not finish (the dump was never finalized)", self.path)
+        self.backend = _decode(a["backend"])
+        self.backend_info = json.loads(_decode(a["backend_info"]))
+        self.model = json.loads(_decode(a["model"]))
+        self.created = _decode(a.get("created", ""))
+        self.tool_version = _decode(a.get("tool_version", ""))
+        self.command = _decode(a.get("command", ""))
+        self.complete = bool(a.get("complete", True))
+        self.incomplete_reasons = json.loads(_decode(a.get("incomplete_reasons", "[]")))
+        self.summary_only = bool(a.get("summary_only", False))
+        raw = self._f[fmt.MANIFEST][()]
+        m = json.loads(_decode(raw))
+        self._columns = m["columns"]
+        self._rows = m["rows"]
+        recs = []
+        for rid, g in self._f[fmt.RECORDS].items():
+            recs.append(
+                {
+                    "rid": rid,
+                    "sample": int(g.attrs["sample"]),
+                    "part": _decode(g.attrs["part"]),
+                    "step": int(g.attrs["step"]),
+                    "meta": json.loads(_decode(g.attrs.get("meta", "{}"))),
+                }
+            )
+        self._records = sorted(recs, key=lambda r: r["rid"])
+        self._entries: list[Entry] | None = None
+        self._manifest = None
+
+    # ---------------------------------------------------------------- listing
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Root attributes (provenance), decoded."""
+        return {k: _decode(v) for k, v in self._f.attrs.items()}
+
+    @property
+    def entries(self) -> list[Entry]:
+        """All manifest rows as :class:`Entry` objects (inputs and tensors)."""
+        if self._entries is None:
+            c = {n: i for i, n in enumerate(self._columns)}
+            self._entries = [
+                Entry(
+                    rid=r[c["rid"]], sample=r[c["sample"]], part=r[c["part"]], step=r[c["step"]],
+                    kind=r[c["kind"]], name=r[c["name"]], key=r[c["key"]], order=r[c["order"]],
+                    op_type=r[c["op_type"]], scope=r[c["scope"]], shape=tuple(r[c["shape"]]),
+                    dtype=r[c["dtype"]], layout=r[c["layout"]], stored=r[c["stored"]], nbytes=r[c["nbytes"]],
+                    encoding=r[c["encoding"]], has_raw=bool(r[c["has_raw"]]),
+                )
+                for r in self._rows
+            ]
+        return self._entries
+
+    def tensors(self, record: Any = None, kind: str = "tensor") -> list[Entry]:
+        """Entries of one kind (``tensor`` or ``input``), optionally of one record, in execution order."""
+        rid = self._rid(record) if record is not None else None
+        out = [e for e in self.entries if e.kind == kind and (rid is None or e.rid == rid)]
+        return sorted(out, key=lambda e: (e.rid, e.order))
+
+    @property
+    def manifest(self):
+        """The manifest as a pandas DataFrame (no tensor data is read)."""
+        if self._manifest is None:
+            import pandas as pd
+
+            df = pd.DataFrame(self._rows, columns=self._columns)
+            df["shape"] = df["shape"].map(tuple)
+            self._manifest = df
+        return self._manifest
+
+    @property
+    def records(self):
+        """One row per record: rid, sample, part, step, meta."""
+        import pandas as pd
+
+        return pd.DataFrame(self._records, columns=["rid", "sample", "part", "step", "meta"])
+
+    def record_keys(self) -> dict[RecordKey, str]:
+        """Map (sample, part, step) → rid."""
+        return {(r["sample"], r["part"], r["step"]): r["rid"] for r in self._records}
+
+    def record_meta(self, record: Any) -> dict[str, Any]:
+        """The ``meta`` dict of a record."""
+        rid = self._rid(record)
+        return next(r["meta"] for r in self._records if r["rid"] == rid)
+
+    def _rid(self, record: Any) -> str:
+        if record is None:
+            if len(self._records) != 1:
+                raise UsageError(f"dump has {len(self._records)} records; name one", self.path)
+            return self._records[0]["rid"]
+        if isinstance(record, str):
+            if any(r["rid"] == record for r in self._records):
+                return record
+            raise UsageError(f"no record {record!r}", self.path)
+        if isinstance(record, tuple):
+            rid = self.record_keys().get(tuple(record))  # type: ignore[arg-type]
+            if rid is None:
+                raise UsageError(f"no record {record}", self.path)
+            return rid
+        raise UsageError(f"bad record selector {record!r}")
+
+    def entry(self, name: str, record: Any = None, kind: str = "tensor") -> Entry:
+        """The manifest entry of one tensor."""
+        rid = self._rid(record) if record is not None or len(self._records) == 1 else None
+        hits = [e for e in self.entries if e.name == name and e.kind == kind and (rid is None or e.rid == rid)]
+        if not hits:
+            raise UsageError(f"no {kind} named {name!r}" + (f" in record {rid}" if rid else ""), self.path)
+        if len(hits) > 1:
+            raise UsageError(f"{kind} {name!r} is in {len(hits)} records; name one (record=…)", self.path)
+        return hits[0]
+
+    # ---------------------------------------------------------------- data
+    def dataset(self, entry: Entry):
+        """The h5py dataset behind an entry (for block-wise reads)."""
+        grp = fmt.KIND_GROUPS[entry.kind]
+        try:
+            return self._f[fmt.RECORDS][entry.rid][grp][entry.key]
+        except KeyError:
+            raise InputError(f"manifest lists {entry.name!r} but its data is missing", self.path) from None
+
+    def read(self, name: str | Entry, record: Any = None, kind: str = "tensor") -> np.ndarray:
+        """Read one tensor in its stored dtype (bfloat16 is returned as float32)."""
+        e = name if isinstance(name, Entry) else self.entry(name, record, kind)
+        if e.stored != "full":
+            raise UsageError(f"{e.name!r} was stored summary-only; use read_sample()", self.path)
+        try:
+            arr = self.dataset(e)[()]
+        except OSError as err:
+            raise InputError(f"cannot read {e.name!r} ({err})", self.path) from None
+        return logical(np.asarray(arr), e.dtype)
+
+    def read_sample(self, entry: Entry) -> np.ndarray:
+        """The strided sample of a summary-only tensor (or the same sample taken from a full tensor)."""
+        from ivq_debug.dump.stats import sample_indices
+
+        if entry.stored == "summary":
+            arr = self._f[fmt.RECORDS][entry.rid][fmt.SAMPLE_GROUP][entry.key][()]
+            return logical(np.asarray(arr), entry.dtype)
+        k = int(self._f.attrs.get("summary_samples", 4096))
+        ds = self.dataset(entry)
+        idx = sample_indices(entry.size, k)
+        flat = np.asarray(ds[()]).reshape(-1)[idx]
+        return logical(flat, entry.dtype)
+
+    def read_raw(self, entry: Entry) -> np.ndarray | None:
+        """The raw quantized integers stored beside a tensor, if any."""
+        if not entry.has_raw:
+            return None
+        return self._f[fmt.RECORDS][entry.rid][fmt.RAW_GROUP][entry.key][()]
+
+    def iter_blocks(self, entry: Entry, block_bytes: int) -> Iterator[np.ndarray]:
+        """Yield the tensor in blocks of about ``block_bytes`` (C order), each in its logical dtype."""
+        ds = self.dataset(entry)
+        for sl in block_slices(entry.shape, ds.dtype.itemsize, block_bytes):
+            yield logical(np.asarray(ds[sl]), entry.dtype)
+
+    def table(self, name: str):
+        """A stored table (e.g. ``profiling``) as a pandas DataFrame."""
+        import pandas as pd
+
+        if fmt.TABLES not in self._f or name not in self._f[fmt.TABLES]:
+            raise UsageError(f"dump has no table {name!r}", self.path)
+        p = json.loads(_decode(self._f[fmt.TABLES][name][()]))
+        return pd.DataFrame(p["rows"], columns=p["columns"])
+
+    def table_names(self) -> list[str]:
+        """Names of the stored tables."""
+        return list(self._f[fmt.TABLES].keys()) if fmt.TABLES in self._f else []
+
+    def meta(self, name: str, default: Any = None) -> Any:
+        """A JSON value stored under ``/meta/<name>``."""
+        if fmt.META not in self._f or name not in self._f[fmt.META]:
+            return default
+        return json.loads(_decode(self._f[fmt.META][name][()]))
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Close the file."""
+        try:
+            self._f.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> Dump:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Dump({str(self.path)!r}, backend={self.backend!r}, records={len(self._records)}, "
+            f"tensors={len(self._rows)})"
+        )
+
+
+def logical(arr: np.ndarray, dtype_name: str) -> np.ndarray:
+    """Reinterpret stored integer views (bfloat16) as numbers numpy can hold."""
+    if dtype_name == "bfloat16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+def block_slices(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> Iterator[tuple[slice | int, ...]]:
+    """Index tuples that cover an array of ``shape`` in C order, each about ``block_bytes``.
+
+    Trailing axes are kept whole; the first axis whose inner size fits is cut into runs; the axes
+    before it are iterated one index at a time.
+    """
+    if len(shape) == 0:
+        yield ()
+        return
+    if math.prod(shape) == 0:
+        yield tuple(slice(None) for _ in shape)
+        return
+    inner = itemsize
+    k = len(shape)
+    # find the smallest k such that prod(shape[k:]) * itemsize <= block_bytes
+    while k > 0 and inner * shape[k - 1] <= block_bytes:
+        inner *= shape[k - 1]
+        k -= 1
+    if k == 0:
+        yield tuple(slice(None) for _ in shape)
+        return
+    axis = k - 1  # cut this axis into runs of `run` indices
+    run = max(1, block_bytes // inner)
+    outer = shape[:axis]
+    for idx in np.ndindex(*outer) if outer else [()]:
+        for start in range(0, shape[axis], run):
+            yield (*idx, slice(start, min(start + run, shape[axis])), *(slice(None),) * (len(shape) - axis - 1))
+
+
+def open_dump(path: str | os.PathLike) -> Dump:
+    """Open a golden dump for reading (raises :class:`~ivq_debug.errors.InputError` on a bad file)."""
+    return Dump(path)

@@ -1,0 +1,390 @@
+"""Streaming, atomic writer of golden dumps.
+
+A tensor goes to disk when it is added; only the small manifest row stays in memory. The file is
+written under a hidden temporary name in the destination folder and renamed to its final name by
+:meth:`DumpWriter.close`, after the manifest is written and ``finalized`` is set. A capture that is
+killed leaves only ``.<name>.partial-<pid>``; one that raises removes its temporary file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug import defaults
+from ivq_debug.dump import format as fmt
+from ivq_debug.dump.stats import sample_indices, tensor_stats
+from ivq_debug.errors import InputError, UsageError
+
+
+def _tool_version() -> str:
+    from ivq_debug import __version__
+
+    return __version__
+
+
+def to_numpy(value: Any) -> tuple[np.ndarray, str]:
+    """Convert a numpy array, torch tensor or scalar to ``(array_to_store, original_dtype_name)``.
+
+    bfloat16 / float8 tensors are stored as same-width integer views (numpy has no such dtype); the
+    original dtype name is kept so that readers can reinterpret them.
+    """
+    if hasattr(value, "detach") and hasattr(value, "dtype"):  # torch.Tensor without importing torch
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        dname = str(t.dtype).replace("torch.", "")
+        if dname in fmt.VIEW_DTYPES:
+            import torch
+
+            view = {"bfloat16": torch.int16, "float8_e4m3fn": torch.uint8, "float8_e5m2": torch.uint8}[dname]
+            arr = t.contiguous().view(view).numpy().view(fmt.VIEW_DTYPES[dname])
+            return arr, dname
+        if dname == "bool":
+            return t.numpy(), "bool"
+        return t.contiguous().numpy(), np.dtype(t.numpy().dtype).name
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        raise UsageError(f"cannot store an object array (got {type(value).__name__})")
+    return arr, arr.dtype.name
+
+
+def _chunk_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
+    """Chunk shape of about ``target`` bytes: trailing axes kept whole, leading axes cut."""
+    chunk = [max(1, s) for s in shape]
+    nbytes = math.prod(chunk) * itemsize
+    for i in range(len(chunk)):
+        if nbytes <= target:
+            break
+        inner = nbytes // chunk[i]
+        chunk[i] = max(1, target // max(inner, 1))
+        nbytes = math.prod(chunk) * itemsize
+    return tuple(chunk)
+
+
+class DumpWriter:
+    """Write one golden dump (one capture) to ``path``, streaming tensors as they are added.
+
+    Usage::
+
+        with DumpWriter("golden/ref.h5", backend="torch", model={"path": "..."}) as w:
+            w.begin_record(sample=0, part="vision", step=0)
+            w.add_input("pixel_values", pv)
+            w.add_tensor("model.vision_tower.encoder.layer.0", h, op_type="InternVLVisionLayer")
+        # the file appears as golden/ref.h5 only here, complete
+
+    Args:
+        path: final file name.
+        backend: capture backend (``torch``, ``onnxruntime-cpu``, ``onnxruntime-cpu-qdq``, ``qnn-htp``,
+            ``qnn-net-run``, …).
+        backend_info: library versions, providers, optimization level, soc_model, htp_arch, emulated, …
+        model: model identity (path, sha256, part, …).
+        command: the command line that produced the dump (defaults to ``sys.argv``).
+        overwrite: replace an existing file at ``path``; otherwise an existing file is an error.
+        compression: ``"lzf"``, ``"gzip"`` or ``None`` (default from :mod:`ivq_debug.defaults`).
+        summary_only: store statistics and ``summary_samples`` strided values instead of whole tensors.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        backend: str,
+        backend_info: dict[str, Any] | None = None,
+        model: dict[str, Any] | None = None,
+        command: str | None = None,
+        overwrite: bool = False,
+        compression: str | None | type[Ellipsis] = ...,
+        summary_only: bool = False,
+        summary_samples: int = 4096,
+    ) -> None:
+        import h5py
+
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise UsageError("output exists; pass overwrite=True (CLI: --force) to replace it", self.path)
+        if not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.overwrite = overwrite
+        self.compression = defaults.DUMP_COMPRESSION if compression is ... else compression
+        self.summary_only = summary_only
+        self.summary_samples = summary_samples
+        self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
+        self._f = h5py.File(self._tmp, "w", libver="latest")
+        self._rows: list[list[Any]] = []
+        self._records: list[dict[str, Any]] = []
+        self._cur: dict[str, Any] | None = None
+        self._order: dict[str, int] = {}
+        self._names: dict[tuple[str, str], set[str]] = {}
+        self._incomplete: list[str] = []
+        self._closed = False
+        a = self._f.attrs
+        a["format"] = fmt.FORMAT
+        a["format_version"] = fmt.FORMAT_VERSION
+        a["finalized"] = False
+        a["backend"] = backend
+        a["backend_info"] = fmt.to_json(backend_info or {})
+        a["model"] = fmt.to_json(model or {})
+        a["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        a["tool_version"] = _tool_version()
+        a["command"] = command if command is not None else " ".join(sys.argv)
+        a["host"] = f"{getpass.getuser()}@{socket.gethostname()}"
+        a["summary_only"] = summary_only
+        a["summary_samples"] = summary_samples
+        self._f.create_group(fmt.RECORDS)
+
+    # ---------------------------------------------------------------- records
+    def begin_record(self, sample: int = 0, part: str = "model", step: int = 0, **meta: Any) -> str:
+        """Start a record (one forward call of one part for one sample); later tensors go into it.
+
+        ``step`` is the generation step: 0 for a single forward or a prefill, ``k >= 1`` for the k-th
+        decode call. Extra keyword arguments (e.g. ``position_ids`` summary, ``cache_len``) are stored as
+        JSON in the record's ``meta``. Returns the record id.
+        """
+        self._check_open()
+        key = (int(sample), str(part), int(step))
+        for r in self._records:
+            if (r["sample"], r["part"], r["step"]) == key:
+                raise UsageError(f"record sample={sample} part={part!r} step={step} already exists")
+        rid = fmt.record_id(len(self._records))
+        g = self._f[fmt.RECORDS].create_group(rid)
+        g.attrs["sample"], g.attrs["part"], g.attrs["step"] = key
+        g.attrs["meta"] = fmt.to_json(meta)
+        rec = {"rid": rid, "sample": key[0], "part": key[1], "step": key[2], "meta": meta}
+        self._records.append(rec)
+        self._cur = rec
+        self._order[rid] = 0
+        return rid
+
+    def update_record_meta(self, **meta: Any) -> None:
+        """Add keys to the current record's ``meta`` (e.g. the chosen token after the forward)."""
+        rec = self._require_record()
+        rec["meta"].update(meta)
+        self._f[fmt.RECORDS][rec["rid"]].attrs["meta"] = fmt.to_json(rec["meta"])
+
+    @property
+    def current_record(self) -> str | None:
+        """Id of the record tensors are currently added to."""
+        return self._cur["rid"] if self._cur else None
+
+    # ---------------------------------------------------------------- tensors
+    def add_input(self, name: str, value: Any, **kw: Any) -> None:
+        """Store one model input of the current record (always stored whole)."""
+        self._add("input", name, value, **kw)
+
+    def add_tensor(
+        self,
+        name: str,
+        value: Any,
+        *,
+        op_type: str | None = None,
+        order: int | None = None,
+        scope: str | None = None,
+        layout: str | None = None,
+        encoding: dict[str, Any] | None = None,
+        raw: Any | None = None,
+    ) -> None:
+        """Store one captured tensor of the current record.
+
+        Args:
+            name: framework-native name (torch module path with ``[i]``/``.key``/``#k`` suffixes, ONNX
+                tensor name, …).
+            op_type: ONNX op type or torch module class.
+            order: execution order within the record (default: the order of ``add_tensor`` calls).
+            scope: module path the tensor belongs to (ONNX tensors: from exporter scopes / metadata).
+            layout: ``"NCHW"``, ``"NHWC"``, … when known.
+            encoding: quantization encoding (``bitwidth``, ``scale``, ``zero_point`` in the ONNX
+                convention, ``axis``, ``dtype``, ``symmetric``), see ``docs/dump-format.md``.
+            raw: the raw quantized integers the backend produced, stored beside the float values.
+        """
+        self._add(
+            "tensor", name, value, op_type=op_type, order=order, scope=scope, layout=layout,
+            encoding=encoding, raw=raw,
+        )
+
+    def _add(
+        self,
+        kind: str,
+        name: str,
+        value: Any,
+        *,
+        op_type: str | None = None,
+        order: int | None = None,
+        scope: str | None = None,
+        layout: str | None = None,
+        encoding: dict[str, Any] | None = None,
+        raw: Any | None = None,
+    ) -> None:
+        rec = self._require_record()
+        rid = rec["rid"]
+        seen = self._names.setdefault((rid, kind), set())
+        if name in seen:
+            raise UsageError(f"{kind} {name!r} added twice to record {rid}")
+        seen.add(name)
+        arr, dtype_name = to_numpy(value)
+        stats = tensor_stats(self._logical(arr, dtype_name))
+        key = fmt.escape_name(name)
+        grp = self._f[fmt.RECORDS][rid].require_group(fmt.KIND_GROUPS[kind])
+        stored = "full"
+        if kind == "tensor" and self.summary_only and arr.size > self.summary_samples:
+            stored = "summary"
+            idx = sample_indices(arr.size, self.summary_samples)
+            sgrp = self._f[fmt.RECORDS][rid].require_group(fmt.SAMPLE_GROUP)
+            sgrp.create_dataset(key, data=arr.reshape(-1)[idx])
+            ds = grp.create_dataset(key, shape=arr.shape, dtype=arr.dtype)  # shape only, no data written
+            ds.attrs["summary_only"] = True
+        else:
+            ds = self._create(grp, key, arr)
+        if order is None:
+            order = self._order[rid]
+        self._order[rid] = max(self._order[rid], order + 1)
+        ds.attrs["name"] = name
+        ds.attrs["dtype"] = dtype_name
+        ds.attrs["order"] = order
+        for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout)):
+            if val is not None:
+                ds.attrs[attr] = val
+        has_raw = False
+        if encoding is not None:
+            ds.attrs["encoding"] = fmt.to_json(encoding)
+        if raw is not None:
+            raw_arr, _ = to_numpy(raw)
+            self._create(self._f[fmt.RECORDS][rid].require_group(fmt.RAW_GROUP), key, raw_arr)
+            has_raw = True
+        self._rows.append(
+            [
+                rid, rec["sample"], rec["part"], rec["step"], kind, name, key, order, op_type, scope,
+                list(arr.shape), dtype_name, layout, stored, int(arr.nbytes), stats["min"], stats["max"],
+                stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw,
+            ]
+        )
+
+    @staticmethod
+    def _logical(arr: np.ndarray, dtype_name: str) -> np.ndarray:
+        if dtype_name == "bfloat16":
+            return (arr.astype(np.uint32) << 16).view(np.float32)
+        if dtype_name.startswith("float8"):
+            return arr.astype(np.float32) * np.nan  # statistics of fp8 views are not defined
+        return arr
+
+    def _create(self, grp: Any, key: str, arr: np.ndarray) -> Any:
+        kw: dict[str, Any] = {}
+        if arr.ndim > 0 and arr.nbytes >= defaults.DUMP_MIN_CHUNKED_BYTES:
+            kw["chunks"] = _chunk_shape(arr.shape, arr.itemsize, defaults.DUMP_CHUNK_BYTES)
+            if self.compression == "gzip":
+                kw.update(compression="gzip", compression_opts=defaults.DUMP_COMPRESSION_LEVEL, shuffle=True)
+            elif self.compression:
+                kw["compression"] = self.compression
+        return grp.create_dataset(key, data=arr, **kw)
+
+    # ---------------------------------------------------------------- extras
+    def add_table(self, name: str, table: Any) -> None:
+        """Store a small table (a pandas DataFrame or a list of dicts) as JSON, e.g. a profiling table."""
+        self._check_open()
+        if hasattr(table, "to_dict"):
+            payload = {"columns": [str(c) for c in table.columns], "rows": table.astype(object).values.tolist()}
+        else:
+            rows = list(table)
+            cols = list(dict.fromkeys(k for r in rows for k in r))
+            payload = {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
+        grp = self._f.require_group(fmt.TABLES)
+        if name in grp:
+            del grp[name]
+        grp.create_dataset(name, data=fmt.to_json(payload))
+
+    def set_meta(self, name: str, value: Any) -> None:
+        """Store a JSON value under ``/meta/<name>`` (e.g. the partition of a QNN capture)."""
+        self._check_open()
+        grp = self._f.require_group(fmt.META)
+        if name in grp:
+            del grp[name]
+        grp.create_dataset(name, data=fmt.to_json(value))
+
+    def update_backend_info(self, **info: Any) -> None:
+        """Merge keys into the root ``backend_info`` (e.g. versions known only after the session starts)."""
+        import json
+
+        cur = json.loads(self._f.attrs["backend_info"])
+        cur.update(info)
+        self._f.attrs["backend_info"] = fmt.to_json(cur)
+
+    def mark_incomplete(self, reason: str) -> None:
+        """Record that the dump is knowingly partial (e.g. an ingest with missing files); readers see it."""
+        self._incomplete.append(reason)
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> Path:
+        """Write the manifest, mark the file finalized and move it to its final name. Returns the path."""
+        if self._closed:
+            return self.path
+        f = self._f
+        f.create_dataset(
+            fmt.MANIFEST, data=fmt.to_json({"columns": list(fmt.MANIFEST_COLUMNS), "rows": self._rows})
+        )
+        f.attrs["n_records"] = len(self._records)
+        f.attrs["n_tensors"] = len(self._rows)
+        f.attrs["complete"] = not self._incomplete
+        f.attrs["incomplete_reasons"] = fmt.to_json(self._incomplete)
+        f.attrs["finalized"] = True
+        f.flush()
+        f.close()
+        self._closed = True
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.path.exists() and not self.overwrite:
+            os.unlink(self._tmp)
+            raise UsageError("output appeared while capturing; not overwritten", self.path)
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Discard the temporary file (nothing appears under the final name)."""
+        if not self._closed:
+            try:
+                self._f.close()
+            except Exception:
+                pass
+            self._closed = True
+        if self._tmp.exists():
+            self._tmp.unlink()
+
+    def __enter__(self) -> DumpWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # ---------------------------------------------------------------- helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("dump writer is closed", self.path)
+
+    def _require_record(self) -> dict[str, Any]:
+        self._check_open()
+        if self._cur is None:
+            self.begin_record()
+        assert self._cur is not None
+        return self._cur
+
+
+def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
+    """Fail early (before any capture work) when ``path`` exists and may not be overwritten."""
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise UsageError("output exists; pass --force to replace it", p)
+    if p.is_dir():
+        raise InputError("output path is a directory", p)

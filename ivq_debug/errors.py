@@ -1,0 +1,73 @@
+"""Errors with documented exit codes.
+
+Every failure the user can cause (bad arguments, unreadable files, alignment that leaves too much
+unmatched, a missing external tool) is raised as an :class:`IvqError` subclass. The CLIs catch them and
+print ``<prog>: error: <message>`` on one line to stderr, then exit with ``exit_code``; no traceback.
+
+Exit codes (contract, see ``docs/cli.md``):
+
+==== =====================================================================
+0    pass
+1    a threshold, budget or regression check failed
+2    usage error (bad arguments, bad option values)
+3    an input is unreadable or corrupt (missing file, not HDF5, truncated, wrong byte size, bad JSON)
+4    alignment left more unmatched tensors than allowed
+5    a required external tool or backend is absent (QAIRT SDK, adb, QNN EP)
+==== =====================================================================
+"""
+
+from __future__ import annotations
+
+import os
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_INPUT = 3
+EXIT_UNMATCHED = 4
+EXIT_TOOL = 5
+
+
+class IvqError(Exception):
+    """Base class: a user-facing error with a one-line message and an exit code."""
+
+    exit_code = EXIT_FAIL
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None):
+        self.path = os.fspath(path) if path is not None else None
+        self.message = message
+        super().__init__(f"{self.path}: {message}" if self.path else message)
+
+    def one_line(self) -> str:
+        """The message folded onto a single line."""
+        return " ".join(str(self).split())
+
+
+class UsageError(IvqError):
+    """Bad arguments or option values (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(IvqError):
+    """An input file is missing, unreadable, corrupt or malformed (exit 3)."""
+
+    exit_code = EXIT_INPUT
+
+
+class AlignmentError(IvqError):
+    """More tensors were left unmatched than allowed (exit 4)."""
+
+    exit_code = EXIT_UNMATCHED
+
+
+class ToolNotFoundError(IvqError):
+    """A required external tool or backend is absent (exit 5)."""
+
+    exit_code = EXIT_TOOL
+
+
+class CaptureError(IvqError):
+    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled)."""
+
+    exit_code = EXIT_FAIL
