@@ -22,9 +22,9 @@ _LAZY = {
     "open_dump": ("ivq_debug.dump", "open_dump"),
     "Dump": ("ivq_debug.dump", "Dump"),
     "DumpWriter": ("ivq_debug.dump", "DumpWriter"),
-    "compare": ("ivq_debug.compare", "compare"),
-    "Comparison": ("ivq_debug.compare", "Comparison"),
-    "Budgets": ("ivq_debug.compare", "Budgets"),
+    "compare": ("ivq_debug.comparator", "compare"),
+    "Comparison": ("ivq_debug.comparator", "Comparison"),
+    "Budgets": ("ivq_debug.comparator", "Budgets"),
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

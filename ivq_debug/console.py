@@ -22,7 +22,10 @@ def console():
     if _console is None:
         from rich.console import Console
 
-        _console = Console(stderr=True, highlight=False, soft_wrap=False)
+        width = None
+        if not sys.stderr.isatty():  # logs and CI: wide enough for tensor names
+            width = int(os.environ.get("COLUMNS", "160"))
+        _console = Console(stderr=True, highlight=False, soft_wrap=False, width=width)
     return _console
 
 

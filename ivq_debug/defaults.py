@@ -46,3 +46,12 @@ PROJECTOR_DRIFT_MEAN_REL = 0.05
 QNN_SOC_MODEL = "60"
 QNN_HTP_ARCH = "73"
 QNN_EP_NAME = "QNNExecutionProvider"
+
+#: tensors whose names match these patterns also get logits metrics (top-1 agreement, KL)
+LOGITS_PATTERNS = ("*logits*", "lm_head", "*.lm_head")
+#: when no threshold is given, the first divergence is the first tensor below this SQNR (dB)
+DIVERGENCE_SQNR_DB = 40.0
+#: --baseline: a layer regresses when its rank metric got worse by more than this (dB for SQNR,
+#: otherwise a relative change)
+REGRESSION_TOL_DB = 1.0
+REGRESSION_TOL_REL = 0.10

@@ -106,9 +106,14 @@ def list_sites(model: Any, mode: str = "auto") -> list[TensorSite]:
     graph_inputs = {i.name for i in model.graph.input}
     initializers = {i.name for i in model.graph.initializer}
     sites: list[TensorSite] = []
+    # values computed from initializers only (weight Identity copies, shape constants): not activations
+    const = set(initializers)
+    for n in nodes:
+        if n.op_type == "Constant" or all((not x) or x in const for x in n.input):
+            const.update(o for o in n.output if o)
     if mode == "float":
         for i, n in enumerate(nodes):
-            if n.op_type == "Constant":
+            if n.output and all((not o) or o in const for o in n.output):
                 continue
             for o in n.output:
                 if o:
@@ -116,17 +121,17 @@ def list_sites(model: Any, mode: str = "auto") -> list[TensorSite]:
         return sites
     # qdq: Q nodes whose input is an activation (not an initializer / constant)
     qparams: set[str] = set()
-    qnodes = []
-    for i, n in enumerate(nodes):
+    qnodes: list[Any] = []
+    for n in nodes:
         if n.op_type == "QuantizeLinear" and n.domain in QDQ_DOMAINS:
             src = n.input[0]
             if src in initializers or (src in producer and producer[src][1].op_type == "Constant"):
                 continue
-            qnodes.append((i, n))
+            qnodes.append(n)
             qparams.update(x for x in n.input[1:3] if x)
     params = _initializer_arrays(model, qparams)
     seen: set[str] = set()
-    for i, n in qnodes:
+    for n in qnodes:
         src = n.input[0]
         name = src[: -len(Q_INPUT_SUFFIX)] if src.endswith(Q_INPUT_SUFFIX) else src
         if name in seen:
@@ -245,10 +250,10 @@ class OrtRunner:
             and selection.accepts(s.name, s.op_type)
         ]
         # graph outputs are captured too (under their own names) so the logits align
+        self._producers = {o: (i, n) for i, n in enumerate(self.model.graph.node) for o in n.output if o}
         self._sessions: dict[int, Any] = {}
         self._plain: Any = None
         self._verified: dict[str, Any] | None = None
-        self._tmpdirs: list[tempfile.TemporaryDirectory] = []
         self.info: dict[str, Any] = self._base_info()
 
     # ---------------------------------------------------------------- sessions
@@ -298,22 +303,13 @@ class OrtRunner:
                 m.graph.output.append(onnx.ValueInfoProto(name=name))
         if not _has_external_data(m):
             return m.SerializeToString()
-        # external data: write the graph into a temp dir whose data files link to the originals
-        td = tempfile.TemporaryDirectory(prefix="ivq-ort-")
-        self._tmpdirs.append(td)
-        src_dir = self.model_path.parent.resolve()
-        from onnx.external_data_helper import uses_external_data
-
-        for t in m.graph.initializer:
-            if uses_external_data(t):
-                loc = next(e.value for e in t.external_data if e.key == "location")
-                dst = Path(td.name) / loc
-                if not dst.exists():
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(src_dir / loc, dst)
-        p = Path(td.name) / self.model_path.name
-        onnx.save(m, str(p), save_as_external_data=False)
-        return str(p)
+        # external data (> 2 GB models): ORT only reads data files inside the model's folder, so the
+        # augmented graph is written there under a hidden temporary name and removed once the session
+        # has loaded it (see _session); the weights themselves are never copied.
+        fd, tmp = tempfile.mkstemp(prefix=f".ivq-{os.getpid()}-", suffix=".onnx", dir=self.model_path.parent)
+        os.close(fd)
+        onnx.save(m, tmp, save_as_external_data=False)
+        return tmp
 
     def _groups(self) -> list[list[TensorSite]]:
         if not self.sites:
@@ -323,13 +319,17 @@ class OrtRunner:
 
     def _session(self, gi: int, group: list[TensorSite]):
         if gi not in self._sessions:
+            model = self._model_with_outputs([s.output for s in group])
             try:
-                self._sessions[gi] = self.create_session(self._model_with_outputs([s.output for s in group]))
+                self._sessions[gi] = self.create_session(model)
             except CaptureError:
                 raise
             except Exception as e:
                 raise CaptureError(f"session creation failed: {' '.join(str(e).split())[:400]}",
                                    self.model_path) from None
+            finally:
+                if isinstance(model, str) and Path(model).name.startswith(".ivq-"):
+                    os.unlink(model)
         return self._sessions[gi]
 
     # ---------------------------------------------------------------- running
@@ -360,11 +360,12 @@ class OrtRunner:
                     del val
         assert result is not None
         if writer is not None:
-            base = len(self.model.graph.node)
             site_names = {s.name for s in self.sites}
-            for j, name in enumerate(self.output_names):
+            for name in self.output_names:
                 if name not in site_names:  # a QDQ graph output is already captured from its Q node
-                    writer.add_tensor(name, result[name], op_type="GraphOutput", order=base + j)
+                    i, node = self._producers.get(name, (len(self.model.graph.node), None))
+                    writer.add_tensor(name, result[name], op_type=node.op_type if node else "GraphOutput",
+                                      order=i, scope=scope_of(node) if node else None)
             if self.verify and self._verified is None and self.sites:
                 self._verify(feeds, result)
                 writer.update_backend_info(exposure_check=self._verified)
@@ -399,11 +400,8 @@ class OrtRunner:
         return self._verified
 
     def close(self) -> None:
-        """Release sessions and temp files."""
+        """Release the sessions."""
         self._sessions.clear()
-        for td in self._tmpdirs:
-            td.cleanup()
-        self._tmpdirs.clear()
 
     def __enter__(self) -> OrtRunner:
         return self

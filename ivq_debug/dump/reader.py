@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.dump import format as fmt
+from ivq_debug.dump.stats import STAT_FIELDS
 from ivq_debug.errors import InputError, UsageError
 
 RecordKey = tuple[int, str, int]
@@ -39,6 +40,7 @@ class Entry:
     nbytes: int
     encoding: dict[str, Any] | None
     has_raw: bool
+    stats: dict[str, Any]
 
     @property
     def record(self) -> RecordKey:
@@ -149,6 +151,7 @@ class Dump:
                     op_type=r[c["op_type"]], scope=r[c["scope"]], shape=tuple(r[c["shape"]]),
                     dtype=r[c["dtype"]], layout=r[c["layout"]], stored=r[c["stored"]], nbytes=r[c["nbytes"]],
                     encoding=r[c["encoding"]], has_raw=bool(r[c["has_raw"]]),
+                    stats={k: r[c[k]] for k in STAT_FIELDS},
                 )
                 for r in self._rows
             ]

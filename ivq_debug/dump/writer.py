@@ -102,7 +102,7 @@ class DumpWriter:
         model: dict[str, Any] | None = None,
         command: str | None = None,
         overwrite: bool = False,
-        compression: str | None | type[Ellipsis] = ...,
+        compression: str | type[Ellipsis] | None = ...,
         summary_only: bool = False,
         summary_samples: int = 4096,
     ) -> None:

@@ -1,0 +1,97 @@
+"""``ivq capture onnx|qnn MODEL --inputs X.npz -o OUT.h5``: capture per-layer tensors into a dump."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ivq_debug.errors import EXIT_OK, InputError, UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    """Arguments of ``ivq capture``."""
+    p.add_argument("backend", choices=["onnx", "qnn"],
+                   help="onnx: ONNX Runtime CPU EP (float or CPU-QDQ reference); qnn: QNN HTP via onnxruntime-qnn")
+    p.add_argument("model", help="ONNX model (.onnx; a QDQ model for qnn)")
+    p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
+                   help="model inputs, one .npz per sample (keys = input names); repeat for several samples")
+    p.add_argument("-o", "--output", required=True, help="dump to write (.h5)")
+    p.add_argument("--part", default="model", help="record part name (vision, prefill, decode, model)")
+    p.add_argument("--include", action="append", default=None, metavar="GLOB", help="tensor names to capture")
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="tensor names to skip")
+    p.add_argument("--op-types", default=None, help="only tensors produced by these op types (comma-separated)")
+    p.add_argument("--max-outputs-per-run", type=int, default=None, metavar="N",
+                   help="capture in several runs of at most N tensors (bounds memory)")
+    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
+                   help="ORT graph optimization level (default disable: exact reference)")
+    p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
+    p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
+    p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
+    p.add_argument("--allow-cpu-fallback", action="store_true", help="qnn: let unsupported nodes run on the CPU")
+    p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="qnn: QNN profiling")
+    p.add_argument("--force", action="store_true", help="overwrite the output dump")
+
+
+def load_npz(path: str | Path) -> dict[str, Any]:
+    """Load an ``.npz`` of named arrays without pickles (one-line error on a bad file)."""
+    import numpy as np
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such inputs file", p)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError) as e:
+        raise InputError(f"not a readable .npz ({' '.join(str(e).split())[:120]})", p) from None
+
+
+def make_runner(args: argparse.Namespace):
+    """The runner for ``args.backend``."""
+    from ivq_debug.capture.base import Selection
+
+    sel = Selection(
+        include=args.include or ("*",), exclude=args.exclude,
+        op_types=[s.strip() for s in args.op_types.split(",")] if args.op_types else None,
+    )
+    common = dict(selection=sel, max_outputs_per_run=args.max_outputs_per_run)
+    if args.backend == "onnx":
+        from ivq_debug.capture.onnxruntime import OrtRunner
+
+        return OrtRunner(args.model, optimization=args.optimization, **common)
+    from ivq_debug.capture.qnn_ep import QnnHtpRunner
+
+    kw: dict[str, Any] = {"cpu_fallback": args.allow_cpu_fallback}
+    if args.soc_model:
+        kw["soc_model"] = args.soc_model
+    if args.htp_arch:
+        kw["htp_arch"] = args.htp_arch
+    if args.profiling != "off":
+        kw["profiling_level"] = args.profiling
+    return QnnHtpRunner(args.model, **common, **kw)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the capture."""
+    from ivq_debug.console import console, track
+    from ivq_debug.dump import DumpWriter, check_writable
+    from ivq_debug.util import sha256_file
+
+    check_writable(args.output, args.force)
+    samples = [load_npz(p) for p in args.inputs]
+    if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
+        raise UsageError("--max-outputs-per-run must be >= 1")
+    runner = make_runner(args)
+    model = {"path": str(Path(args.model).resolve()), "sha256": sha256_file(args.model), "part": args.part}
+    with DumpWriter(args.output, backend=runner.backend, backend_info=runner.info, model=model,
+                    overwrite=args.force, summary_only=args.summary_only) as w:
+        for i, feeds in enumerate(track(samples, "capturing", total=len(samples))):
+            w.begin_record(sample=i, part=args.part, step=0)
+            for k, v in feeds.items():
+                w.add_input(k, v)
+            runner.run(feeds, w)
+        w.update_backend_info(**runner.info)
+    console().print(f"wrote {args.output}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
+                    f"({runner.backend})")
+    return EXIT_OK

@@ -1,0 +1,67 @@
+"""``ivq ls DUMP`` and ``ivq show DUMP NAME``: read the manifest, never the tensors (show reads one)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ivq_debug.errors import EXIT_OK
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    """Arguments of ``ls`` / ``show``."""
+    p.add_argument("dump", help="golden dump (.h5)")
+    if name == "ls":
+        p.add_argument("--kind", choices=["tensor", "input"], help="only tensors or only inputs")
+        p.add_argument("--limit", type=int, default=None, help="at most N rows")
+        p.add_argument("--records", action="store_true", help="list the records instead of tensors")
+    else:
+        p.add_argument("name", help="tensor name (as listed by ivq ls)")
+        p.add_argument("--record", help="record: rid (r000001) or sample/part/step (0/decode/3)")
+        p.add_argument("--input", action="store_true", help="NAME is a model input")
+        p.add_argument("--values", type=int, default=0, metavar="N", help="also print the first N values")
+
+
+def _record(sel: str | None):
+    if sel is None or sel.startswith("r"):
+        return sel
+    try:
+        s, part, step = sel.split("/")
+        return (int(s), part, int(step))
+    except ValueError:
+        from ivq_debug.errors import UsageError
+
+        raise UsageError(f"--record takes rNNNNNN or sample/part/step, got {sel!r}") from None
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run ``ls`` or ``show``."""
+    from ivq_debug.cli.common import escape
+    from ivq_debug.cli.render import entry_panel, manifest_table
+    from ivq_debug.console import console
+    from ivq_debug.dump import open_dump
+
+    con = console()
+    with open_dump(args.dump) as d:
+        if args.command == "ls":
+            if args.records:
+                from rich.table import Table
+
+                t = Table(title=str(d.path), title_justify="left")
+                for c in ("rid", "sample", "part", "step", "meta"):
+                    t.add_column(c)
+                for _, r in d.records.iterrows():
+                    t.add_row(r["rid"], str(r["sample"]), escape(r["part"]), str(r["step"]), escape(r["meta"]))
+                con.print(t)
+            else:
+                con.print(manifest_table(d, args.limit, args.kind))
+            if not d.complete:
+                con.print(f"[yellow]incomplete dump:[/yellow] {escape('; '.join(d.incomplete_reasons))}")
+            return EXIT_OK
+        e = d.entry(args.name, _record(args.record), "input" if args.input else "tensor")
+        con.print(entry_panel(d, e))
+        if args.values:
+            import numpy as np
+
+            arr = d.read(e).reshape(-1)[: args.values]
+            con.print(escape(np.array2string(arr, precision=6, threshold=args.values)))
+    return EXIT_OK

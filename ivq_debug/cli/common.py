@@ -1,0 +1,82 @@
+"""What every CLI entry point shares: the error wrapper and small formatting helpers."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ivq_debug.errors import EXIT_FAIL, IvqError
+
+
+def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
+    """Run a CLI body; turn :class:`IvqError` into a one-line message and its exit code.
+
+    Unexpected exceptions print one line too (set ``IVQ_TRACEBACK=1`` to see the traceback).
+    """
+    try:
+        return fn(sys.argv[1:] if argv is None else argv)
+    except IvqError as e:
+        print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_FAIL
+    except Exception as e:  # pragma: no cover - last resort, keeps the one-line contract
+        if os.environ.get("IVQ_TRACEBACK"):
+            raise
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"{prog}: internal error: {msg[:500]} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
+        return EXIT_FAIL
+
+
+def fmt_num(v: Any, digits: int = 4) -> str:
+    """Compact number formatting for tables (``-`` for missing)."""
+    if v is None:
+        return "-"
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(f):
+        return "-"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    if f != 0 and (abs(f) < 1e-3 or abs(f) >= 1e5):
+        return f"{f:.{digits - 1}e}"
+    return f"{f:.{digits}g}"
+
+
+def fmt_bytes(n: int) -> str:
+    """Human-readable byte count."""
+    f = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if f < 1024 or unit == "TiB":
+            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
+        f /= 1024
+    return f"{n} B"
+
+
+def escape(text: Any) -> str:
+    """Escape rich markup in untrusted text (tensor names come from files)."""
+    from rich.markup import escape as _escape
+
+    return _escape(str(text))
+
+
+def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
+    """Write JSON to ``path`` atomically (``-`` writes to stdout)."""
+    import json
+
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    from ivq_debug.util import atomic_write_text
+
+    atomic_write_text(path, text + "\n", overwrite=overwrite)

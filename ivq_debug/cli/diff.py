@@ -1,0 +1,129 @@
+"""``ivq-diff``: compare two golden dumps for regression CI (contract: ``docs/cli.md``).
+
+Exit codes: 0 pass · 1 a threshold or regression failed · 2 usage error · 3 an input is unreadable or
+corrupt · 4 alignment left more unmatched tensors than allowed. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ivq_debug import defaults
+from ivq_debug.cli.common import run
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, AlignmentError, InputError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(message)
+
+
+def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``ivq-diff`` (shared by ``ivq diff``)."""
+    p.add_argument("ref", help="reference dump (.h5)")
+    p.add_argument("test", help="test dump (.h5)")
+    p.add_argument("--json", metavar="OUT", help="write the ivq-diff/1 JSON result ('-' for stdout)")
+    p.add_argument("--report", metavar="OUT.html", help="write the self-contained HTML report")
+    p.add_argument("--min-sqnr", type=float, metavar="DB", help="fail a tensor whose SQNR is below DB")
+    p.add_argument("--min-cosine", type=float, metavar="C", help="fail a tensor whose cosine is below C")
+    p.add_argument("--max-abs", type=float, metavar="X", help="fail a tensor whose max |t-r| exceeds X")
+    p.add_argument("--budget", action="append", default=[], metavar="PATTERN:METRIC>=V",
+                   help="per-name-pattern budget, e.g. '*lm_head*:sqnr_db>=20' (repeatable)")
+    p.add_argument("--preset", choices=sorted(defaults.PRESETS), help="named threshold preset")
+    p.add_argument("--baseline", metavar="PREV.json", help="fail only on regressions against this ivq-diff/1 result")
+    p.add_argument("--top", type=int, default=defaults.TOP_N, metavar="N", help="worst layers to print")
+    p.add_argument("--rank-by", default=defaults.RANK_METRIC, metavar="METRIC", help="ranking metric")
+    p.add_argument("--max-unmatched", default=None, metavar="N|F",
+                   help="allowed unmatched tensors on the smaller side: a count, or a fraction < 1 "
+                        f"(default {defaults.MAX_UNMATCHED_FRACTION})")
+    p.add_argument("--map", metavar="MAP.json", help="explicit {ref_name: test_name} pairs")
+    p.add_argument("--records", metavar="PARTS", help="only these parts, comma-separated (e.g. prefill,decode)")
+    p.add_argument("--force", action="store_true", help="overwrite existing --json/--report outputs")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
+
+
+def _load_json(path: str, what: str) -> Any:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"no such {what} file", p)
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not valid JSON ({e.__class__.__name__}: line {getattr(e, 'lineno', '?')})", p) from None
+
+
+def _unmatched_limit(value: str | None, n_small: int) -> float:
+    if value is None:
+        return defaults.MAX_UNMATCHED_FRACTION * n_small
+    try:
+        v = float(value)
+    except ValueError:
+        raise UsageError(f"--max-unmatched takes a count or a fraction, got {value!r}") from None
+    if v < 0:
+        raise UsageError("--max-unmatched must be >= 0")
+    return v * n_small if v < 1 and "." in value else v
+
+
+def execute_diff(args: argparse.Namespace) -> int:
+    """Run a diff from parsed arguments; returns the exit code."""
+    from ivq_debug.cli.render import comparison_report
+    from ivq_debug.comparator import Budgets, compare, regressions_against
+    from ivq_debug.console import console
+    from ivq_debug.dump import check_writable, open_dump
+
+    for out in (args.json, args.report):
+        if out and out != "-":
+            check_writable(out, args.force)
+    budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
+    mapping = _load_json(args.map, "mapping") if args.map else None
+    baseline = _load_json(args.baseline, "baseline") if args.baseline else None
+    ref = open_dump(args.ref)
+    test = open_dump(args.test)
+    parts = set(args.records.split(",")) if args.records else None
+    cmp = compare(ref, test, budgets=budgets, rank_by=args.rank_by, mapping=mapping,
+                  records=(lambda k: k[1] in parts) if parts else None)
+    if baseline is not None:
+        cmp.regressions = regressions_against(cmp, baseline)
+    al = cmp.alignment
+    n_ref = len(al.pairs) + len(al.unmatched_ref)
+    n_test = len(al.pairs) + len(al.unmatched_test)
+    small_unmatched = len(al.unmatched_ref) if n_ref <= n_test else len(al.unmatched_test)
+    limit = _unmatched_limit(args.max_unmatched, min(n_ref, n_test))
+    if args.json:
+        from ivq_debug.cli.common import write_json
+
+        write_json(cmp.to_json(), args.json, overwrite=args.force)
+    if args.report:
+        from ivq_debug.report import write_report
+
+        write_report(cmp, args.report, overwrite=args.force)
+    con = console()
+    if not args.quiet:
+        for r in comparison_report(cmp, args.top):
+            con.print(r)
+    if small_unmatched > limit or (len(al.pairs) == 0 and max(n_ref, n_test) > 0):
+        raise AlignmentError(
+            f"{small_unmatched} of {min(n_ref, n_test)} tensors on the smaller side are unmatched "
+            f"(allowed {limit:g}); see the unmatched lists in --json, or pass --map / --max-unmatched"
+        )
+    ok = cmp.passed
+    failed = len(cmp.regressions) if cmp.regressions is not None else cmp.summary["failed"]
+    what = "regression(s)" if cmp.regressions is not None else "tensor(s) over budget"
+    con.print(("[bold green]PASS[/bold green]" if ok else f"[bold red]FAIL[/bold red] {failed} {what}")
+              + (f" · json: {args.json}" if args.json and args.json != "-" else "")
+              + (f" · report: {args.report}" if args.report else ""))
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def _main(argv: list[str]) -> int:
+    p = _Parser(prog="ivq-diff", description=__doc__.split("\n")[0])
+    add_diff_arguments(p)
+    return execute_diff(p.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    raise SystemExit(run("ivq-diff", _main, argv))

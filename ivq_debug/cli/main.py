@@ -1,0 +1,55 @@
+"""``ivq``: the workbench CLI (subcommands). See ``ivq <command> --help``.
+
+Exit codes are those of :mod:`ivq_debug.errors` (0 pass, 1 failed check, 2 usage, 3 bad input,
+4 unmatched, 5 tool missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from ivq_debug import __version__
+from ivq_debug.cli.common import run
+from ivq_debug.errors import UsageError
+
+#: subcommand → (module, help); each module defines ``add_arguments(parser)`` and ``execute(args) -> int``
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ls": ("ivq_debug.cli.cmd_inspect", "list a dump's manifest"),
+    "show": ("ivq_debug.cli.cmd_inspect", "show one tensor's statistics"),
+    "diff": ("ivq_debug.cli.cmd_diff", "compare two dumps (same as ivq-diff)"),
+    "capture": ("ivq_debug.cli.cmd_capture", "capture per-layer tensors (onnx, qnn)"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ivq`` argument parser with every subcommand."""
+    p = _Parser(prog="ivq", description="ivq-debug: layer-wise accuracy debugging for VLMs on QNN.")
+    p.add_argument("--version", action="version", version=f"ivq-debug {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (mod, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        m = importlib.import_module(mod)
+        m.add_arguments(sp, name)
+        sp.set_defaults(_module=mod)
+    return p
+
+
+def _main(argv: list[str]) -> int:
+    p = build_parser()
+    args: Any = p.parse_args(argv)
+    if not args.command:
+        p.print_help()
+        return 2
+    return importlib.import_module(args._module).execute(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    raise SystemExit(run("ivq", _main, argv))

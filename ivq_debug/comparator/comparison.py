@@ -1,0 +1,402 @@
+"""Compare two dumps: align, stream metrics per tensor pair, rank, find the first divergence."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ivq_debug import defaults
+from ivq_debug.align.matcher import Alignment, Pair, align
+from ivq_debug.comparator.budgets import Budget, Budgets
+from ivq_debug.comparator.metrics import METRICS, SHAPE_MISMATCH, MetricAccumulator, sort_key
+from ivq_debug.dump.reader import Dump, open_dump
+from ivq_debug.errors import UsageError
+
+SCHEMA = "ivq-diff/1"
+
+COLUMNS = [
+    "sample", "part", "step", "order", "ref_name", "test_name", "match", "op_type", "test_op_type", "scope",
+    "shape", "test_shape", "numel", "ref_dtype", "test_dtype", "status", *METRICS, "nonfinite_ref",
+    "nonfinite_test", "sampled", "passed", "violations",
+]
+
+
+def is_logits(name: str) -> bool:
+    """True when a tensor name looks like logits (see ``defaults.LOGITS_PATTERNS``)."""
+    return any(fnmatch.fnmatchcase(name, p) for p in defaults.LOGITS_PATTERNS)
+
+
+def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.COMPARE_BLOCK_BYTES) -> dict[str, Any]:
+    """Stream the metrics of one aligned pair (bounded memory: one block of each side at a time)."""
+    a, b = pair.ref, pair.test
+    logits = is_logits(a.name) or is_logits(b.name)
+    acc = MetricAccumulator(logits=logits)
+    sampled = False
+    if a.size != b.size:
+        out: dict[str, Any] = dict.fromkeys(METRICS)
+        out.update(status=SHAPE_MISMATCH, nonfinite_ref=None, nonfinite_test=None, sampled=False)
+        return out
+    if a.stored != "full" or b.stored != "full":
+        sampled = True
+        acc.update(ref.read_sample(a), test.read_sample(b))
+    elif a.shape == b.shape:
+        for ra, tb in zip(ref.iter_blocks(a, block_bytes), test.iter_blocks(b, block_bytes), strict=True):
+            acc.update(ra, tb)
+    else:  # same element count, different shape (e.g. [1,16,64] vs [16,64]): compare flattened
+        ra, tb = ref.read(a).reshape(-1), test.read(b).reshape(-1)
+        if logits:
+            ra, tb = ra.reshape(a.shape), tb.reshape(a.shape)
+        acc.update(ra, tb)
+    res = acc.result(b.encoding)
+    res["sampled"] = sampled
+    return res
+
+
+@dataclass
+class Comparison:
+    """The result of comparing two dumps.
+
+    Attributes:
+        table: pandas DataFrame, one row per aligned tensor pair in execution order (records in
+            (sample, part, step) order), with the pinned metrics, status and budget verdicts.
+        alignment: the :class:`~ivq_debug.align.matcher.Alignment` (pairs and unmatched entries).
+        budgets: the thresholds applied.
+        rank_by: the metric :meth:`worst` sorts by.
+        findings: diagnostic findings (``Finding`` objects).
+    """
+
+    ref: Dump
+    test: Dump
+    table: Any
+    alignment: Alignment
+    budgets: Budgets
+    rank_by: str = defaults.RANK_METRIC
+    findings: list[Any] = field(default_factory=list)
+    regressions: list[dict[str, Any]] | None = None
+
+    # ---------------------------------------------------------------- views
+    def worst(self, n: int = defaults.TOP_N, by: str | None = None):
+        """The ``n`` worst rows by a metric (non-finite and mismatched first)."""
+        by = by or self.rank_by
+        if by not in METRICS:
+            raise UsageError(f"unknown metric {by!r} (known: {', '.join(METRICS)})")
+        t = self.table
+        if t.empty:
+            return t
+        keys = [sort_key(by, v, s) for v, s in zip(t[by], t["status"], strict=True)]
+        return t.assign(_k=keys).sort_values("_k", kind="stable").drop(columns="_k").head(n)
+
+    @property
+    def divergence_budgets(self) -> Budgets:
+        """The budgets that define divergence: the given ones, else ``sqnr_db >= DIVERGENCE_SQNR_DB``."""
+        if self.budgets:
+            return self.budgets
+        return Budgets([Budget("sqnr_db", "min", defaults.DIVERGENCE_SQNR_DB)])
+
+    def _diverged(self) -> Any:
+        t = self.table
+        if self.budgets:
+            return ~t["passed"]
+        b = self.divergence_budgets
+        return t.apply(lambda r: bool(b.check(r["ref_name"], r.to_dict())), axis=1) if len(t) else t["passed"]
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        """The first tensor in execution order that breaks the (divergence) budgets, as a dict."""
+        t = self.table
+        if t.empty:
+            return None
+        hits = t[self._diverged()]
+        if hits.empty:
+            return None
+        return _row_dict(hits.iloc[0])
+
+    def first_divergences(self):
+        """Per record: the first diverging tensor (DataFrame, one row per record that diverges)."""
+        t = self.table
+        if t.empty:
+            return t
+        hits = t[self._diverged()]
+        return hits.groupby(["sample", "part", "step"], sort=False).head(1)
+
+    def by_record(self):
+        """Per record (per step): tensor count, worst SQNR, largest max_abs, failures, logits metrics."""
+        import pandas as pd
+
+        t = self.table
+        if t.empty:
+            return pd.DataFrame()
+        g = t.groupby(["sample", "part", "step"], sort=False)
+        out = g.agg(
+            tensors=("ref_name", "size"),
+            min_sqnr_db=("sqnr_db", "min"),
+            max_abs=("max_abs", "max"),
+            failed=("passed", lambda s: int((~s).sum())),
+        )
+        lg = t[t["top1"].notna()].groupby(["sample", "part", "step"], sort=False).agg(
+            top1=("top1", "min"), kl=("kl", "max")
+        )
+        return out.join(lg).reset_index()
+
+    @property
+    def passed(self) -> bool:
+        """No budget violation (or, with a baseline, no regression)."""
+        if self.regressions is not None:
+            return not self.regressions
+        return bool(self.table["passed"].all()) if len(self.table) else True
+
+    @property
+    def unmatched(self) -> dict[str, Any]:
+        """Unmatched tensors per side (counts and names) and unmatched records."""
+        al = self.alignment
+        return {
+            "ref": {"count": len(al.unmatched_ref), "names": [e.name for e in al.unmatched_ref]},
+            "test": {"count": len(al.unmatched_test), "names": [e.name for e in al.unmatched_test]},
+            "ref_records": [list(k) for k in al.unmatched_ref_records],
+            "test_records": [list(k) for k in al.unmatched_test_records],
+            "fraction": al.unmatched_fraction,
+        }
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Counts and headline numbers."""
+        t = self.table
+        fin = t["sqnr_db"].replace([math.inf], np.nan) if len(t) else t
+        return {
+            "pairs": len(t),
+            "records": int(t.groupby(["sample", "part", "step"]).ngroups) if len(t) else 0,
+            "failed": int((~t["passed"]).sum()) if len(t) else 0,
+            "identical": int((t["status"] == "identical").sum()) if len(t) else 0,
+            "non_finite": int((t["status"] == "non_finite").sum()) if len(t) else 0,
+            "min_sqnr_db": _num(fin.min()) if len(t) else None,
+            "max_max_abs": _num(t["max_abs"].max()) if len(t) else None,
+            "rank_by": self.rank_by,
+            "budgets": self.budgets.describe(),
+            "passed": self.passed,
+            "complete": {"ref": self.ref.complete, "test": self.test.complete},
+            "match_methods": t["match"].value_counts().to_dict() if len(t) else {},
+        }
+
+    # ---------------------------------------------------------------- export
+    def to_json(self, top: int | None = None) -> dict[str, Any]:
+        """The ``ivq-diff/1`` JSON document (layers worst first; ``top`` limits them)."""
+        layers = [_layer_json(r) for _, r in self.worst(len(self.table) if top is None else top).iterrows()]
+        doc = {
+            "schema": SCHEMA,
+            "ref": _dump_json(self.ref),
+            "test": _dump_json(self.test),
+            "summary": self.summary,
+            "first_divergence": _layer_json_from_dict(self.first_divergence),
+            "layers": layers,
+            "unmatched": self.unmatched,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+        if self.regressions is not None:
+            doc["regressions"] = self.regressions
+        return json_safe(doc)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (
+            f"Comparison(pairs={s['pairs']}, failed={s['failed']}, min_sqnr_db={s['min_sqnr_db']}, "
+            f"unmatched ref/test={len(self.alignment.unmatched_ref)}/{len(self.alignment.unmatched_test)})"
+        )
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    d = row.to_dict()
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def _layer_json_from_dict(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {
+        "ref_name": d["ref_name"],
+        "test_name": d["test_name"],
+        "record": {"sample": int(d["sample"]), "part": d["part"], "step": int(d["step"])},
+        "order": int(d["order"]),
+        "op_type": d.get("op_type"),
+        "test_op_type": d.get("test_op_type"),
+        "scope": d.get("scope"),
+        "shape": list(d["shape"]),
+        "match": d["match"],
+        "metrics": {m: d.get(m) for m in METRICS if d.get(m) is not None},
+        "status": d["status"],
+        "passed": bool(d["passed"]),
+        "violations": d["violations"],
+    }
+
+
+def _layer_json(row: Any) -> dict[str, Any]:
+    return _layer_json_from_dict(_row_dict(row))  # type: ignore[return-value]
+
+
+def _dump_json(d: Dump) -> dict[str, Any]:
+    return {
+        "path": str(d.path),
+        "backend": d.backend,
+        "backend_info": d.backend_info,
+        "model": d.model,
+        "created": d.created,
+        "complete": d.complete,
+        "tensors": len([e for e in d.entries if e.kind == "tensor"]),
+    }
+
+
+def json_safe(obj: Any) -> Any:
+    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, (np.floating,)):
+        return json_safe(float(obj))
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def compare(
+    ref: Dump | str | os.PathLike,
+    test: Dump | str | os.PathLike,
+    *,
+    budgets: Budgets | None = None,
+    rank_by: str = defaults.RANK_METRIC,
+    mapping: dict[str, str] | None = None,
+    records: Callable[[tuple[int, str, int]], bool] | None = None,
+    diagnose: bool = True,
+    progress: bool = True,
+    block_bytes: int = defaults.COMPARE_BLOCK_BYTES,
+) -> Comparison:
+    """Align two dumps and compute the pinned metrics for every aligned tensor pair.
+
+    Args:
+        ref: reference dump (path or opened :class:`Dump`); the signal of every metric.
+        test: test dump.
+        budgets: thresholds; rows get ``passed`` / ``violations`` from them.
+        rank_by: metric for :meth:`Comparison.worst`.
+        mapping: explicit ``{ref_name: test_name}`` pairs tried before the automatic strategies.
+        records: keep only records whose ``(sample, part, step)`` the predicate accepts.
+        diagnose: run the cheap built-in diagnostics (first divergence, non-finite, token divergence, …).
+        progress: show a progress bar on a terminal.
+        block_bytes: bytes per block when streaming a tensor.
+    """
+    import pandas as pd
+
+    from ivq_debug.console import track
+
+    if rank_by not in METRICS:
+        raise UsageError(f"unknown metric {rank_by!r} (known: {', '.join(METRICS)})")
+    ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
+    test_d = test if isinstance(test, Dump) else open_dump(test)
+    budgets = budgets or Budgets()
+    al = align(ref_d, test_d, mapping)
+    pairs = al.pairs
+    if records is not None:
+        pairs = [p for p in pairs if records(p.ref.record)]
+        al = Alignment(pairs, al.unmatched_ref, al.unmatched_test, al.unmatched_ref_records,
+                       al.unmatched_test_records)
+    rows = []
+    it = track(pairs, "comparing", total=len(pairs)) if progress else pairs
+    for p in it:
+        m = pair_metrics(ref_d, test_d, p, block_bytes)
+        viol = budgets.check(p.ref.name, m)
+        rows.append(
+            {
+                "sample": p.ref.sample, "part": p.ref.part, "step": p.ref.step, "order": p.ref.order,
+                "ref_name": p.ref.name, "test_name": p.test.name, "match": p.match,
+                "op_type": p.ref.op_type or p.test.op_type, "test_op_type": p.test.op_type,
+                "scope": p.ref.scope or p.test.scope, "shape": p.ref.shape, "test_shape": p.test.shape,
+                "numel": p.ref.size, "ref_dtype": p.ref.dtype, "test_dtype": p.test.dtype,
+                **m, "passed": not viol, "violations": [b.describe() for b in viol],
+            }
+        )
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    for c in METRICS:
+        table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
+    table["passed"] = table["passed"].astype(bool)
+    cmp = Comparison(ref_d, test_d, table, al, budgets, rank_by)
+    if diagnose:
+        from ivq_debug.diagnose.basic import basic_findings
+
+        cmp.findings.extend(basic_findings(cmp))
+    return cmp
+
+
+def _key(d: dict[str, Any]) -> tuple[Any, ...]:
+    r = d["record"]
+    return (r["sample"], r["part"], r["step"], d["ref_name"])
+
+
+def regressions_against(cmp: Comparison, baseline: dict[str, Any], metric: str | None = None) -> list[dict[str, Any]]:
+    """Layers that got worse than a stored ``ivq-diff/1`` result.
+
+    A layer regresses when its rank metric got worse by more than the tolerance
+    (``REGRESSION_TOL_DB`` for SQNR, ``REGRESSION_TOL_REL`` relative otherwise), or when it breaks a
+    budget it did not break in the baseline. Layers absent from the baseline are not regressions.
+    """
+    from ivq_debug.comparator.metrics import HIGHER_IS_BETTER
+
+    if baseline.get("schema") != SCHEMA:
+        raise UsageError(f"baseline is not an {SCHEMA} document (schema={baseline.get('schema')!r})")
+    metric = metric or cmp.rank_by
+    base = {_key(layer): layer for layer in baseline.get("layers", [])}
+    out = []
+    for _, r in cmp.table.iterrows():
+        cur = _layer_json(r)
+        old = base.get(_key(cur))
+        if old is None:
+            continue
+        reasons = []
+        ov, nv = _to_float(old["metrics"].get(metric)), _to_float(cur["metrics"].get(metric))
+        if ov is not None and nv is not None and math.isfinite(ov):
+            if metric == "sqnr_db":
+                worse = ov - nv > defaults.REGRESSION_TOL_DB
+            elif HIGHER_IS_BETTER[metric]:
+                worse = nv < ov - abs(ov) * defaults.REGRESSION_TOL_REL
+            else:
+                worse = nv > ov + abs(ov) * defaults.REGRESSION_TOL_REL + 1e-12
+            if worse:
+                reasons.append(f"{metric} {ov:.6g} -> {nv:.6g}")
+        elif ov is not None and nv is None and cur["status"] in ("non_finite", "shape_mismatch"):
+            reasons.append(f"status {old['status']} -> {cur['status']}")
+        new_viol = sorted(set(cur["violations"]) - set(old.get("violations", [])))
+        if new_viol:
+            reasons.append("new violations: " + ", ".join(new_viol))
+        if reasons:
+            out.append({"ref_name": cur["ref_name"], "record": cur["record"], "reasons": reasons,
+                        "baseline": old["metrics"], "current": cur["metrics"]})
+    return out
+
+
+def _to_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return {"inf": math.inf, "-inf": -math.inf}.get(v)
+    return float(v)

@@ -1,0 +1,177 @@
+"""Pinned metric definitions (contract; ``docs/metrics.md``).
+
+``r`` is the reference, ``t`` the test; every sum is accumulated in float64 over blocks, so a tensor of
+any size is compared in bounded memory. Each result carries a ``status`` instead of hidden epsilons.
+
+=========== ======================================= ===================================
+name        definition                              undefined (None) when
+=========== ======================================= ===================================
+max_abs     max |t − r|                             shape mismatch, non-finite values
+mean_abs    mean |t − r|                            as above
+rmse        sqrt(mean((t − r)²))                    as above
+rel_l2      ‖t − r‖₂ / ‖r‖₂                         ‖r‖ = 0
+cosine      ⟨t, r⟩ / (‖t‖ ‖r‖)                      a norm is 0
+sqnr_db     10 · log10(Σ r² / Σ (t − r)²)           ‖r‖ = 0; +inf when t == r
+lsb_rmse    rmse / scale of the test encoding       no encoding (per-channel: mean scale)
+top1        fraction of rows (last axis) whose      not a logits tensor
+            argmax agrees
+kl          mean over rows of KL(softmax(r) ‖       not a logits tensor
+            softmax(t)), natural log
+=========== ======================================= ===================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: metric name → True when higher is better
+HIGHER_IS_BETTER = {
+    "max_abs": False,
+    "mean_abs": False,
+    "rmse": False,
+    "rel_l2": False,
+    "cosine": True,
+    "sqnr_db": True,
+    "lsb_rmse": False,
+    "top1": True,
+    "kl": False,
+}
+METRICS = tuple(HIGHER_IS_BETTER)
+
+# statuses
+OK = "ok"
+IDENTICAL = "identical"
+ZERO_NORM = "zero_norm"
+NON_FINITE = "non_finite"
+SHAPE_MISMATCH = "shape_mismatch"
+EMPTY = "empty"
+SAMPLED = "sampled"  # computed on the strided sample of a summary-only dump
+
+
+@dataclass
+class MetricAccumulator:
+    """Streams blocks of (reference, test) values and produces the pinned metrics."""
+
+    n: int = 0
+    sum_abs: float = 0.0
+    sum_sq_err: float = 0.0
+    sum_r2: float = 0.0
+    sum_t2: float = 0.0
+    sum_tr: float = 0.0
+    max_abs: float = 0.0
+    nonfinite_ref: int = 0
+    nonfinite_test: int = 0
+    logits: bool = False
+    rows: int = 0
+    top1_agree: int = 0
+    kl_sum: float = 0.0
+
+    def update(self, r: np.ndarray, t: np.ndarray) -> None:
+        """Add one block; ``r`` and ``t`` must have the same shape."""
+        r64 = np.asarray(r, dtype=np.float64)
+        t64 = np.asarray(t, dtype=np.float64)
+        fr, ft = np.isfinite(r64), np.isfinite(t64)
+        bad_r = r64.size - int(np.count_nonzero(fr))
+        bad_t = t64.size - int(np.count_nonzero(ft))
+        self.nonfinite_ref += bad_r
+        self.nonfinite_test += bad_t
+        if bad_r or bad_t:
+            both = fr & ft
+            rr, tt = r64[both], t64[both]
+        else:
+            rr, tt = r64.reshape(-1), t64.reshape(-1)
+        d = tt - rr
+        if d.size:
+            ad = np.abs(d)
+            self.max_abs = max(self.max_abs, float(ad.max()))
+            self.sum_abs += float(ad.sum())
+            self.sum_sq_err += float(np.dot(d, d))
+            self.sum_r2 += float(np.dot(rr, rr))
+            self.sum_t2 += float(np.dot(tt, tt))
+            self.sum_tr += float(np.dot(tt, rr))
+        self.n += int(d.size)
+        if self.logits and r64.ndim >= 1 and r64.shape[-1] > 1 and not (bad_r or bad_t):
+            rr2 = r64.reshape(-1, r64.shape[-1])
+            tt2 = t64.reshape(-1, t64.shape[-1])
+            self.rows += rr2.shape[0]
+            self.top1_agree += int(np.count_nonzero(rr2.argmax(-1) == tt2.argmax(-1)))
+            lp = _log_softmax(rr2)
+            lq = _log_softmax(tt2)
+            self.kl_sum += float(np.sum(np.exp(lp) * (lp - lq)))
+
+    def result(self, encoding: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The metrics and their status."""
+        out: dict[str, Any] = dict.fromkeys(METRICS)
+        out["nonfinite_ref"] = self.nonfinite_ref
+        out["nonfinite_test"] = self.nonfinite_test
+        if self.n == 0 and not (self.nonfinite_ref or self.nonfinite_test):
+            out["status"] = EMPTY
+            return out
+        if self.nonfinite_ref or self.nonfinite_test:
+            out["status"] = NON_FINITE
+            return out
+        n = self.n
+        out["max_abs"] = self.max_abs
+        out["mean_abs"] = self.sum_abs / n
+        out["rmse"] = math.sqrt(self.sum_sq_err / n)
+        nr, nt = math.sqrt(self.sum_r2), math.sqrt(self.sum_t2)
+        status = OK
+        if self.sum_sq_err == 0.0:
+            status = IDENTICAL
+        if nr > 0:
+            out["rel_l2"] = math.sqrt(self.sum_sq_err) / nr
+            out["sqnr_db"] = math.inf if self.sum_sq_err == 0 else 10.0 * math.log10(self.sum_r2 / self.sum_sq_err)
+        elif status != IDENTICAL:
+            status = ZERO_NORM
+        if nr > 0 and nt > 0:
+            out["cosine"] = max(-1.0, min(1.0, self.sum_tr / (nr * nt)))
+        if encoding is not None and encoding.get("scale") is not None:
+            scale = float(np.mean(np.asarray(encoding["scale"], dtype=np.float64)))
+            if scale > 0:
+                out["lsb_rmse"] = out["rmse"] / scale
+        if self.logits and self.rows:
+            out["top1"] = self.top1_agree / self.rows
+            out["kl"] = max(0.0, self.kl_sum / self.rows)
+        out["status"] = status
+        return out
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    z = x - m
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def compute(r: np.ndarray, t: np.ndarray, *, logits: bool = False,
+            encoding: dict[str, Any] | None = None) -> dict[str, Any]:
+    """All metrics for two in-memory arrays (status ``shape_mismatch`` when shapes differ)."""
+    r, t = np.asarray(r), np.asarray(t)
+    if r.shape != t.shape:
+        out: dict[str, Any] = dict.fromkeys(METRICS)
+        out.update(status=SHAPE_MISMATCH, nonfinite_ref=None, nonfinite_test=None)
+        return out
+    acc = MetricAccumulator(logits=logits)
+    acc.update(r, t)
+    return acc.result(encoding)
+
+
+def is_better(metric: str, a: float | None, b: float | None) -> bool:
+    """True when value ``a`` is strictly better than ``b`` for ``metric`` (None is worst)."""
+    if a is None:
+        return False
+    if b is None:
+        return True
+    return a > b if HIGHER_IS_BETTER[metric] else a < b
+
+
+def sort_key(metric: str, value: float | None, status: str) -> float:
+    """Sort key putting the worst value first (non-finite / mismatched first of all)."""
+    if status in (NON_FINITE, SHAPE_MISMATCH):
+        return -math.inf
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return math.inf
+    return value if HIGHER_IS_BETTER[metric] else -value

@@ -1,0 +1,47 @@
+"""Small shared helpers: atomic file writes, file hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from ivq_debug.errors import UsageError
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False) -> Path:
+    """Write ``data`` to ``path`` through a temp file in the same folder and a rename.
+
+    Raises :class:`UsageError` when ``path`` exists and ``overwrite`` is False.
+    """
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise UsageError("output exists; pass --force to replace it", p)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, overwrite: bool = False) -> Path:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()

@@ -1,0 +1,128 @@
+"""Golden dump format: round trips, dtypes kept on disk, atomic finalize, bad files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from ivq_debug.dump import DumpWriter, block_slices, open_dump
+from ivq_debug.errors import InputError, UsageError
+
+
+def test_round_trip_names_dtypes_and_manifest_stats(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    a32 = rng.standard_normal((3, 40, 50)).astype(np.float32)
+    a16 = rng.standard_normal((600, 300)).astype(np.float16)
+    bf = torch.randn(7, 9, dtype=torch.bfloat16)
+    ids = np.arange(12, dtype=np.int64).reshape(1, 12)
+    p = tmp_path / "d.h5"
+    with DumpWriter(p, backend="torch", backend_info={"torch": torch.__version__}, model={"path": "m"}) as w:
+        w.begin_record(sample=0, part="prefill", step=0, cache_len=0)
+        w.add_input("input_ids", ids)
+        w.add_tensor("/a/b.0/C_output_0", a32, op_type="MatMul", layout="NCHW")
+        w.add_tensor("model.x[0]", a16)
+        w.add_tensor("weird%/./name", bf)
+        w.begin_record(sample=0, part="decode", step=1, token=5)
+        w.add_tensor("model.x[0]", a16[:1])
+    d = open_dump(p)
+    assert d.backend == "torch" and d.backend_info["torch"] == torch.__version__ and d.complete
+    assert len(d.records) == 2 and d.record_meta((0, "decode", 1)) == {"token": 5}
+    np.testing.assert_array_equal(d.read("/a/b.0/C_output_0"), a32)
+    np.testing.assert_array_equal(d.read("input_ids", kind="input"), ids)
+    e16 = d.entry("model.x[0]", (0, "prefill", 0))
+    assert e16.dtype == "float16" and d.read(e16).dtype == np.float16
+    np.testing.assert_array_equal(d.read(e16), a16)
+    # fp16 stays fp16 on disk
+    with h5py.File(p) as f:
+        assert f["records"][e16.rid]["t"][e16.key].dtype == np.float16
+    eb = d.entry("weird%/./name")
+    assert eb.dtype == "bfloat16"
+    np.testing.assert_array_equal(d.read(eb), bf.float().numpy())
+    # manifest statistics equal numpy's (float64)
+    m = d.manifest.set_index(["rid", "name"])
+    row = m.loc[(e16.rid, "model.x[0]")]
+    x64 = a16.astype(np.float64)
+    assert row["min"] == x64.min() and row["max"] == x64.max()
+    assert row["mean"] == pytest.approx(x64.mean(), rel=1e-12)
+    assert row["std"] == pytest.approx(x64.std(), rel=1e-9)
+    assert m.loc[(e16.rid, "/a/b.0/C_output_0")]["layout"] == "NCHW"
+
+
+def test_non_finite_counted_and_summary_only(tmp_path: Path) -> None:
+    x = np.linspace(-1, 1, 10000, dtype=np.float32)
+    x[[3, 77]] = [np.nan, np.inf]
+    with DumpWriter(tmp_path / "s.h5", backend="x", summary_only=True, summary_samples=100) as w:
+        w.add_tensor("t", x)
+        w.add_tensor("small", x[:50])
+    d = open_dump(tmp_path / "s.h5")
+    e = d.entry("t")
+    assert e.stats["nonfinite"] == 2 and e.stored == "summary"
+    assert d.read_sample(e).shape == (100,)
+    assert d.entry("small").stored == "full"
+    with pytest.raises(UsageError):
+        d.read(e)
+
+
+def test_refuses_to_overwrite_and_exception_leaves_nothing(tmp_path: Path) -> None:
+    p = tmp_path / "d.h5"
+    with DumpWriter(p, backend="x") as w:
+        w.add_tensor("a", np.zeros(3))
+    with pytest.raises(UsageError, match="exists"):
+        DumpWriter(p, backend="x")
+    before = p.read_bytes()
+    q = tmp_path / "e.h5"
+    with pytest.raises(RuntimeError), DumpWriter(q, backend="x") as w:
+        w.add_tensor("a", np.zeros(3))
+        raise RuntimeError("boom")
+    assert not q.exists() and not list(tmp_path.glob(".e.h5*"))
+    with DumpWriter(p, backend="y", overwrite=True) as w:
+        w.add_tensor("b", np.ones(2))
+    assert p.read_bytes() != before and open_dump(p).backend == "y"
+
+
+def test_killed_capture_leaves_no_final_file(tmp_path: Path) -> None:
+    final = tmp_path / "killed.h5"
+    script = textwrap.dedent(f"""
+        import time, numpy as np
+        from ivq_debug.dump import DumpWriter
+        w = DumpWriter({str(final)!r}, backend="torch")
+        w.begin_record()
+        for i in range(1000):
+            w.add_tensor(f"t{{i}}", np.full((256, 256), i, np.float32))
+            if i == 3:
+                print("started", flush=True)
+            time.sleep(0.01)
+        w.close()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not final.exists()
+    partial = list(tmp_path.glob(".killed.h5.partial-*"))
+    assert len(partial) == 1
+    # the leftover can never be mistaken for a complete dump
+    with pytest.raises(InputError):
+        open_dump(partial[0])
+
+
+def test_block_slices_cover_every_element_once() -> None:
+    rng = np.random.default_rng(1)
+    for shape in [(), (5,), (3, 7), (2, 3, 4), (1, 1, 9), (4, 1, 5, 6), (0, 3)]:
+        a = rng.standard_normal(shape)
+        for block in (8, 24, 100, 10_000):
+            seen = np.zeros(a.shape, dtype=int) if a.ndim else np.zeros((), int)
+            for sl in block_slices(a.shape, 8, block):
+                seen[sl] += 1
+            assert (seen == 1).all(), (shape, block)
