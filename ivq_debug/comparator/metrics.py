@@ -72,31 +72,33 @@ class MetricAccumulator:
 
     def update(self, r: np.ndarray, t: np.ndarray) -> None:
         """Add one block; ``r`` and ``t`` must have the same shape."""
-        r64 = np.asarray(r, dtype=np.float64)
-        t64 = np.asarray(t, dtype=np.float64)
-        fr, ft = np.isfinite(r64), np.isfinite(t64)
-        bad_r = r64.size - int(np.count_nonzero(fr))
-        bad_t = t64.size - int(np.count_nonzero(ft))
+        r, t = np.asarray(r), np.asarray(t)
+        bad_r = bad_t = 0
+        if r.dtype.kind == "f" and not np.isfinite(r).all():
+            bad_r = r.size - int(np.count_nonzero(np.isfinite(r)))
+        if t.dtype.kind == "f" and not np.isfinite(t).all():
+            bad_t = t.size - int(np.count_nonzero(np.isfinite(t)))
         self.nonfinite_ref += bad_r
         self.nonfinite_test += bad_t
+        r64 = r.astype(np.float64, copy=False).reshape(-1)
+        t64 = t.astype(np.float64, copy=False).reshape(-1)
         if bad_r or bad_t:
-            both = fr & ft
-            rr, tt = r64[both], t64[both]
-        else:
-            rr, tt = r64.reshape(-1), t64.reshape(-1)
-        d = tt - rr
-        if d.size:
-            ad = np.abs(d)
-            self.max_abs = max(self.max_abs, float(ad.max()))
-            self.sum_abs += float(ad.sum())
-            self.sum_sq_err += float(np.dot(d, d))
-            self.sum_r2 += float(np.dot(rr, rr))
-            self.sum_t2 += float(np.dot(tt, tt))
-            self.sum_tr += float(np.dot(tt, rr))
-        self.n += int(d.size)
-        if self.logits and r64.ndim >= 1 and r64.shape[-1] > 1 and not (bad_r or bad_t):
-            rr2 = r64.reshape(-1, r64.shape[-1])
-            tt2 = t64.reshape(-1, t64.shape[-1])
+            both = np.isfinite(r64) & np.isfinite(t64)
+            r64, t64 = r64[both], t64[both]
+        if r64.size:
+            d = t64 - r64
+            self.sum_sq_err += float(np.einsum("i,i->", d, d))
+            np.abs(d, out=d)
+            self.max_abs = max(self.max_abs, float(d.max()))
+            self.sum_abs += float(d.sum())
+            del d
+            self.sum_r2 += float(np.einsum("i,i->", r64, r64))
+            self.sum_t2 += float(np.einsum("i,i->", t64, t64))
+            self.sum_tr += float(np.einsum("i,i->", t64, r64))
+        self.n += int(r64.size)
+        if self.logits and r.ndim >= 1 and r.shape[-1] > 1 and not (bad_r or bad_t):
+            rr2 = r.astype(np.float64, copy=False).reshape(-1, r.shape[-1])
+            tt2 = t.astype(np.float64, copy=False).reshape(-1, t.shape[-1])
             self.rows += rr2.shape[0]
             self.top1_agree += int(np.count_nonzero(rr2.argmax(-1) == tt2.argmax(-1)))
             lp = _log_softmax(rr2)

@@ -10,7 +10,7 @@ import numpy as np
 STAT_FIELDS = ("min", "max", "mean", "std", "nonfinite")
 
 #: elements per block when statistics stream through an in-memory array.
-_BLOCK_ELEMS = 1 << 21
+_BLOCK_ELEMS = 1 << 20
 
 
 def flat_blocks(arr: np.ndarray, block_elems: int = _BLOCK_ELEMS) -> Iterator[np.ndarray]:
@@ -37,22 +37,23 @@ class StatsAccumulator:
         """Add one block of values (any numeric dtype)."""
         if block.size == 0:
             return
-        if block.dtype.kind in "iub":
-            x = block.astype(np.float64)
-            finite = x
-        else:
-            x = block.astype(np.float64, copy=False)
-            mask = np.isfinite(x)
-            n_bad = int(x.size - np.count_nonzero(mask))
-            self.nonfinite += n_bad
-            finite = x[mask] if n_bad else x
-        if finite.size == 0:
-            return
-        self.count += int(finite.size)
-        self.sum += float(finite.sum())
-        self.sumsq += float(np.dot(finite, finite))
-        self.min = min(self.min, float(finite.min()))
-        self.max = max(self.max, float(finite.max()))
+        x = block
+        if x.dtype.kind == "b":
+            x = x.astype(np.uint8)
+        if x.dtype.kind == "f":
+            finite = np.isfinite(x)
+            if not finite.all():
+                self.nonfinite += int(x.size - np.count_nonzero(finite))
+                x = x[finite]
+                if x.size == 0:
+                    return
+        self.count += int(x.size)
+        # min/max in the native dtype; sums in float64 without BLAS (einsum is exact-enough and fast)
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+        self.sum += float(x.sum(dtype=np.float64))
+        x64 = x.astype(np.float64, copy=False)
+        self.sumsq += float(np.einsum("i,i->", x64.reshape(-1), x64.reshape(-1)))
 
     def result(self) -> dict[str, float | int | None]:
         """The statistics as a dict (``None`` where undefined, e.g. no finite value)."""

@@ -89,7 +89,7 @@ class DumpWriter:
         model: model identity (path, sha256, part, …).
         command: the command line that produced the dump (defaults to ``sys.argv``).
         overwrite: replace an existing file at ``path``; otherwise an existing file is an error.
-        compression: ``"lzf"``, ``"gzip"`` or ``None`` (default from :mod:`ivq_debug.defaults`).
+        compression: ``"auto"``, ``"lzf"``, ``"gzip"`` or ``None`` (default from :mod:`ivq_debug.defaults`).
         summary_only: store statistics and ``summary_samples`` strided values instead of whole tensors.
     """
 
@@ -242,7 +242,7 @@ class DumpWriter:
             ds = grp.create_dataset(key, shape=arr.shape, dtype=arr.dtype)  # shape only, no data written
             ds.attrs["summary_only"] = True
         else:
-            ds = self._create(grp, key, arr)
+            ds = self._create(grp, key, arr, quantized=encoding is not None)
         if order is None:
             order = self._order[rid]
         self._order[rid] = max(self._order[rid], order + 1)
@@ -275,14 +275,17 @@ class DumpWriter:
             return arr.astype(np.float32) * np.nan  # statistics of fp8 views are not defined
         return arr
 
-    def _create(self, grp: Any, key: str, arr: np.ndarray) -> Any:
+    def _create(self, grp: Any, key: str, arr: np.ndarray, quantized: bool = False) -> Any:
         kw: dict[str, Any] = {}
         if arr.ndim > 0 and arr.nbytes >= defaults.DUMP_MIN_CHUNKED_BYTES:
             kw["chunks"] = _chunk_shape(arr.shape, arr.itemsize, defaults.DUMP_CHUNK_BYTES)
-            if self.compression == "gzip":
+            comp = self.compression
+            if comp == "auto":
+                comp = "lzf" if quantized else None
+            if comp == "gzip":
                 kw.update(compression="gzip", compression_opts=defaults.DUMP_COMPRESSION_LEVEL, shuffle=True)
-            elif self.compression:
-                kw["compression"] = self.compression
+            elif comp:
+                kw["compression"] = comp
         return grp.create_dataset(key, data=arr, **kw)
 
     # ---------------------------------------------------------------- extras

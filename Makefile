@@ -1,0 +1,40 @@
+# ivq-debug: set up a virtualenv and run the demo or the tests.
+# The CPU build of torch is installed first: an unpinned torch would pull a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ivq-installed
+TORCH ?= torch==2.13.0
+PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
+
+.PHONY: setup demo test test-slow test-all lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH)
+	$(PIP) install -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/ivq demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+# exit code 5 = no slow test collected, which is not a failure
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow || [ $$? -eq 5 ]
+
+test-all: test test-slow
+
+lint: setup
+	$(BIN)/ruff check ivq_debug tests bench scripts
+
+bench: setup
+	$(BIN)/python bench/bench_spine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts reports/*.html
