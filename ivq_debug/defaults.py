@@ -58,3 +58,13 @@ DIVERGENCE_SQNR_DB = 40.0
 #: otherwise a relative change)
 REGRESSION_TOL_DB = 1.0
 REGRESSION_TOL_REL = 0.10
+
+#: introduced-error replay: maximum bytes of reference inputs per replay batch (one session + one run)
+REPLAY_BATCH_BYTES = 256 << 20
+
+#: quantization hazards (docs/findings.md): share of reference values outside the encoding range
+SATURATION_WARN = 1e-3
+SATURATION_ERROR = 1e-2
+#: SNR (dB) of the reference values fake-quantized with the test encoding, above its lowest bin
+RESOLUTION_WARN_DB = 20.0
+RESOLUTION_ERROR_DB = 10.0

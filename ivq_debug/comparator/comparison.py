@@ -23,7 +23,7 @@ SCHEMA = "ivq-diff/1"
 COLUMNS = [
     "sample", "part", "step", "order", "ref_name", "test_name", "match", "op_type", "test_op_type", "scope",
     "shape", "test_shape", "numel", "ref_dtype", "test_dtype", "status", *METRICS, "nonfinite_ref",
-    "nonfinite_test", "sampled", "passed", "violations",
+    "nonfinite_test", "sampled", "clipped_fraction", "grid_snr_db", "enc_step", "passed", "violations",
 ]
 
 
@@ -34,27 +34,39 @@ def is_logits(name: str) -> bool:
 
 def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.COMPARE_BLOCK_BYTES) -> dict[str, Any]:
     """Stream the metrics of one aligned pair (bounded memory: one block of each side at a time)."""
+    from ivq_debug.diagnose.encoding import EncodingAccumulator
+
     a, b = pair.ref, pair.test
     logits = is_logits(a.name) or is_logits(b.name)
     acc = MetricAccumulator(logits=logits)
+    enc = EncodingAccumulator.for_encoding(b.encoding)  # how the test encoding fits the reference
     sampled = False
     if a.size != b.size:
         out: dict[str, Any] = dict.fromkeys(METRICS)
         out.update(status=SHAPE_MISMATCH, nonfinite_ref=None, nonfinite_test=None, sampled=False)
         return out
+
+    def feed(ra: np.ndarray, tb: np.ndarray) -> None:
+        acc.update(ra, tb)
+        if enc is not None:
+            enc.update(ra)
+
     if a.stored != "full" or b.stored != "full":
         sampled = True
-        acc.update(ref.read_sample(a), test.read_sample(b))
+        feed(ref.read_sample(a), test.read_sample(b))
     elif a.shape == b.shape:
         for ra, tb in zip(ref.iter_blocks(a, block_bytes), test.iter_blocks(b, block_bytes), strict=True):
-            acc.update(ra, tb)
+            feed(ra, tb)
     else:  # same element count, different shape (e.g. [1,16,64] vs [16,64]): compare flattened
         ra, tb = ref.read(a).reshape(-1), test.read(b).reshape(-1)
         if logits:
             ra, tb = ra.reshape(a.shape), tb.reshape(a.shape)
-        acc.update(ra, tb)
+        feed(ra, tb)
     res = acc.result(b.encoding)
     res["sampled"] = sampled
+    if enc is not None:
+        e = enc.result()
+        res.update(clipped_fraction=e["clipped_fraction"], grid_snr_db=e["grid_snr_db"], enc_step=e["enc_step"])
     return res
 
 
@@ -337,7 +349,7 @@ def compare(
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
-    for c in METRICS:
+    for c in (*METRICS, "clipped_fraction", "grid_snr_db", "enc_step"):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
     table["passed"] = table["passed"].astype(bool)
     cmp = Comparison(ref_d, test_d, table, al, budgets, rank_by)

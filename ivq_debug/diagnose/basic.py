@@ -118,10 +118,13 @@ def cpu_fallback(cmp: Any) -> list[Finding]:
 
 
 def basic_findings(cmp: Any) -> list[Finding]:
-    """All cheap findings, most severe first."""
+    """All findings that need only the comparison (no replay), most severe first."""
     from ivq_debug.diagnose.findings import severity_rank
 
+    from ivq_debug.diagnose.hazards import resolution_collapse, saturation
+
     out: list[Finding] = []
-    for fn in (first_divergence, non_finite, fp64, token_divergence, cpu_fallback):
+    for fn in (first_divergence, non_finite, fp64, token_divergence, cpu_fallback, saturation,
+               resolution_collapse):
         out.extend(fn(cmp))
     return sorted(out, key=lambda f: -severity_rank(f.severity))

@@ -1,0 +1,69 @@
+"""Quantization hazards from the comparison table: saturation and resolution collapse.
+
+Both come from how the *test* tensor's encoding fits the *reference* values
+(:mod:`ivq_debug.diagnose.encoding`), computed during the comparison's streaming pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ivq_debug import defaults
+from ivq_debug.diagnose.findings import Finding
+
+
+def _where(r: Any) -> dict[str, Any]:
+    return {"record": {"sample": int(r["sample"]), "part": r["part"], "step": int(r["step"])},
+            "tensor": r["ref_name"], "test_tensor": r["test_name"], "op_type": r["op_type"]}
+
+
+def _first_per_tensor(rows: Any) -> Any:
+    """One row per tensor name (its worst record), in execution order."""
+    return rows.drop_duplicates("ref_name", keep="first")
+
+
+def saturation(cmp: Any, warn: float = defaults.SATURATION_WARN,
+               error: float = defaults.SATURATION_ERROR) -> list[Finding]:
+    """Tensors whose encoding clips more than ``warn`` of the reference values."""
+    t = cmp.table
+    if t.empty or "clipped_fraction" not in t:
+        return []
+    hits = t[t["clipped_fraction"] > warn].sort_values("clipped_fraction", ascending=False, kind="stable")
+    out = []
+    for _, r in _first_per_tensor(hits).iterrows():
+        frac = float(r["clipped_fraction"])
+        sev = "error" if frac > error else "warning"
+        out.append(Finding(
+            "saturation", sev,
+            f"{r['ref_name']}: {frac:.2%} of the reference values fall outside the encoding range "
+            f"(they saturate)",
+            where=_where(r),
+            evidence={"clipped_fraction": frac, "enc_step": r["enc_step"], "sqnr_db": r["sqnr_db"]},
+            suggestion="widen this tensor's encoding (calibrate on data that covers the real range, or set "
+                       "min/max in quantization overrides)",
+        ))
+    return out
+
+
+def resolution_collapse(cmp: Any, warn_db: float = defaults.RESOLUTION_WARN_DB,
+                        error_db: float = defaults.RESOLUTION_ERROR_DB) -> list[Finding]:
+    """Tensors whose encoding step is too coarse for the spread of the informative reference values."""
+    t = cmp.table
+    if t.empty or "grid_snr_db" not in t:
+        return []
+    hits = t[t["grid_snr_db"] < warn_db].sort_values("grid_snr_db", kind="stable")
+    out = []
+    for _, r in _first_per_tensor(hits).iterrows():
+        g = float(r["grid_snr_db"])
+        sev = "error" if g < error_db else "warning"
+        out.append(Finding(
+            "resolution_collapse", sev,
+            f"{r['ref_name']}: the encoding step {r['enc_step']:.4g} leaves only {g:.1f} dB SNR on the "
+            f"informative reference values (the step is large against their spread)",
+            where=_where(r),
+            evidence={"grid_snr_db": g, "enc_step": r["enc_step"], "sqnr_db": r["sqnr_db"],
+                      "clipped_fraction": r["clipped_fraction"]},
+            suggestion="give this tensor 16-bit activations, or split the large-range term out (e.g. keep an "
+                       "additive attention mask out of the scores' 8-bit encoding)",
+        ))
+    return out

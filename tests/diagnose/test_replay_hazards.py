@@ -1,0 +1,100 @@
+"""Introduced-vs-inherited replay and encoding hazards on a real a8w8 QDQ model with an injected fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import ivq_debug as ivq
+from ivq_debug.diagnose.replay import find_units, replay
+from tests.spine import tiny
+
+FAULT = "/blocks.1/fc1/Add_output_0"
+
+
+def _quantize(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"x": np.random.RandomState(i).randn(2, 8, 16).astype(np.float32)} for i in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    cfg = get_qnn_qdq_config(str(src), Reader(), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
+    quantize(str(src), str(dst), cfg)
+
+
+def _scale_encoding(src: Path, dst: Path, tensor: str, factor: float) -> None:
+    m = onnx.load(str(src))
+    q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    init = next(i for i in m.graph.initializer if i.name == q.input[1])
+    v = numpy_helper.to_array(init)
+    init.CopyFrom(numpy_helper.from_array((v * factor).astype(v.dtype), init.name))
+    onnx.save(m, str(dst))
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replay")
+    _, x, float_model = tiny.build(tmp)
+    _quantize(float_model, tmp / "q.onnx")
+    _scale_encoding(tmp / "q.onnx", tmp / "bad.onnx", FAULT, 20.0)
+    ref = tiny.capture_ort(float_model, x, tmp / "ref.h5")
+    test = tiny.capture_ort(tmp / "bad.onnx", x, tmp / "test.h5")
+    clean = tiny.capture_ort(tmp / "q.onnx", x, tmp / "clean.h5")
+    return {"tmp": tmp, "ref": ref, "test": test, "clean": clean, "bad": tmp / "bad.onnx", "q": tmp / "q.onnx"}
+
+
+def test_units_cover_every_compute_node(faulty) -> None:
+    units = find_units(onnx.load(str(faulty["bad"])))
+    assert len(units) == 37
+    u = next(u for u in units if u.output == FAULT)
+    assert u.op_type == "Add" and u.inputs == ["/blocks.1/fc1/MatMul_output_0"]
+
+
+def test_corrupted_encoding_is_first_by_introduced_error(faulty) -> None:
+    cmp = ivq.compare(faulty["ref"], faulty["test"])
+    r = replay(faulty["bad"], faulty["ref"], cumulative=cmp, budget_sqnr_db=25)
+    t = r.table.set_index("tensor")
+    assert r.batches == 1 and not r.skipped and len(t) == 37
+    assert r.first_breaking["tensor"] == FAULT
+    # its error is its own (introduced ~= cumulative), while later layers mostly inherit theirs
+    assert t.loc[FAULT, "intro_sqnr_db"] < 20
+    assert t.loc[FAULT, "inherited_share"] < 0.1
+    down = "/blocks.1/fc2/Add_output_0"
+    assert t.loc[down, "cum_sqnr_db"] < 20 < 30 < t.loc[down, "intro_sqnr_db"]
+    assert t.loc[down, "inherited_share"] > 0.9
+    # ranked by cumulative error, later layers look as bad as the culprit; by introduced error it is first
+    assert r.worst(1).iloc[0]["tensor"] == FAULT
+    f = r.findings()[0]
+    assert f.kind == "introduced_error" and f.where["tensor"] == FAULT
+
+
+def test_clean_model_breaks_no_introduced_budget(faulty) -> None:
+    r = replay(faulty["q"], faulty["ref"], budget_sqnr_db=25)
+    assert r.first_breaking is None
+    assert r.table["intro_sqnr_db"].min() > 30
+
+
+def test_encoding_hazards_from_the_comparison(faulty) -> None:
+    cmp = ivq.compare(faulty["ref"], faulty["test"])
+    t = cmp.table.set_index("ref_name")
+    healthy = t.drop(index=FAULT)["grid_snr_db"].dropna()
+    assert healthy.min() > 35  # a healthy 8-bit tensor sits near 40 dB
+    assert t.loc[FAULT, "grid_snr_db"] < 20
+    kinds = {(f.kind, f.where.get("tensor")) for f in cmp.findings}
+    assert ("resolution_collapse", FAULT) in kinds
+    # shrinking an encoding instead makes values saturate
+    _scale_encoding(faulty["q"], faulty["tmp"] / "narrow.onnx", FAULT, 0.2)
+    _, x, _ = tiny.build(faulty["tmp"])
+    narrow = tiny.capture_ort(faulty["tmp"] / "narrow.onnx", x, faulty["tmp"] / "narrow.h5")
+    cmp2 = ivq.compare(faulty["ref"], narrow)
+    sat = [f for f in cmp2.findings if f.kind == "saturation" and f.where["tensor"] == FAULT]
+    assert sat and sat[0].severity == "error" and sat[0].evidence["clipped_fraction"] > 0.2
