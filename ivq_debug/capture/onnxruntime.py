@@ -125,7 +125,7 @@ def list_sites(model: Any, mode: str = "auto") -> list[TensorSite]:
     for n in nodes:
         if n.op_type == "QuantizeLinear" and n.domain in QDQ_DOMAINS:
             src = n.input[0]
-            if src in initializers or (src in producer and producer[src][1].op_type == "Constant"):
+            if src in const:  # a weight or a value computed from weights only
                 continue
             qnodes.append(n)
             qparams.update(x for x in n.input[1:3] if x)
@@ -251,13 +251,14 @@ class OrtRunner:
         ]
         # graph outputs are captured too (under their own names) so the logits align
         self._producers = {o: (i, n) for i, n in enumerate(self.model.graph.node) for o in n.output if o}
-        self._sessions: dict[int, Any] = {}
+        self.sessions: dict[int, Any] = {}
         self._plain: Any = None
         self._verified: dict[str, Any] | None = None
-        self.info: dict[str, Any] = self._base_info()
+        self.info: dict[str, Any] = self.base_info()
 
     # ---------------------------------------------------------------- sessions
-    def _base_info(self) -> dict[str, Any]:
+    def base_info(self) -> dict[str, Any]:
+        """``info`` before any run: versions, optimization level, providers, exposure (subclasses extend)."""
         import onnx
         import onnxruntime as ort
 
@@ -290,7 +291,9 @@ class OrtRunner:
         return ort.InferenceSession(model_bytes_or_path, sess_options=self.session_options(),
                                     providers=["CPUExecutionProvider"])
 
-    def _model_with_outputs(self, outputs: list[str]) -> bytes | str:
+    def model_with_outputs(self, outputs: list[str]) -> bytes | str:
+        """The model with ``outputs`` added as graph outputs: bytes, or the path of a temporary file in the
+        model's folder when it has external data (removed by :meth:`session_for` after loading)."""
         import onnx
 
         if not outputs:
@@ -311,17 +314,23 @@ class OrtRunner:
         onnx.save(m, tmp, save_as_external_data=False)
         return tmp
 
-    def _groups(self) -> list[list[TensorSite]]:
+    def groups(self) -> list[list[TensorSite]]:
+        """The capture sites split into runs of at most ``max_outputs_per_run``."""
         if not self.sites:
             return [[]]
         n = self.max_outputs_per_run or len(self.sites)
         return [self.sites[i : i + n] for i in range(0, len(self.sites), n)]
 
-    def _session(self, gi: int, group: list[TensorSite]):
-        if gi not in self._sessions:
-            model = self._model_with_outputs([s.output for s in group])
+    def session_for(self, gi: int, group: list[TensorSite]):
+        """The (cached) session of capture group ``gi`` exposing ``group``; ``gi = -1`` is the plain model.
+
+        Sessions live in :attr:`sessions` (a dict keyed by ``gi``); subclasses may drop entries to force
+        re-creation (e.g. after pruning sites).
+        """
+        if gi not in self.sessions:
+            model = self.model_with_outputs([s.output for s in group])
             try:
-                self._sessions[gi] = self.create_session(model)
+                self.sessions[gi] = self.create_session(model)
             except CaptureError:
                 raise
             except Exception as e:
@@ -330,7 +339,7 @@ class OrtRunner:
             finally:
                 if isinstance(model, str) and Path(model).name.startswith(".ivq-"):
                     os.unlink(model)
-        return self._sessions[gi]
+        return self.sessions[gi]
 
     # ---------------------------------------------------------------- running
     def run(self, feeds: dict[str, np.ndarray], writer: Any = None) -> dict[str, np.ndarray]:
@@ -343,9 +352,9 @@ class OrtRunner:
             raise UsageError(f"missing inputs {missing} for {self.model_path.name}")
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
         result: dict[str, np.ndarray] | None = None
-        groups = self._groups() if writer is not None else [[]]
+        groups = self.groups() if writer is not None else [[]]
         for gi, group in enumerate(groups):
-            sess = self._session(gi if writer is not None else -1, group if writer is not None else [])
+            sess = self.session_for(gi if writer is not None else -1, group if writer is not None else [])
             names = self.output_names + [s.output for s in group]
             try:
                 values = sess.run(names, feeds)
@@ -379,7 +388,7 @@ class OrtRunner:
             writer.add_tensor(site.name, val, op_type=site.op_type, order=site.order, scope=site.scope)
 
     def _verify(self, feeds: dict[str, np.ndarray], captured: dict[str, np.ndarray]) -> None:
-        plain = self._session(-1, [])
+        plain = self.session_for(-1, [])
         ref = dict(zip(self.output_names, plain.run(self.output_names, feeds), strict=True))
         worst = 0.0
         identical = True
@@ -401,7 +410,7 @@ class OrtRunner:
 
     def close(self) -> None:
         """Release the sessions."""
-        self._sessions.clear()
+        self.sessions.clear()
 
     def __enter__(self) -> OrtRunner:
         return self

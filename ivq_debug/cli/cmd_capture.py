@@ -62,13 +62,14 @@ def make_runner(args: argparse.Namespace):
         return OrtRunner(args.model, optimization=args.optimization, **common)
     from ivq_debug.capture.qnn_ep import QnnHtpRunner
 
-    kw: dict[str, Any] = {"cpu_fallback": args.allow_cpu_fallback}
+    kw: dict[str, Any] = {"allow_cpu_fallback": args.allow_cpu_fallback, "overwrite": args.force}
     if args.soc_model:
         kw["soc_model"] = args.soc_model
     if args.htp_arch:
         kw["htp_arch"] = args.htp_arch
     if args.profiling != "off":
         kw["profiling_level"] = args.profiling
+        kw["profiling_path"] = Path(args.output).with_suffix(".profile.csv")
     return QnnHtpRunner(args.model, **common, **kw)
 
 

@@ -99,28 +99,43 @@ def token_divergence(cmp: Any) -> list[Finding]:
 
 
 def cpu_fallback(cmp: Any) -> list[Finding]:
-    """Nodes of a QNN capture that ran on the CPU (from the recorded partition)."""
+    """Nodes of a QNN capture that ran on the CPU (from the recorded ``/meta/partition``).
+
+    Graph-input QuantizeLinear / graph-output DequantizeLinear nodes that the EP leaves to the CPU by
+    design (``io_offload``) are reported as info; any other CPU node is an error: those are the CPU islands
+    that cost transfers on a device and whose numerics are not the HTP's.
+    """
     part = cmp.test.meta("partition")
     if not part:
         return []
-    cpu = [n for n in part.get("nodes", []) if str(n.get("ep", "")).startswith("CPU")]
-    if not cpu:
-        return []
-    return [
-        Finding(
-            "cpu_fallback", "warning",
-            f"{len(cpu)} node(s) ran on the CPU instead of QNN, first {cpu[0].get('name')} ({cpu[0].get('op_type')})",
-            where={"node": cpu[0].get("name")},
-            evidence={"count": len(cpu), "nodes": cpu[:20]},
-            suggestion="replace the op with a QNN-supported form or quantize it differently; CPU islands cost transfers",
-        )
-    ]
+    cpu = part.get("cpu_nodes", [])
+    real = [n for n in cpu if not n.get("io_offload")]
+    out = []
+    if real:
+        first = real[0]
+        out.append(Finding(
+            "cpu_fallback", "error",
+            f"{len(real)} node(s) ran on the CPU instead of QNN, first {first.get('name')} ({first.get('op_type')})"
+            + (f": {first['reason']}" if first.get("reason") else ""),
+            where={"node": first.get("name"), "op_type": first.get("op_type")},
+            evidence={"count": len(real), "nodes": real[:20], "counts": part.get("counts")},
+            suggestion="replace the op with a QNN-supported form (e.g. the Gelu op instead of an Erf chain) or "
+                       "quantize it differently; each CPU island costs NPU<->CPU transfers",
+        ))
+    io = [n for n in cpu if n.get("io_offload")]
+    if io:
+        out.append(Finding(
+            "cpu_fallback", "info",
+            f"{len(io)} graph-I/O quantize/dequantize node(s) run on the CPU by design (offload_graph_io_quantization)",
+            where={"node": io[0].get("name")}, evidence={"count": len(io)},
+            suggestion="nothing to do unless the graph I/O conversion shows up in the profile",
+        ))
+    return out
 
 
 def basic_findings(cmp: Any) -> list[Finding]:
     """All findings that need only the comparison (no replay), most severe first."""
     from ivq_debug.diagnose.findings import severity_rank
-
     from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 
     out: list[Finding] = []

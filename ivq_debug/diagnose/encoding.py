@@ -99,6 +99,5 @@ class EncodingAccumulator:
                 out["grid_snr_db"] = math.inf
             elif var > 0:
                 out["grid_snr_db"] = 10 * math.log10(var / mse)
-            else:
-                out["grid_snr_db"] = -math.inf
+            # a constant reference (var 0) has no spread to resolve: undefined
         return out

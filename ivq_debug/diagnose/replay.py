@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.capture.onnxruntime import QDQ_DOMAINS, Q_INPUT_SUFFIX, load_model
+from ivq_debug.capture.onnxruntime import Q_INPUT_SUFFIX, QDQ_DOMAINS, load_model
 from ivq_debug.comparator.metrics import MetricAccumulator
 from ivq_debug.errors import UsageError
 

@@ -1,0 +1,641 @@
+"""QDQ quantization for QNN HTP with ONNX Runtime's QNN helpers.
+
+``qnn_preprocess_model`` -> ``get_qnn_qdq_config`` -> ``quantize``, with presets (``a8w8``, ``a16w8``,
+``a16w16``), optional per-channel weights, calibration data from a folder (``.npy`` / ``.npz`` / images),
+an ``.npz`` set or in-memory feeds, and quantization overrides (ORT ``TensorQuantOverrides`` dicts or
+JSON; QNN / AIMET legacy and 1.0.0 encodings through :mod:`ivq_debug.qnn.encodings` when available).
+
+16-bit facts (measured, see ``/work/shared/notes/qnn-htp-on-x86.md`` §2): with 16-bit activations or
+weights the quantizer raises the opset to 21 and writes ``com.microsoft`` QuantizeLinear /
+DequantizeLinear, which ``onnx.shape_inference`` does not understand; nothing here runs shape inference
+on the quantized model, and readers must not either (load graphs with ``load_external_data=False`` and
+read Q/DQ domains ``""``, ``ai.onnx`` and ``com.microsoft`` alike).
+
+The output appears under its final name only when complete (written in a temp folder beside it, then
+``os.replace``); an existing output is replaced only with ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.errors import InputError, IvqError, UsageError
+
+#: preset -> (activation QuantType name, weight QuantType name)
+PRESETS: dict[str, tuple[str, str]] = {
+    "a8w8": ("QUInt8", "QUInt8"),
+    "a16w8": ("QUInt16", "QUInt8"),
+    "a16w16": ("QUInt16", "QUInt16"),
+}
+CALIBRATE_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile",
+                     "distribution": "Distribution"}
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+ARRAY_SUFFIXES = (".npy", ".npz")
+#: QuantType spellings accepted in overrides JSON
+_QTYPE_ALIASES = {
+    "quint8": "QUInt8", "uint8": "QUInt8", "u8": "QUInt8", "qint8": "QInt8", "int8": "QInt8", "i8": "QInt8",
+    "quint16": "QUInt16", "uint16": "QUInt16", "u16": "QUInt16", "qint16": "QInt16", "int16": "QInt16",
+    "i16": "QInt16", "quint4": "QUInt4", "uint4": "QUInt4", "qint4": "QInt4", "int4": "QInt4",
+    "qfloat8e4m3fn": "QFLOAT8E4M3FN",
+}
+_MAX_PROTO_BYTES = 1_800_000_000  # above this, preprocess / quantize with external data
+
+
+@dataclass
+class QuantizeResult:
+    """What :func:`quantize_for_qnn` produced."""
+
+    model_path: Path
+    source_path: Path
+    preset: str
+    activation_type: str
+    weight_type: str
+    per_channel: bool
+    calibrate_method: str
+    calibration_samples: int
+    calibration_source: str
+    preprocessed: bool
+    overrides: int
+    overrides_unmatched: list[str]
+    opset: dict[str, int]
+    qdq_domains: list[str]
+    quantize_nodes: int
+    dequantize_nodes: int
+    seconds: float
+    external_data: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        d = asdict(self)
+        d["model_path"], d["source_path"] = str(self.model_path), str(self.source_path)
+        return d
+
+
+# ---------------------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class InputSpec:
+    """A graph input: name, numpy dtype and shape (``None`` for a symbolic dimension)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+
+
+def model_inputs(model: Any) -> list[InputSpec]:
+    """The real graph inputs of an ``onnx.ModelProto`` (initializers listed as inputs excluded)."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
+        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+        out.append(InputSpec(vi.name, dtype, shape))
+    return out
+
+
+def _load_proto(path: Path) -> Any:
+    import onnx
+
+    if not path.exists():
+        raise InputError("no such ONNX model", path)
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        raise InputError(f"not a readable ONNX model ({type(e).__name__})", path) from None
+
+
+def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
+    """Add a batch axis when one is missing, cast to the input dtype, check static dims."""
+    a = np.asarray(arr)
+    if spec.shape and a.ndim == len(spec.shape) - 1:
+        a = a[None, ...]
+    if spec.shape and a.ndim != len(spec.shape):
+        raise InputError(f"input {spec.name!r}: rank {a.ndim}, model expects {len(spec.shape)} "
+                         f"(shape {list(spec.shape)})", where)
+    for i, (have, want) in enumerate(zip(a.shape, spec.shape, strict=False)):
+        if want is not None and want > 0 and have != want:
+            raise InputError(f"input {spec.name!r}: dim {i} is {have}, model expects {want} "
+                             f"(shape {list(spec.shape)})", where)
+    if a.dtype != spec.dtype:
+        if a.dtype.kind == "f" and spec.dtype.kind in "iu":
+            raise InputError(f"input {spec.name!r}: float data for an integer input", where)
+        a = a.astype(spec.dtype)
+    return np.ascontiguousarray(a)
+
+
+def _image_to_input(img: np.ndarray, spec: InputSpec, where: Path, mean: Sequence[float] | None,
+                    std: Sequence[float] | None, transform: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+    """HWC image (uint8 or float in [0, 1]) -> the model's NCHW / NHWC float input."""
+    a = np.asarray(img)
+    a = a.astype(np.float32) / 255.0 if a.dtype.kind in "ui" else a.astype(np.float32)
+    if a.ndim == 2:
+        a = a[..., None]
+    if len(spec.shape) != 4:
+        raise InputError(f"an image needs a rank-4 input, {spec.name!r} has shape {list(spec.shape)}", where)
+    nchw = spec.shape[1] in (1, 3) or spec.shape[3] not in (1, 3)  # NHWC only when the last dim is C
+    c = spec.shape[1] if nchw else spec.shape[3]
+    hw = (spec.shape[2], spec.shape[3]) if nchw else (spec.shape[1], spec.shape[2])
+    if c is not None:
+        if a.shape[2] >= 3 and c == 3:
+            a = a[..., :3]
+        elif a.shape[2] == 1 and c == 3:
+            a = np.repeat(a, 3, axis=2)
+        elif a.shape[2] >= 3 and c == 1:
+            a = a[..., :3].mean(axis=2, keepdims=True)
+    if hw[0] and hw[1] and a.shape[:2] != hw:  # nearest-neighbour resize to the static size
+        ys = (np.arange(hw[0]) * a.shape[0] / hw[0]).astype(np.int64)
+        xs = (np.arange(hw[1]) * a.shape[1] / hw[1]).astype(np.int64)
+        a = a[ys][:, xs]
+    if mean is not None:
+        a = a - np.asarray(mean, np.float32)
+    if std is not None:
+        a = a / np.asarray(std, np.float32)
+    if transform is not None:
+        a = np.asarray(transform(a), np.float32)
+    a = np.transpose(a, (2, 0, 1)) if nchw else a
+    return _fit(a[None, ...], spec, where)
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:
+        raise InputError(f"not a readable .npz ({type(e).__name__}: {e})", path) from None
+
+
+def load_calibration(
+    source: str | os.PathLike | Iterable[Mapping[str, Any]] | Mapping[str, Any],
+    model: str | os.PathLike | Any,
+    *,
+    fixed_feeds: Mapping[str, Any] | None = None,
+    max_samples: int | None = None,
+    image_mean: Sequence[float] | None = None,
+    image_std: Sequence[float] | None = None,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """Calibration feeds for ``model`` and a description of where they came from.
+
+    ``source`` is one of:
+
+    * a folder: each file (sorted by name) is one sample. ``.npz``: keys are input names; ``.npy``: the
+      single free input; ``.png`` / ``.jpg`` (read with matplotlib): an image for the single rank-4 input
+      (uint8 -> [0, 1], channels fitted, nearest resize to the static size, then ``image_mean`` /
+      ``image_std`` / ``transform`` on the HWC float image, then NCHW or NHWC as the model wants);
+    * an ``.npz`` file: keys are input names, the leading axis indexes samples;
+    * a ``.npy`` file: the single free input, leading axis = samples;
+    * a list of feed dicts, or a dict of stacked arrays (leading axis = samples).
+
+    ``fixed_feeds`` are added to every sample (e.g. position ids); a missing batch axis is added; dtypes
+    are cast to the model's. Raises :class:`InputError` naming the file on any mismatch.
+    """
+    proto = model if hasattr(model, "graph") else _load_proto(Path(model))
+    specs = {s.name: s for s in model_inputs(proto)}
+    fixed = {k: np.asarray(v) for k, v in (fixed_feeds or {}).items()}
+    unknown = [k for k in fixed if k not in specs]
+    if unknown:
+        raise UsageError(f"fixed feeds {unknown} are not model inputs ({list(specs)})")
+    free = [n for n in specs if n not in fixed]
+
+    def single(where: str | Path) -> InputSpec:
+        if len(free) != 1:
+            raise InputError(f"a bare array or image needs exactly one free model input, the model has "
+                             f"{free} (give .npz samples or fixed_feeds)", where)
+        return specs[free[0]]
+
+    samples: list[dict[str, np.ndarray]] = []
+
+    def add(sample: Mapping[str, Any], where: str | Path) -> None:
+        missing = [n for n in free if n not in sample]
+        if missing:
+            raise InputError(f"sample lacks inputs {missing}", where)
+        feed = {n: _fit(sample[n], specs[n], where) for n in free}
+        feed.update({n: _fit(v, specs[n], "fixed_feeds") for n, v in fixed.items()})
+        samples.append(feed)
+
+    def stacked(arrays: Mapping[str, Any], where: str | Path) -> None:
+        arrays = {k: np.asarray(v) for k, v in arrays.items() if k in free}
+        if len(arrays) != len(free):
+            raise InputError(f"needs arrays for inputs {free}, got {sorted(arrays)}", where)
+        counts = {k: v.shape[0] if v.ndim else 0 for k, v in arrays.items()}
+        if len(set(counts.values())) != 1 or 0 in counts.values():
+            raise InputError(f"the leading (sample) axis differs between inputs: {counts}", where)
+        for i in range(next(iter(counts.values()))):
+            add({k: v[i] for k, v in arrays.items()}, where)
+
+    if isinstance(source, str | os.PathLike):
+        p = Path(source)
+        if not p.exists():
+            raise InputError("no such calibration data", p)
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.suffix.lower() in ARRAY_SUFFIXES + IMAGE_SUFFIXES)
+            if not files:
+                raise InputError(f"no calibration files ({', '.join(ARRAY_SUFFIXES + IMAGE_SUFFIXES)})", p)
+            for f in files:
+                if max_samples is not None and len(samples) >= max_samples:
+                    break
+                suf = f.suffix.lower()
+                if suf == ".npz":
+                    add(_read_npz(f), f)
+                elif suf == ".npy":
+                    add({single(f).name: _read_npy(f)}, f)
+                else:
+                    spec = single(f)
+                    add({spec.name: _image_to_input(_read_image(f), spec, f, image_mean, image_std, transform)}, f)
+            desc = f"folder {p} ({len(files)} files)"
+        elif p.suffix.lower() == ".npz":
+            stacked(_read_npz(p), p)
+            desc = f"npz {p}"
+        elif p.suffix.lower() == ".npy":
+            stacked({single(p).name: _read_npy(p)}, p)
+            desc = f"npy {p}"
+        else:
+            raise InputError("calibration data must be a folder, an .npz or an .npy", p)
+    elif isinstance(source, Mapping):
+        stacked(source, "calibration arrays")
+        desc = "in-memory arrays"
+    else:
+        for i, s in enumerate(source):
+            add(s, f"calibration sample {i}")
+        desc = "in-memory feeds"
+    if max_samples is not None:
+        samples = samples[:max_samples]
+    if not samples:
+        raise InputError("calibration data holds no samples", str(source) if isinstance(source, str | os.PathLike)
+                         else None)
+    return samples, desc
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as e:
+        raise InputError(f"not a readable .npy ({type(e).__name__}: {e})", path) from None
+
+
+def _read_image(path: Path) -> np.ndarray:
+    try:
+        import matplotlib.image as mpimg
+
+        return mpimg.imread(path)
+    except Exception as e:
+        raise InputError(f"not a readable image ({type(e).__name__}: {e})", path) from None
+
+
+def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
+    """An ORT ``CalibrationDataReader`` over in-memory feeds that counts what it served."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class _FeedsReader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.samples = samples
+            self.pos = 0
+            self.served = 0
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            if self.pos >= len(self.samples):
+                return None
+            s = self.samples[self.pos]
+            self.pos += 1
+            self.served = max(self.served, self.pos)
+            return s
+
+        def rewind(self) -> None:
+            self.pos = 0
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+    return _FeedsReader()
+
+
+# ---------------------------------------------------------------------------------------- overrides
+def _qtype(name: Any) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    if isinstance(name, QuantType):
+        return name
+    key = str(name).strip()
+    key = _QTYPE_ALIASES.get(key.lower(), key)
+    try:
+        return QuantType[key]
+    except KeyError:
+        raise UsageError(f"unknown quant_type {name!r} (e.g. QUInt8, QUInt16, QInt8)") from None
+
+
+def _is_qnn_encodings(data: Mapping[str, Any]) -> bool:
+    return "activation_encodings" in data or "param_encodings" in data
+
+
+def _from_qnn_encodings(data: Mapping[str, Any], where: str, model: Any,
+                        notes: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """QNN / AIMET legacy, 1.0.0 or 2.x encodings -> ORT TensorQuantOverrides (via ivq_debug.qnn.encodings).
+
+    Per-channel axes missing from the file are inferred from the model's initializers; QNN-sanitized
+    names that resolve uniquely to an ONNX tensor are renamed to it (the quantizer matches ONNX names).
+    """
+    try:
+        from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides
+        from ivq_debug.qnn.names import NameMap
+    except ImportError:
+        raise UsageError(f"{where}: QNN encodings JSON needs ivq_debug.qnn.encodings, which is not available "
+                         "here; pass an ORT TensorQuantOverrides dict instead") from None
+    encs = parse_encodings(dict(data), None if where == "overrides" else where)
+    encs = encs.infer_axes(model)
+    encs.validate()
+    notes.extend(f"overrides: {name}: {why} (not applied)" for name, why in encs.dropped)
+    ort = to_ort_overrides(encs)
+    nm = NameMap.from_onnx(model)
+    known = set(nm.tensors)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, entries in ort.items():
+        onnx_name = name if name in known else (nm.lookup(name) or name)
+        if onnx_name != name:
+            notes.append(f"overrides: QNN name {name!r} applied to ONNX tensor {onnx_name!r}")
+        out[onnx_name] = entries
+    return out
+
+
+def load_overrides(
+    overrides: str | os.PathLike | Mapping[str, Any] | None,
+    model: Any,
+    *,
+    activation_type: str = "QUInt8",
+    weight_type: str = "QUInt8",
+    notes: list[str] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Normalize quantization overrides into an ORT ``init_overrides`` dict.
+
+    Accepts an ORT ``TensorQuantOverrides`` dict (``{tensor: [ {quant_type, scale, zero_point,
+    symmetric, rmin, rmax, axis, convert, ...} ]}``; one dict per tensor, or one per channel), a JSON file
+    of the same (``quant_type`` as a string such as ``"QUInt16"``), or a QNN / AIMET encodings JSON
+    (legacy, 1.0.0 or AIMET 2.x, via :mod:`ivq_debug.qnn.encodings`; entries it cannot express, and
+    QNN-sanitized names mapped back to ONNX names, are reported in ``notes``). ``scale`` becomes
+    float32 and ``zero_point`` the integer type of the tensor's quant type (ORT would otherwise keep a
+    float64 scale). ``model`` is an ``onnx.ModelProto``.
+    """
+    notes = notes if notes is not None else []
+    if overrides is None:
+        return {}
+    where = "overrides"
+    data: Any = overrides
+    if isinstance(overrides, str | os.PathLike):
+        p = Path(overrides)
+        where = str(p)
+        try:
+            data = json.loads(p.read_text())
+        except OSError:
+            raise InputError("cannot read overrides", p) from None
+        except ValueError as e:
+            raise InputError(f"overrides are not JSON ({e})", p) from None
+    if not isinstance(data, Mapping):
+        raise InputError("overrides must be a JSON object", where if where != "overrides" else None)
+    if _is_qnn_encodings(data):
+        data = _from_qnn_encodings(data, where, model, notes)
+    inits = {i.name for i in model.graph.initializer}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, entries in data.items():
+        items = [entries] if isinstance(entries, Mapping) else list(entries)
+        if not items or not all(isinstance(e, Mapping) for e in items):
+            raise UsageError(f"{where}: overrides for {name!r} must be a dict or a list of dicts")
+        default = weight_type if name in inits else activation_type
+        norm = []
+        for e in items:
+            d = dict(e)
+            qt = _qtype(d["quant_type"]) if "quant_type" in d else _qtype(default)
+            if "quant_type" in d:
+                d["quant_type"] = qt
+            if "scale" in d:
+                d["scale"] = np.asarray(d["scale"], dtype=np.float32)
+            if "zero_point" in d:
+                d["zero_point"] = np.asarray(d["zero_point"], dtype=_np_int_type(qt))
+            for k in ("rmin", "rmax"):
+                if k in d:
+                    d[k] = np.asarray(d[k], dtype=np.float32)
+            if isinstance(d.get("convert"), Mapping):
+                c = dict(d["convert"])
+                if "quant_type" in c:
+                    c["quant_type"] = _qtype(c["quant_type"])
+                    if "scale" in c:
+                        c["scale"] = np.asarray(c["scale"], dtype=np.float32)
+                    if "zero_point" in c:
+                        c["zero_point"] = np.asarray(c["zero_point"], dtype=_np_int_type(c["quant_type"]))
+                d["convert"] = c
+            norm.append(d)
+        out[str(name)] = norm
+    return out
+
+
+def _np_int_type(qt: Any) -> Any:
+    from onnxruntime.quantization.quant_utils import ONNX_TYPE_TO_NP_TYPE, QuantType
+
+    try:
+        return ONNX_TYPE_TO_NP_TYPE[qt.tensor_type]
+    except (KeyError, AttributeError):
+        return {QuantType.QUInt8: np.uint8, QuantType.QInt8: np.int8, QuantType.QUInt16: np.uint16,
+                QuantType.QInt16: np.int16}.get(qt, np.int32)
+
+
+def _tensor_names(model: Any) -> set[str]:
+    names = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
+    names |= {i.name for i in model.graph.initializer}
+    for n in model.graph.node:
+        names.update(x for x in n.input if x)
+        names.update(x for x in n.output if x)
+    return names
+
+
+# ---------------------------------------------------------------------------------------- quantize
+class _LogCapture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = " ".join(record.getMessage().split())
+        if msg not in self.messages:
+            self.messages.append(msg)
+
+
+def _has_external_data(model: Any) -> bool:
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def quantize_for_qnn(
+    model_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    calibration: str | os.PathLike | Iterable[Mapping[str, Any]] | Mapping[str, Any],
+    *,
+    preset: str = "a8w8",
+    per_channel: bool = False,
+    overrides: str | os.PathLike | Mapping[str, Any] | None = None,
+    strict_overrides: bool = True,
+    calibrate_method: str = "minmax",
+    preprocess: bool = True,
+    fixed_feeds: Mapping[str, Any] | None = None,
+    max_samples: int | None = None,
+    image_mean: Sequence[float] | None = None,
+    image_std: Sequence[float] | None = None,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    activation_symmetric: bool = False,
+    weight_symmetric: bool | None = None,
+    op_types_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
+    overwrite: bool = False,
+) -> QuantizeResult:
+    """Quantize a float ONNX model to a QDQ model for QNN HTP.
+
+    Args:
+        model_path: the float ONNX model.
+        output_path: where the QDQ model goes (atomic; replaced only with ``overwrite=True``).
+        calibration: see :func:`load_calibration` (folder, ``.npz``, ``.npy``, feeds list, stacked dict).
+        preset: ``"a8w8"``, ``"a16w8"`` or ``"a16w16"`` (activation / weight bits, unsigned).
+        per_channel: per-channel weights for the op types QNN supports per-channel.
+        overrides: see :func:`load_overrides`.
+        strict_overrides: raise :class:`UsageError` when overrides name tensors the model lacks
+            (otherwise they are listed in ``overrides_unmatched``).
+        calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``.
+        preprocess: run ``qnn_preprocess_model`` first (graph fusions QNN wants).
+        fixed_feeds, max_samples, image_mean, image_std, transform: see :func:`load_calibration`.
+        activation_symmetric, weight_symmetric, op_types_to_quantize, nodes_to_exclude: passed to
+            ``get_qnn_qdq_config``.
+        overwrite: replace an existing output.
+    """
+    from onnxruntime.quantization import CalibrationMethod, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+
+    t0 = time.perf_counter()
+    src = Path(model_path)
+    out = Path(output_path)
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset {preset!r} ({', '.join(PRESETS)})")
+    if calibrate_method.lower() not in CALIBRATE_METHODS:
+        raise UsageError(f"unknown calibrate_method {calibrate_method!r} ({', '.join(CALIBRATE_METHODS)})")
+    if out.exists() and not overwrite:
+        raise UsageError("output exists; pass overwrite=True (CLI: --force) to replace it", out)
+    if out.is_dir():
+        raise InputError("output path is a directory", out)
+    if out.resolve() == src.resolve():
+        raise UsageError("output would replace the float model", out)
+    proto = _load_proto(src)
+    from ivq_debug.capture.onnxruntime import is_qdq_model
+
+    if is_qdq_model(proto):
+        raise UsageError("the model already holds QuantizeLinear nodes (give the float model)", src)
+    act_name, w_name = PRESETS[preset]
+    act, wt = _qtype(act_name), _qtype(w_name)
+    samples, cal_desc = load_calibration(calibration, proto, fixed_feeds=fixed_feeds, max_samples=max_samples,
+                                         image_mean=image_mean, image_std=image_std, transform=transform)
+    notes: list[str] = []
+    init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes)
+    known = _tensor_names(proto)
+    unmatched = sorted(k for k in init_overrides if k not in known)
+    if unmatched and strict_overrides:
+        raise UsageError(f"overrides name {len(unmatched)} tensor(s) the model lacks: {unmatched[:8]}"
+                         f"{' …' if len(unmatched) > 8 else ''} (ONNX names, unsanitized; strict_overrides=False "
+                         "to ignore)")
+    for k in unmatched:
+        init_overrides.pop(k)
+    big = _has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    cap = _LogCapture()
+    root = logging.getLogger()
+    root.addHandler(cap)
+    old_handlers = [h for h in root.handlers if h is not cap]
+    for h in old_handlers:
+        root.removeHandler(h)  # the quantizer logs through the root logger: keep it off the console
+    try:
+        source = src
+        preprocessed = False
+        if preprocess:
+            pre = work / "preprocessed" / src.name
+            pre.parent.mkdir()
+            try:
+                preprocessed = bool(qnn_preprocess_model(src, pre, save_as_external_data=big,
+                                                         all_tensors_to_one_file=True))
+            except Exception as e:
+                raise InputError(f"qnn_preprocess_model failed: {' '.join(str(e).split())[:300]}", src) from None
+            if preprocessed:
+                source = pre
+        reader = _reader(samples)
+        try:
+            cfg = get_qnn_qdq_config(
+                source, reader,
+                calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[calibrate_method.lower()]),
+                activation_type=act, weight_type=wt, per_channel=per_channel,
+                init_overrides=init_overrides or None, activation_symmetric=activation_symmetric,
+                weight_symmetric=weight_symmetric,
+                op_types_to_quantize=list(op_types_to_quantize) if op_types_to_quantize else None,
+                nodes_to_exclude=list(nodes_to_exclude) if nodes_to_exclude else None,
+            )
+            if big:
+                cfg.use_external_data_format = True
+            staged = work / out.name
+            quantize(source, staged, cfg)
+        except IvqError:
+            raise
+        except Exception as e:
+            raise InputError(f"quantization failed: {type(e).__name__}: {' '.join(str(e).split())[:400]}",
+                             src) from None
+        served = reader.served
+        qproto = _load_proto(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
+        externals = sorted({e.value for t in qproto.graph.initializer for e in t.external_data
+                            if e.key == "location"})
+        for loc in externals:  # data files first, the model last: it appears only when complete
+            dst = out.parent / loc
+            if dst.exists() and not overwrite:
+                raise UsageError("external data file exists; pass overwrite=True", dst)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(work / loc, dst)
+        if out.exists() and not overwrite:
+            raise UsageError("output appeared while quantizing; not overwritten", out)
+        os.replace(staged, out)
+    finally:
+        root.removeHandler(cap)
+        for h in old_handlers:
+            root.addHandler(h)
+        shutil.rmtree(work, ignore_errors=True)
+    qnodes = [n for n in qproto.graph.node if n.op_type == "QuantizeLinear"]
+    dqnodes = [n for n in qproto.graph.node if n.op_type == "DequantizeLinear"]
+    domains = sorted({n.domain or "ai.onnx" for n in qnodes + dqnodes})
+    return QuantizeResult(
+        model_path=out,
+        source_path=src,
+        preset=preset,
+        activation_type=act.name,
+        weight_type=wt.name,
+        per_channel=per_channel,
+        calibrate_method=calibrate_method.lower(),
+        calibration_samples=served,
+        calibration_source=cal_desc,
+        preprocessed=preprocessed,
+        overrides=len(init_overrides),
+        overrides_unmatched=unmatched,
+        opset={o.domain or "ai.onnx": o.version for o in qproto.opset_import},
+        qdq_domains=domains,
+        quantize_nodes=len(qnodes),
+        dequantize_nodes=len(dqnodes),
+        seconds=round(time.perf_counter() - t0, 3),
+        external_data=externals,
+        warnings=notes + cap.messages,
+    )
