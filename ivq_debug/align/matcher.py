@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivq_debug.dump.reader import Dump, Entry
+from ivq_debug.qnn.names import qnn_sanitize
 
 QDQ_SUFFIXES = (
     "_QuantizeLinear_Input",
@@ -43,14 +44,6 @@ def strip_qdq(name: str) -> str:
         if name.endswith(s):
             return name[: -len(s)]
     return name
-
-
-def sanitize(name: str, legacy: bool = False) -> str:
-    """QNN's tensor-name sanitizing (per character, or collapsed runs for legacy SDKs)."""
-    s = re.sub(r"\W+" if legacy else r"\W", "_", name)
-    if not (s[:1].isalpha() or s[:1] == "_"):
-        s = "_" + s
-    return s
 
 
 @dataclass(frozen=True)
@@ -203,7 +196,7 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         for name in list(rem_r):
             if name in rem_t:
                 take(rem_r[name], rem_t[name], "exact")
-        for how, fn in (("qdq", strip_qdq), ("qnn", sanitize), ("qnn", lambda n: sanitize(n, True))):
+        for how, fn in (("qdq", strip_qdq), ("qnn", qnn_sanitize), ("qnn", lambda n: qnn_sanitize(n, True))):
             if not rem_r or not rem_t:
                 break
             idx_t: dict[str, list[str]] = defaultdict(list)

@@ -384,12 +384,15 @@ class QnnHtpRunner(OrtRunner):
         csv = self.profiling_files.get(self._main_label()) if self.qnn_sessions else None
         if not csv or not os.path.exists(csv):
             return
-        table = profiling_table(csv)
+        part = self.main_partition
+        # with CPU fallback a session holds several QNN partitions: each inference writes one block each
+        n_qnn = sum(1 for ep, _ in part.subgraphs if ep == EP_NAME) if part is not None else 1
+        table = profiling_table(csv, graphs_per_run=max(1, n_qnn))
         if table is not None:
             writer.add_table("profiling", table)
 
 
-def profiling_table(csv_path: str | os.PathLike) -> Any:
+def profiling_table(csv_path: str | os.PathLike, graphs_per_run: int | None = None) -> Any:
     """The QNN EP profile CSV as the normalized table of :func:`ivq_debug.qnn.profiling.read_qnn_ep_csv`.
 
     Returns a pandas DataFrame, or ``None`` when the file is absent.
@@ -398,4 +401,4 @@ def profiling_table(csv_path: str | os.PathLike) -> Any:
         return None
     from ivq_debug.qnn.profiling import read_qnn_ep_csv
 
-    return read_qnn_ep_csv(csv_path)
+    return read_qnn_ep_csv(csv_path, graphs_per_run=graphs_per_run)
