@@ -117,6 +117,7 @@ def capture_net_run(
         InputError: unreadable inputs; with ``strict``, the first missing / wrong-size / unknown file.
     """
     from ivq_debug.dump.writer import DumpWriter, check_writable
+    from ivq_debug.util import sha256_file
 
     check_writable(dump_path, overwrite)
     if parts:
@@ -141,7 +142,7 @@ def capture_net_run(
     info.update(backend_info or {})
     model_info: dict[str, Any] = {}
     if model is not None and isinstance(model, (str, os.PathLike)):
-        model_info = {"path": str(Path(model).resolve()), "sha256": _sha256(model)}
+        model_info = {"path": str(Path(model).resolve()), "sha256": sha256_file(model)}
     with DumpWriter(dump_path, backend=BACKEND, backend_info=info, model=model_info, overwrite=overwrite) as w:
         records, n = write_ingest(w, ing, as_steps=as_steps, first_step=first_step, parts=parts)
         if prof is not None:
@@ -155,13 +156,3 @@ def _is_namemap(model: Any) -> bool:
     from ivq_debug.qnn.names import NameMap
 
     return isinstance(model, NameMap)
-
-
-def _sha256(path: str | os.PathLike) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for blk in iter(lambda: f.read(1 << 20), b""):
-            h.update(blk)
-    return h.hexdigest()

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("ivq_debug.cli.cmd_inspect", "show one tensor's statistics"),
     "diff": ("ivq_debug.cli.cmd_diff", "compare two dumps (same as ivq-diff)"),
     "capture": ("ivq_debug.cli.cmd_capture", "capture per-layer tensors (onnx, qnn)"),
+    "ingest": ("ivq_debug.cli.cmd_ingest", "ingest a qnn-net-run output folder into a dump"),
 }
 
 
