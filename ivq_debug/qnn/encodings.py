@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.util import atomic_write_text
 
 INT_BITWIDTHS = (4, 8, 16, 32)
 FLOAT_BITWIDTHS = (16, 32)
@@ -800,27 +800,7 @@ def write_encodings(
         doc = to_ort_overrides(encs, json_safe=True)
     else:
         raise UsageError(f"unknown encodings format {format!r} (legacy, 1.0.0, ort)")
-    return atomic_write_text(path, json.dumps(doc, indent=2) + "\n", overwrite)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    p = Path(path)
-    if p.exists() and not overwrite:
-        raise UsageError("output exists; pass overwrite=True (CLI: --force) to replace it", p)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p
+    return atomic_write_text(path, json.dumps(doc, indent=2) + "\n", overwrite=overwrite)
 
 
 def encodings_from_qdq_model(model: Any) -> EncodingSet:
