@@ -5,6 +5,8 @@ strategy that applies (the strategy is kept in the ``match`` column):
 
 1. ``exact``: identical names;
 2. ``qdq``: names equal after stripping QDQ suffixes (``_QuantizeLinear_Input``, ``_DequantizeLinear_Output``, …);
+   ``input``: a tensor captured from a graph input (its quantization) ↔ the model input recorded on the
+   other side;
 3. ``qnn``: names equal after QNN sanitizing (per character or collapsed runs), when unique;
 4. ``scope``: a PyTorch module path ↔ the last ONNX tensor in that module's scope subtree (legacy
    exporter scope names or dynamo ``name_scopes`` metadata, recorded at capture) whose shape matches
@@ -174,6 +176,12 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         by_rid_ref[e.rid].append(e)
     for e in test.tensors():
         by_rid_test[e.rid].append(e)
+    inputs_ref: dict[str, dict[str, Entry]] = defaultdict(dict)
+    inputs_test: dict[str, dict[str, Entry]] = defaultdict(dict)
+    for e in ref.tensors(kind="input"):
+        inputs_ref[e.rid][e.name] = e
+    for e in test.tensors(kind="input"):
+        inputs_test[e.rid][e.name] = e
     paired_rids_ref = {a for a, _ in rec_pairs}
     paired_rids_test = {b for _, b in rec_pairs}
     pairs: list[Pair] = []
@@ -196,6 +204,13 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         for name in list(rem_r):
             if name in rem_t:
                 take(rem_r[name], rem_t[name], "exact")
+        # a captured (e.g. quantized) graph input on one side ↔ the recorded model input on the other
+        for name in list(rem_t):
+            if name in inputs_ref[rr]:
+                take(inputs_ref[rr][name], rem_t[name], "input")
+        for name in list(rem_r):
+            if name in inputs_test[tr]:
+                take(rem_r[name], inputs_test[tr][name], "input")
         for how, fn in (("qdq", strip_qdq), ("qnn", qnn_sanitize), ("qnn", lambda n: qnn_sanitize(n, True))):
             if not rem_r or not rem_t:
                 break

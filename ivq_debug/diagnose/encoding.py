@@ -5,8 +5,8 @@ Computed on the reference tensor, streaming, in the same pass as the metrics (no
 - ``clipped_fraction``: share of reference values outside the encoding's range
   ``[(qmin − zp)·scale − scale/2, (qmax − zp)·scale + scale/2]`` (they saturate). For a projector this is the
   *calibration coverage* miss: the calibration set did not see the real input range.
-- ``grid_snr_db``: 10·log10(var(r) / mean((fq(r) − r)²)) over the reference values above the encoding's lowest
-  bin, where ``fq`` fake-quantizes with the test encoding. It measures whether the encoding's step can
+- ``grid_snr_db``: 10·log10(var(r) / mean((fq(r) − r)²)) over the in-range reference values above the encoding's
+  lowest bin, where ``fq`` fake-quantizes with the test encoding (clipped values are left to ``clipped_fraction``). It measures whether the encoding's step can
   represent the values that carry information at all. Values in the lowest bin (masked attention scores,
   rectified zeros) are left out, and the variance (not the mean square) is the signal, so a large constant
   offset such as an additive −1e4 mask cannot hide a collapse. ~40 dB is typical for a healthy 8-bit tensor;
@@ -72,12 +72,16 @@ class EncodingAccumulator:
             return
         self.n += x.size
         half = self.step / 2
-        self.clipped += int(np.count_nonzero((x < self.lo - half) | (x > self.hi + half)))
+        inside = (x >= self.lo - half) & (x <= self.hi + half)
+        self.clipped += int(x.size - np.count_nonzero(inside))
+        # resolution is judged on the in-range values (clipping is the saturation check's business)
+        x = x[inside]
         q = np.clip(np.round(x / self.step + self.zp), self.qmin, self.qmax)
-        inf = x[q > self.qmin]  # above the lowest bin: the values that carry information
+        keep = q > self.qmin  # above the lowest bin: the values that carry information
+        inf = x[keep]
         if not inf.size:
             return
-        fq = (q[q > self.qmin] - self.zp) * self.step
+        fq = (q[keep] - self.zp) * self.step
         d = fq - inf
         self.n_inf += inf.size
         self.s1 += float(inf.sum())

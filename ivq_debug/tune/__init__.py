@@ -1,1 +1,1 @@
-"""tune."""
+"""Quantization overrides loop: suggest from a comparison, write, verify on QNN HTP (``docs/tune.md``)."""
