@@ -54,14 +54,14 @@ def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.
     if a.stored != "full" or b.stored != "full":
         sampled = True
         feed(ref.read_sample(a), test.read_sample(b))
-    elif a.shape == b.shape:
-        for ra, tb in zip(ref.iter_blocks(a, block_bytes), test.iter_blocks(b, block_bytes), strict=True):
+    else:  # stream both in C order, block by block (shapes may differ when element counts agree)
+        item = max(np.dtype(ref.dataset(a).dtype).itemsize, np.dtype(test.dataset(b).dtype).itemsize)
+        row = a.shape[-1] if (logits and a.shape) else 1
+        n = max(row, (block_bytes // item) // row * row)
+        for ra, tb in zip(ref.iter_flat(a, n), test.iter_flat(b, n), strict=True):
+            if logits and row > 1:
+                ra, tb = ra.reshape(-1, row), tb.reshape(-1, row)
             feed(ra, tb)
-    else:  # same element count, different shape (e.g. [1,16,64] vs [16,64]): compare flattened
-        ra, tb = ref.read(a).reshape(-1), test.read(b).reshape(-1)
-        if logits:
-            ra, tb = ra.reshape(a.shape), tb.reshape(a.shape)
-        feed(ra, tb)
     res = acc.result(b.encoding)
     res["sampled"] = sampled
     if enc is not None:
@@ -304,6 +304,7 @@ def compare(
     diagnose: bool = True,
     progress: bool = True,
     block_bytes: int = defaults.COMPARE_BLOCK_BYTES,
+    workers: int | None = None,
 ) -> Comparison:
     """Align two dumps and compute the pinned metrics for every aligned tensor pair.
 
@@ -317,6 +318,8 @@ def compare(
         diagnose: run the cheap built-in diagnostics (first divergence, non-finite, token divergence, …).
         progress: show a progress bar on a terminal.
         block_bytes: bytes per block when streaming a tensor.
+        workers: tensor pairs compared in parallel threads (default ``min(4, cores)``); uncompressed
+            tensors are read without the HDF5 lock, so reads and metrics overlap.
     """
     import pandas as pd
 
@@ -334,21 +337,18 @@ def compare(
         al = Alignment(pairs, al.unmatched_ref, al.unmatched_test, al.unmatched_ref_records,
                        al.unmatched_test_records)
     rows = []
-    it = track(pairs, "comparing", total=len(pairs)) if progress else pairs
-    for p in it:
-        m = pair_metrics(ref_d, test_d, p, block_bytes)
-        viol = budgets.check(p.ref.name, m)
-        rows.append(
-            {
-                "sample": p.ref.sample, "part": p.ref.part, "step": p.ref.step, "order": p.ref.order,
-                "ref_name": p.ref.name, "test_name": p.test.name, "match": p.match,
-                "op_type": p.ref.op_type or p.test.op_type, "test_op_type": p.test.op_type,
-                "scope": p.ref.scope or p.test.scope, "shape": p.ref.shape, "test_shape": p.test.shape,
-                "numel": p.ref.size, "ref_dtype": p.ref.dtype, "test_dtype": p.test.dtype,
-                **m, "passed": not viol, "violations": [b.describe() for b in viol],
-            }
-        )
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        # bounded look-ahead keeps at most 2 x workers pairs in flight (memory stays per-block)
+        results = _ordered_map(pool, lambda p: pair_metrics(ref_d, test_d, p, block_bytes), pairs, 2 * workers)
+        it = track(zip(pairs, results, strict=True), "comparing", total=len(pairs)) if progress else zip(
+            pairs, results, strict=True)
+        for p, m in it:
+            rows.append(_row(p, m, budgets))
     table = pd.DataFrame(rows, columns=COLUMNS)
+
     for c in (*METRICS, "clipped_fraction", "grid_snr_db", "enc_step"):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
     table["passed"] = table["passed"].astype(bool)
@@ -358,6 +358,35 @@ def compare(
 
         cmp.findings.extend(basic_findings(cmp))
     return cmp
+
+
+def _row(p: Pair, m: dict[str, Any], budgets: Budgets) -> dict[str, Any]:
+    viol = budgets.check(p.ref.name, m)
+    return {
+        "sample": p.ref.sample, "part": p.ref.part, "step": p.ref.step, "order": p.ref.order,
+        "ref_name": p.ref.name, "test_name": p.test.name, "match": p.match,
+        "op_type": p.ref.op_type or p.test.op_type, "test_op_type": p.test.op_type,
+        "scope": p.ref.scope or p.test.scope, "shape": p.ref.shape, "test_shape": p.test.shape,
+        "numel": p.ref.size, "ref_dtype": p.ref.dtype, "test_dtype": p.test.dtype,
+        **m, "passed": not viol, "violations": [b.describe() for b in viol],
+    }
+
+
+def _ordered_map(pool: Any, fn: Callable[[Any], Any], items: list[Any], window: int):
+    """``pool.map`` with at most ``window`` tasks in flight, results in order."""
+    from collections import deque
+
+    pending: deque = deque()
+    it = iter(items)
+    for x in it:
+        pending.append(pool.submit(fn, x))
+        if len(pending) >= window:
+            break
+    for x in it:
+        yield pending.popleft().result()
+        pending.append(pool.submit(fn, x))
+    while pending:
+        yield pending.popleft().result()
 
 
 def _key(d: dict[str, Any]) -> tuple[Any, ...]:

@@ -132,6 +132,8 @@ class Dump:
         self._records = sorted(recs, key=lambda r: r["rid"])
         self._entries: list[Entry] | None = None
         self._manifest = None
+        self._fd: int | None = None
+        self._layouts: dict[tuple[str, str, str], RawLayout | None] = {}
 
     # ---------------------------------------------------------------- listing
     @property
@@ -261,6 +263,32 @@ class Dump:
         for sl in block_slices(entry.shape, ds.dtype.itemsize, block_bytes):
             yield logical(np.asarray(ds[sl]), entry.dtype)
 
+    def raw_layout(self, entry: Entry) -> RawLayout | None:
+        """Where an uncompressed tensor lies in the file (None: compressed or not C-contiguous chunks)."""
+        key = (entry.rid, entry.kind, entry.key)
+        if key not in self._layouts:
+            self._layouts[key] = raw_layout(self.dataset(entry), entry.shape)
+        return self._layouts[key]
+
+    def iter_flat(self, entry: Entry, block_elems: int) -> Iterator[np.ndarray]:
+        """Yield the tensor's values in C order, ``block_elems`` at a time (the last block may be shorter).
+
+        Uncompressed datasets are read with ``os.pread`` straight from their file offsets: no HDF5 call,
+        no h5py lock, the GIL released during I/O, so several tensors can be read in parallel threads.
+        Compressed datasets go through h5py. Either way one block is in memory at a time.
+        """
+        n = entry.size
+        layout = self.raw_layout(entry)
+        if layout is not None:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            dt = np.dtype(self.dataset(entry).dtype)
+            for start in range(0, n, block_elems):
+                yield logical(layout.read(self._fd, start, min(block_elems, n - start), dt), entry.dtype)
+            return
+        yield from rebuffer(self.iter_blocks(entry, block_elems * np.dtype(self.dataset(entry).dtype).itemsize),
+                            block_elems)
+
     def table(self, name: str):
         """A stored table (e.g. ``profiling``) as a pandas DataFrame."""
         import pandas as pd
@@ -283,6 +311,9 @@ class Dump:
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Close the file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         try:
             self._f.close()
         except Exception:
@@ -335,6 +366,86 @@ def block_slices(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> Ite
     for idx in np.ndindex(*outer) if outer else [()]:
         for start in range(0, shape[axis], run):
             yield (*idx, slice(start, min(start + run, shape[axis])), *(slice(None),) * (len(shape) - axis - 1))
+
+
+class RawLayout:
+    """An uncompressed dataset as contiguous byte segments of the file, in C order of its elements."""
+
+    def __init__(self, starts: list[int], lengths: list[int], offsets: list[int], itemsize: int) -> None:
+        self.starts, self.lengths, self.offsets, self.itemsize = starts, lengths, offsets, itemsize
+
+    def read(self, fd: int, start: int, count: int, dtype: np.dtype) -> np.ndarray:
+        """Elements ``[start, start + count)`` read with ``os.preadv`` into one new array."""
+        import bisect
+
+        out = np.empty(count, dtype=dtype)
+        buf = memoryview(out).cast("B")
+        i = max(0, bisect.bisect_right(self.starts, start) - 1)
+        pos, end, filled = start, start + count, 0
+        while pos < end:
+            s0, ln, off = self.starts[i], self.lengths[i], self.offsets[i]
+            take = min(end, s0 + ln) - pos
+            nbytes = take * self.itemsize
+            got = os.preadv(fd, [buf[filled : filled + nbytes]], off + (pos - s0) * self.itemsize)
+            if got != nbytes:
+                raise OSError(f"short read ({got} of {nbytes} bytes)")
+            filled += nbytes
+            pos += take
+            i += 1
+        return out
+
+
+def raw_layout(ds: Any, shape: tuple[int, ...]) -> RawLayout | None:
+    """The :class:`RawLayout` of an h5py dataset, or None when it must be read through HDF5.
+
+    Contiguous datasets are one segment. Chunked ones qualify when unfiltered and each chunk is a C-order
+    run of the array (leading chunk dims 1, one cut axis, trailing dims whole), as the writer makes them.
+    """
+    try:
+        if ds.id.get_create_plist().get_nfilters() != 0 or not shape or math.prod(shape) == 0:
+            return None
+        itemsize = ds.dtype.itemsize
+        if ds.chunks is None:
+            off = ds.id.get_offset()
+            return None if off is None else RawLayout([0], [math.prod(shape)], [off], itemsize)
+        ch = ds.chunks
+        k = next((i for i, c in enumerate(ch) if c != 1), len(ch) - 1)
+        if any(c != s for c, s in zip(ch[k + 1 :], shape[k + 1 :], strict=True)):
+            return None
+        inner = math.prod(shape[k + 1 :])
+        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        segs: list[tuple[int, int, int]] = []
+
+        def visit(si: Any) -> None:
+            c = si.chunk_offset
+            flat = sum(ci * st for ci, st in zip(c, strides, strict=True))
+            segs.append((flat, min(ch[k], shape[k] - c[k]) * inner, si.byte_offset))
+
+        ds.id.chunk_iter(visit)
+        segs.sort()
+        if sum(s[1] for s in segs) != math.prod(shape):
+            return None  # unwritten chunks: let HDF5 supply fill values
+        return RawLayout([s[0] for s in segs], [s[1] for s in segs], [s[2] for s in segs], itemsize)
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def rebuffer(blocks: Iterator[np.ndarray], size: int) -> Iterator[np.ndarray]:
+    """Re-cut a stream of arrays into flat pieces of exactly ``size`` elements (the last may be shorter)."""
+    pending: list[np.ndarray] = []
+    have = 0
+    for b in blocks:
+        flat = np.asarray(b).reshape(-1)
+        while flat.size:
+            take = min(size - have, flat.size)
+            pending.append(flat[:take])
+            have += take
+            flat = flat[take:]
+            if have == size:
+                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+                pending, have = [], 0
+    if have:
+        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
 
 
 def open_dump(path: str | os.PathLike) -> Dump:

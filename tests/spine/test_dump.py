@@ -126,3 +126,26 @@ def test_block_slices_cover_every_element_once() -> None:
             for sl in block_slices(a.shape, 8, block):
                 seen[sl] += 1
             assert (seen == 1).all(), (shape, block)
+
+
+def test_flat_reads_match_hdf5_for_every_layout(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    arrays = {
+        "contiguous": rng.standard_normal((10, 30)).astype(np.float32),  # < 64 KiB: not chunked
+        "chunked": rng.standard_normal((3, 700, 300)).astype(np.float32),  # chunks cut axis 1
+        "chunked16": rng.standard_normal((5, 900, 257)).astype(np.float16),
+    }
+    for comp in ("auto", "lzf"):
+        p = tmp_path / f"{comp}.h5"
+        with DumpWriter(p, backend="x", compression=comp) as w:
+            for k, a in arrays.items():
+                w.add_tensor(k, a)
+        d = open_dump(p)
+        for k, a in arrays.items():
+            e = d.entry(k)
+            # small datasets are stored contiguous and never compressed
+            assert (d.raw_layout(e) is not None) == (comp == "auto" or k == "contiguous"), (comp, k)
+            for n in (7, 1000, 123_457, 10**7):
+                got = np.concatenate(list(d.iter_flat(e, n)))
+                np.testing.assert_array_equal(got, a.reshape(-1))
+        d.close()
