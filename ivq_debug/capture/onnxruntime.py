@@ -345,12 +345,17 @@ class OrtRunner:
     def run(self, feeds: dict[str, np.ndarray], writer: Any = None) -> dict[str, np.ndarray]:
         """Run the model; with ``writer``, stream the selected tensors into its current record.
 
-        Returns the model's own outputs. Graph outputs are also written to the dump under their names.
+        Returns the model's own outputs. With a writer, the feeds are stored as the record's inputs (unless
+        already there) and the graph outputs as tensors under their names.
         """
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise UsageError(f"missing inputs {missing} for {self.model_path.name}")
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        if writer is not None:  # the record's model inputs, unless the caller stored them already
+            for k, v in feeds.items():
+                if not writer.has(k, "input"):
+                    writer.add_input(k, v)
         result: dict[str, np.ndarray] | None = None
         groups = self.groups() if writer is not None else [[]]
         for gi, group in enumerate(groups):

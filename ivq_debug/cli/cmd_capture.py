@@ -89,9 +89,7 @@ def execute(args: argparse.Namespace) -> int:
                     overwrite=args.force, summary_only=args.summary_only) as w:
         for i, feeds in enumerate(track(samples, "capturing", total=len(samples))):
             w.begin_record(sample=i, part=args.part, step=0)
-            for k, v in feeds.items():
-                w.add_input(k, v)
-            runner.run(feeds, w)
+            runner.run(feeds, w)  # stores the feeds as the record's inputs
         w.update_backend_info(**runner.info)
     console().print(f"wrote {args.output}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
                     f"({runner.backend})")

@@ -176,6 +176,11 @@ class DumpWriter:
         return self._cur["rid"] if self._cur else None
 
     # ---------------------------------------------------------------- tensors
+    def has(self, name: str, kind: str = "tensor") -> bool:
+        """True when the current record already holds a tensor (or input) of that name."""
+        rec = self._cur
+        return rec is not None and name in self._names.get((rec["rid"], kind), set())
+
     def add_input(self, name: str, value: Any, **kw: Any) -> None:
         """Store one model input of the current record (always stored whole)."""
         self._add("input", name, value, **kw)

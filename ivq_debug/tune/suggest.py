@@ -238,3 +238,18 @@ def write_suggestions(suggestions: list[Suggestion], path: str | os.PathLike, *,
     md = p.with_suffix(".rationale.md")
     atomic_write_text(md, "\n".join(lines), overwrite=overwrite)
     return p, md
+
+
+def from_encodings(encs: Any) -> list[Suggestion]:
+    """Suggestions from an overrides / encodings file (to verify a hand-written file)."""
+    out = []
+    for name, e in encs.activations.items():
+        if e.is_float:
+            out.append(Suggestion(name, "fp16", "from file"))
+            continue
+        lo, hi = (e.grid_range() if e.scale else (e.min, e.max))
+        action = "a16" if e.bitwidth == 16 else "widen"
+        if e.bitwidth == 16 and lo:
+            action = "a16+widen"
+        out.append(Suggestion(name, action, "from file", lo[0] if lo else None, hi[0] if hi else None))
+    return out

@@ -72,6 +72,5 @@ def capture_ort(model: Path, x: np.ndarray, out: Path, **kw) -> Path:
     r = OrtRunner(model, selection=Selection(), **kw)
     with DumpWriter(out, backend=r.backend, backend_info=r.info) as w:
         w.begin_record()
-        w.add_input("x", x)
         r.run({"x": x}, w)
     return out

@@ -1,0 +1,40 @@
+"""``ivq quantize MODEL -o OUT.qdq.onnx --calibration SRC``: QDQ model for QNN (ORT's QNN helpers)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ivq_debug.errors import EXIT_OK
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    """Arguments of ``ivq quantize``."""
+    p.add_argument("model", help="float ONNX model")
+    p.add_argument("-o", "--output", required=True, help="QDQ model to write")
+    p.add_argument("--calibration", required=True,
+                   help="calibration data: a folder (one .npz/.npy/.png per sample), an .npz (leading axis = "
+                        "samples) or an .npy")
+    p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"], help="activation/weight bits")
+    p.add_argument("--per-channel", action="store_true", help="per-channel weights (Conv/Gemm)")
+    p.add_argument("--overrides", help="quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
+    p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
+    p.add_argument("--force", action="store_true", help="overwrite the output model")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Quantize."""
+    from ivq_debug.cli.common import escape
+    from ivq_debug.console import console, status
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    with status(f"quantizing {args.model} ({args.preset})"):
+        r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
+                             per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
+                             overwrite=args.force)
+    con = console()
+    con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "
+              f"{r.calibration_samples} calibration sample(s) from {escape(r.calibration_source)}, "
+              f"{r.quantize_nodes} Q / {r.dequantize_nodes} DQ nodes, {r.overrides} override(s), {r.seconds:.2f} s")
+    for w in r.warnings:
+        con.print(f"[yellow]note:[/yellow] {escape(w)}")
+    return EXIT_OK
