@@ -119,7 +119,7 @@ def execute_diff(args: argparse.Namespace) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = _Parser(prog="ivq-diff", description=__doc__.split("\n")[0])
+    p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI (docs/cli.md).")
     add_diff_arguments(p)
     return execute_diff(p.parse_args(argv))
 
