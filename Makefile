@@ -7,7 +7,7 @@ STAMP := $(VENV)/.ivq-installed
 TORCH ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup demo test test-slow test-all lint bench clean
+.PHONY: setup chromium demo test test-slow test-all lint bench clean
 
 setup: $(STAMP)
 
@@ -18,10 +18,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $(STAMP)
 
+# headless Chromium for the report's browser test (Debian package; skipped when it cannot be installed)
+chromium:
+	./scripts/install-chromium.sh || echo "chromium not installed: the browser test will be skipped"
+
 demo: setup
 	$(BIN)/ivq demo
 
-test: setup
+test: setup chromium
 	$(BIN)/python -m pytest -q
 
 # exit code 5 = no slow test collected, which is not a failure

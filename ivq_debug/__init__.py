@@ -25,6 +25,8 @@ _LAZY = {
     "compare": ("ivq_debug.comparator", "compare"),
     "Comparison": ("ivq_debug.comparator", "Comparison"),
     "Budgets": ("ivq_debug.comparator", "Budgets"),
+    "write_report": ("ivq_debug.report", "write_report"),
+    "replay": ("ivq_debug.diagnose.replay", "replay"),
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

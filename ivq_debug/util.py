@@ -25,12 +25,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool 
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; outputs are meant to be shared
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return p
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, overwrite: bool = False) -> Path:

@@ -21,21 +21,26 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def add_diff_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``ivq-diff`` (shared by ``ivq diff``)."""
-    p.add_argument("ref", help="reference dump (.h5)")
-    p.add_argument("test", help="test dump (.h5)")
-    p.add_argument("--json", metavar="OUT", help="write the ivq-diff/1 JSON result ('-' for stdout)")
-    p.add_argument("--report", metavar="OUT.html", help="write the self-contained HTML report")
+def add_budget_arguments(p: argparse.ArgumentParser) -> None:
+    """Thresholds and ranking (``ivq-diff``, ``ivq report``); parse with :meth:`Budgets.from_args`."""
     p.add_argument("--min-sqnr", type=float, metavar="DB", help="fail a tensor whose SQNR is below DB")
     p.add_argument("--min-cosine", type=float, metavar="C", help="fail a tensor whose cosine is below C")
     p.add_argument("--max-abs", type=float, metavar="X", help="fail a tensor whose max |t-r| exceeds X")
     p.add_argument("--budget", action="append", default=[], metavar="PATTERN:METRIC>=V",
                    help="per-name-pattern budget, e.g. '*lm_head*:sqnr_db>=20' (repeatable)")
     p.add_argument("--preset", choices=sorted(defaults.PRESETS), help="named threshold preset")
+    p.add_argument("--rank-by", default=defaults.RANK_METRIC, metavar="METRIC", help="ranking metric")
+
+
+def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``ivq-diff`` (shared by ``ivq diff``)."""
+    p.add_argument("ref", help="reference dump (.h5)")
+    p.add_argument("test", help="test dump (.h5)")
+    p.add_argument("--json", metavar="OUT", help="write the ivq-diff/1 JSON result ('-' for stdout)")
+    p.add_argument("--report", metavar="OUT.html", help="write the self-contained HTML report")
+    add_budget_arguments(p)
     p.add_argument("--baseline", metavar="PREV.json", help="fail only on regressions against this ivq-diff/1 result")
     p.add_argument("--top", type=int, default=defaults.TOP_N, metavar="N", help="worst layers to print")
-    p.add_argument("--rank-by", default=defaults.RANK_METRIC, metavar="METRIC", help="ranking metric")
     p.add_argument("--max-unmatched", default=None, metavar="N|F",
                    help="allowed unmatched tensors on the smaller side: a count, or a fraction < 1 "
                         f"(default {defaults.MAX_UNMATCHED_FRACTION})")
@@ -45,7 +50,8 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
 
 
-def _load_json(path: str, what: str) -> Any:
+def load_json(path: str, what: str) -> Any:
+    """Read a JSON file; one-line :class:`InputError` naming it when missing or invalid."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"no such {what} file", p)
@@ -78,8 +84,8 @@ def execute_diff(args: argparse.Namespace) -> int:
         if out and out != "-":
             check_writable(out, args.force)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
-    mapping = _load_json(args.map, "mapping") if args.map else None
-    baseline = _load_json(args.baseline, "baseline") if args.baseline else None
+    mapping = load_json(args.map, "mapping") if args.map else None
+    baseline = load_json(args.baseline, "baseline") if args.baseline else None
     ref = open_dump(args.ref)
     test = open_dump(args.test)
     parts = set(args.records.split(",")) if args.records else None

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("ivq_debug.cli.cmd_quantize", "quantize an ONNX model for QNN (QDQ)"),
     "diagnose": ("ivq_debug.cli.cmd_diagnose", "introduced vs inherited error: replay QDQ units on reference inputs"),
     "tune": ("ivq_debug.cli.cmd_tune", "suggest quantization overrides and verify them on QNN HTP"),
+    "report": ("ivq_debug.cli.cmd_report", "write the HTML report and exports (Perfetto, Model Explorer, JUnit)"),
 }
 
 

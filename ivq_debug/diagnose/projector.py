@@ -99,6 +99,6 @@ def projector_findings(cmp: Any, threshold: float = defaults.PROJECTOR_DRIFT_MEA
             evidence={k: s[k] for k in ("mean_rel_err", "rel_l2", "vision_rel_l2", "amplification", "sqnr_db",
                                         "max_clipped_fraction", "clipped", "worst_channels", "vision_output")},
             suggestion="calibrate the projector on images like the deployment's (its input range was missed), "
-                       "or give the projector 16-bit activations / wider encodings (ivq tune --suggest)",
+                       "or give the projector 16-bit activations / wider encodings (ivq tune)",
         ))
     return out

@@ -360,6 +360,6 @@ class ReplayResult:
                 evidence={k: fb.get(k) for k in ("intro_sqnr_db", "intro_max_abs", "cum_sqnr_db", "cum_max_abs")}
                 | {"inherited_share": inh, "backend": self.backend},
                 suggestion="raise this tensor's precision (16-bit activation) or widen its encoding; "
-                           "see `ivq tune --suggest`",
+                           "see `ivq tune`",
             )
         ]

@@ -353,6 +353,9 @@ class DumpWriter:
         if self.path.exists() and not self.overwrite:
             os.unlink(self._tmp)
             raise UsageError("output appeared while capturing; not overwritten", self.path)
+        from ivq_debug.util import _umask
+
+        os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.path)
         return self.path
 

@@ -1,0 +1,1042 @@
+"""The self-contained HTML report of a comparison (``docs/report.md``).
+
+One offline file: CSS and a small hand-written script inline, charts as inline SVG (the heatmap body as an
+embedded PNG), no network access (a Content-Security-Policy allows only the page's own script, by hash).
+Every name from a dump is escaped with :func:`html.escape`; names reach the script only as JSON in
+``<script type="application/json">`` blocks (with ``<``, ``>`` and ``&`` written as ``\\u00XX``) or as
+data attributes, and the script writes text with ``textContent`` only.
+
+Sections: findings, summary (side by side when several comparisons are given), error vs depth, step × layer
+heatmap, layer table, drill-downs of the worst layers, QNN profiling timeline, unmatched tensors,
+provenance. Sizes stay bounded for large models: ``max_rows`` table rows, ``max_points`` points per chart
+series and per scatter, ``drilldowns`` drill-downs, ``max_timeline_ops`` timeline bars, heatmaps of at most
+``HEATMAP_MAX_COLS`` × ``HEATMAP_MAX_ROWS`` cells; the report states every cut it makes.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug import defaults
+from ivq_debug.report.charts import (
+    NODATA_COLOR,
+    Bar,
+    Point,
+    Series,
+    color_scale_legend,
+    esc,
+    fmt,
+    heatmap_chart,
+    histogram_chart,
+    line_chart,
+    scatter_chart,
+    sqnr_color,
+    text_color_on,
+    thin_points,
+    timeline_chart,
+)
+from ivq_debug.report.layers import Labeled, LayerView, build_layers
+
+#: default cap of points per chart series and per drill-down scatter
+MAX_POINTS = 400
+#: default cap of layer-table rows
+MAX_ROWS = 2000
+#: default number of drill-downs (worst layers)
+DRILLDOWNS = 6
+#: default cap of individual timeline bars (smaller ops are merged beyond it)
+MAX_TIMELINE_OPS = 1500
+HEATMAP_MAX_COLS = 240
+HEATMAP_MAX_ROWS = 64
+MAX_CHARTS = 12
+MAX_NAMES = 300
+PALETTE = ("#2457a6", "#e07b00", "#2a9d8f", "#9c3fb8", "#c0392b", "#6b8e23", "#8c564b", "#d45087", "#4c6a92",
+           "#7f7f7f")
+PART_RANK = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
+DASH = '<span class="muted">–</span>'
+
+
+# ============================================================================ helpers
+def _json_script(obj: Any) -> str:
+    """JSON safe inside ``<script type="application/json">`` (no ``</``, no ``<!--``, no line separators)."""
+    from ivq_debug.comparator.comparison import json_safe
+
+    s = json.dumps(json_safe(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return (s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _data_v(v: Any) -> str:
+    """Sort key for a numeric cell (``Infinity`` parses in JS; empty for missing)."""
+    f = _num(v)
+    if f is None:
+        return ""
+    if math.isinf(f):
+        return "Infinity" if f > 0 else "-Infinity"
+    return repr(f)
+
+
+def _rec_label(key: Sequence[Any], multi_sample: bool = False) -> str:
+    sample, part, step = key
+    s = f"{part}" if (part != "decode" and int(step) == 0) else f"{part} {int(step)}"
+    return f"s{sample} · {s}" if multi_sample else s
+
+
+def _rec_sort(key: Sequence[Any]) -> float:
+    sample, part, step = key
+    return int(sample) * 1e7 + PART_RANK.get(str(part), 5) * 1e5 + int(step)
+
+
+def _sqnr_cell(v: Any, status: str | None = None, extra_cls: str = "") -> str:
+    f = _num(v)
+    if f is None:
+        label = "–" if status in (None, "ok", "identical", "empty") else "undef"
+        return f'<td class="num{extra_cls}" data-v="">{esc(label)}</td>'
+    bg = sqnr_color(f)
+    return (f'<td class="num cell-sqnr{extra_cls}" data-v="{_data_v(f)}" style="background:{bg};color:{text_color_on(bg)}">'
+            f"{esc(fmt(f, 4))}</td>")
+
+
+def _asset(name: str) -> str:
+    return resources.files("ivq_debug.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _labeled(extra: Any) -> list[Labeled]:
+    if extra is None:
+        return []
+    items: list[tuple[str | None, Any]]
+    if isinstance(extra, Mapping):
+        items = [(str(k), v) for k, v in extra.items()]
+    else:
+        items = [(x[0], x[1]) if isinstance(x, tuple) else (None, x) for x in extra]
+    return [Labeled(lab or comparison_label(c), c) for lab, c in items]
+
+
+def comparison_label(cmp: Any) -> str:
+    """``ref-file → test-file`` (file stems), the default label of a comparison."""
+    return f"{Path(str(cmp.ref.path)).stem} → {Path(str(cmp.test.path)).stem}"
+
+
+def _emulation(info: dict[str, Any]) -> tuple[str, str]:
+    """(badge class, text) for a dump's emulated/device status."""
+    emu = info.get("emulated")
+    if emu is True:
+        return "emulated", info.get("label") or "emulated (not a device measurement)"
+    if emu is False:
+        return "device", info.get("label") or "device"
+    return "na", "not applicable (no NPU backend)"
+
+
+@dataclass
+class _Ctx:
+    cmp: Any
+    label: str
+    extras: list[Labeled]
+    replay: Any
+    view: LayerView
+    timeline: Any
+    max_points: int
+    max_rows: int
+    drilldowns: int
+    max_timeline_ops: int
+    shown: set[int] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+    multi_sample: bool = False
+
+    def href(self, row: int | None) -> str | None:
+        return f"#L{row}" if row is not None and row in self.shown else None
+
+    def name_link(self, row: int | None, name: str) -> str:
+        h = self.href(row)
+        code = f"<code>{esc(name)}</code>"
+        return f'<a href="{esc(h)}">{code}</a>' if h else code
+
+
+# ============================================================================ sections
+def _verdict(cmp: Any) -> str:
+    return '<span class="verdict pass">PASS</span>' if cmp.passed else '<span class="verdict fail">FAIL</span>'
+
+
+def _header(ctx: _Ctx, title: str) -> str:
+    cmp = ctx.cmp
+    s = cmp.summary
+    budgets = ", ".join(s["budgets"]) if s["budgets"] else (
+        f"no budgets given (divergence shown at SQNR < {defaults.DIVERGENCE_SQNR_DB:g} dB)")
+    dumps = [cmp.ref, cmp.test] + [d for ex in ctx.extras for d in (ex.cmp.ref, ex.cmp.test)]
+    emulated = [d for d in dumps if (d.backend_info or {}).get("emulated") is True]
+    banner = ""
+    if emulated:
+        labels = sorted({(d.backend_info or {}).get("label") or "emulated" for d in emulated})
+        files = ", ".join(sorted({Path(str(d.path)).name for d in emulated}))
+        banner = (f'<div class="banner"><span class="badge emulated">EMULATED</span> {esc("; ".join(labels))} — '
+                  f"{esc(files)}. Numbers from an x86_64 emulation of the HTP backend: accuracy results are "
+                  "the emulator's, and timings measure the host, not a device.</div>")
+    return (f'<header class="top"><div class="wrap"><h1>{esc(title)}{_verdict(cmp)}</h1>'
+            f'<div class="sub">reference <code>{esc(cmp.ref.path)}</code> ({esc(cmp.ref.backend)}) → test '
+            f'<code>{esc(cmp.test.path)}</code> ({esc(cmp.test.backend)}) · budgets: {esc(budgets)}</div>'
+            f"{banner}</div></header>")
+
+
+def _nav(sections: list[tuple[str, str]]) -> str:
+    links = "".join(f'<a href="#{esc(i)}">{esc(t)}</a>' for i, t in sections)
+    return f'<nav class="sections"><div class="wrap">{links}</div></nav>'
+
+
+def _evidence(ev: dict[str, Any]) -> str:
+    items = []
+    for k, v in ev.items():
+        if isinstance(v, list | tuple):
+            text = ", ".join(fmt(x) if isinstance(x, int | float) else str(x) for x in v[:12])
+            if len(v) > 12:
+                text += f", … ({len(v)} in all)"
+        elif isinstance(v, dict):
+            text = json.dumps(v, default=str)[:240]
+        else:
+            text = fmt(v)
+        items.append(f"<div><dt>{esc(k)}</dt><dd>{esc(text)}</dd></div>")
+    return f'<dl class="evidence">{"".join(items)}</dl>' if items else ""
+
+
+def _finding_html(ctx: _Ctx, f: Any, source: str, primary: bool) -> str:
+    from ivq_debug.diagnose.findings import SEVERITIES
+
+    d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
+    sev = d.get("severity") if d.get("severity") in SEVERITIES else "info"
+    where = d.get("where") or {}
+    parts = []
+    rec = where.get("record")
+    if isinstance(rec, dict):
+        parts.append("record " + esc(_rec_label((rec.get("sample", 0), rec.get("part"), rec.get("step", 0)),
+                                                ctx.multi_sample)))
+    tensor = where.get("tensor")
+    if tensor:
+        row = ctx.view.find(rec, str(tensor)) if primary else None
+        parts.append("tensor " + ctx.name_link(row, str(tensor)))
+    for k, v in where.items():
+        if k not in ("record", "tensor", "test_tensor"):
+            parts.append(f"{esc(k)} <code>{esc(v if not isinstance(v, dict | list) else json.dumps(v, default=str))}</code>")
+    sugg = f'<p class="suggest">{esc(d.get("suggestion"))}</p>' if d.get("suggestion") else ""
+    return (f'<article class="finding sev-{esc(sev)}"><div class="head"><span class="sev">{esc(sev)}</span>'
+            f'<span class="kind">{esc(d.get("kind"))}</span><span class="src">{esc(source)}</span></div>'
+            f'<p class="msg">{esc(d.get("message"))}</p>'
+            + (f'<p class="where">{" · ".join(parts)}</p>' if parts else "")
+            + _evidence(d.get("evidence") or {}) + sugg + "</article>")
+
+
+#: findings shown open per group (the rest sit in a collapsed list)
+FINDINGS_OPEN = 12
+
+
+def _findings(ctx: _Ctx) -> str:
+    from ivq_debug.diagnose.findings import severity_rank
+
+    groups: list[tuple[str, list[Any], bool]] = [(ctx.label, list(ctx.cmp.findings), True)]
+    if ctx.replay is not None:
+        try:
+            rf = list(ctx.replay.findings())
+        except Exception:  # a replay result without findings support
+            rf = []
+        groups.append((f"replay on {ctx.replay.backend or 'the test backend'}", rf, True))
+    extra = [(ex.label, list(ex.cmp.findings), False) for ex in ctx.extras]
+    out = []
+
+    def cards(source: str, fs: list[Any], primary: bool) -> list[str]:
+        fs = sorted(fs, key=lambda f: -severity_rank(getattr(f, "severity", "info")))
+        return [_finding_html(ctx, f, source, primary) for f in fs]
+
+    main = sorted([(f, src, pr) for src, fs, pr in groups for f in fs],
+                  key=lambda x: -severity_rank(getattr(x[0], "severity", "info")))
+    html_main = [_finding_html(ctx, f, src, pr) for f, src, pr in main]
+    out += html_main[:FINDINGS_OPEN]
+    if len(html_main) > FINDINGS_OPEN:
+        out.append(f"<details><summary>{len(html_main) - FINDINGS_OPEN} more findings</summary>"
+                   f'{"".join(html_main[FINDINGS_OPEN:])}</details>')
+    if not main:
+        out.append('<p class="muted">No findings for this comparison: no budget violation, divergence or '
+                   "quantization hazard was detected.</p>")
+    for source, fs, primary in extra:
+        if fs:
+            c = Counter(getattr(f, "severity", "info") for f in fs)
+            head = ", ".join(f"{c[s]} {s}" for s in ("error", "warning", "info") if c[s])
+            out.append(f"<details><summary>{len(fs)} findings of {esc(source)} ({esc(head)})</summary>"
+                       f'{"".join(cards(source, fs, primary))}</details>')
+    counts = Counter(getattr(f, "severity", "info") for f, _, _ in main)
+    head = " · ".join(f"{counts[s]} {s}" for s in ("error", "warning", "info") if counts[s])
+    return (f'<section class="card" id="findings"><h2>Findings <span class="muted small">{esc(head)}</span></h2>'
+            + "".join(out) + "</section>")
+
+
+def _stat(k: str, v: str, bad: bool = False) -> str:
+    return f'<div class="stat"><div class="k">{esc(k)}</div><div class="v{" bad" if bad else ""}">{esc(v)}</div></div>'
+
+
+def _summary(ctx: _Ctx) -> str:
+    cmp = ctx.cmp
+    s = cmp.summary
+    um = cmp.unmatched
+    fd = cmp.first_divergence
+    stats = [
+        _stat("aligned pairs", str(s["pairs"])), _stat("records", str(s["records"])),
+        _stat("over budget", str(s["failed"]), bad=s["failed"] > 0),
+        _stat("min SQNR (dB)", fmt(s["min_sqnr_db"], 4)), _stat("max |t − r|", fmt(s["max_max_abs"])),
+        _stat("identical", str(s["identical"])), _stat("non-finite", str(s["non_finite"]), bad=s["non_finite"] > 0),
+        _stat("unmatched ref / test", f"{um['ref']['count']} / {um['test']['count']}",
+              bad=(um["ref"]["count"] + um["test"]["count"]) > 0),
+    ]
+    html_ = [f'<section class="card" id="summary"><h2>Summary</h2><div class="grid">{"".join(stats)}</div>']
+    if fd is not None:
+        row = ctx.view.find((fd["sample"], fd["part"], fd["step"]), fd["ref_name"])
+        html_.append(f"<p><b>First divergence</b> (first tensor in execution order breaking "
+                     f"{'the budgets' if cmp.budgets else f'SQNR ≥ {defaults.DIVERGENCE_SQNR_DB:g} dB'}): "
+                     f"{ctx.name_link(row, fd['ref_name'])} in "
+                     f"{esc(_rec_label((fd['sample'], fd['part'], fd['step']), ctx.multi_sample))}, "
+                     f"SQNR {esc(fmt(fd.get('sqnr_db')))} dB, max |Δ| {esc(fmt(fd.get('max_abs')))}.</p>")
+    else:
+        html_.append("<p><b>First divergence:</b> none.</p>")
+    # several comparisons side by side
+    if ctx.extras:
+        comps = [Labeled(ctx.label, cmp), *ctx.extras]
+        head = "".join(f"<th>{esc(c.label)}</th>" for c in comps)
+        rows = []
+
+        def line(name: str, cells: list[str]) -> None:
+            rows.append(f"<tr><th>{esc(name)}</th>{''.join(cells)}</tr>")
+
+        sums = [c.cmp.summary for c in comps]
+        line("backends", [f"<td>{esc(c.cmp.ref.backend)} → {esc(c.cmp.test.backend)}</td>" for c in comps])
+        line("verdict", [f"<td>{_verdict(c.cmp)}</td>" for c in comps])
+        line("aligned pairs", [f'<td class="num">{x["pairs"]}</td>' for x in sums])
+        line("over budget", [f'<td class="num">{x["failed"]}</td>' for x in sums])
+        line("min SQNR (dB)", [_sqnr_cell(x["min_sqnr_db"]) for x in sums])
+        line("max |t − r|", [f'<td class="num">{esc(fmt(x["max_max_abs"]))}</td>' for x in sums])
+        fds = []
+        for c in comps:
+            f = c.cmp.first_divergence
+            fds.append("<td>–</td>" if f is None else
+                       f"<td><code>{esc(f['ref_name'])}</code> "
+                       f"({esc(_rec_label((f['sample'], f['part'], f['step']), ctx.multi_sample))}, "
+                       f"{esc(fmt(f.get('sqnr_db')))} dB)</td>")
+        line("first divergence", fds)
+        line("unmatched ref / test", [f'<td class="num">{c.cmp.unmatched["ref"]["count"]} / '
+                                      f'{c.cmp.unmatched["test"]["count"]}</td>' for c in comps])
+        html_.append("<h3>Comparisons side by side</h3><p class=\"muted small\">e.g. float vs CPU-QDQ is the "
+                     "quantization error, CPU-QDQ vs HTP the backend error; the layer table has one SQNR column "
+                     "per comparison.</p>")
+        html_.append(f'<div class="scroll"><table class="data"><thead><tr><th></th>{head}</tr></thead>'
+                     f'<tbody>{"".join(rows)}</tbody></table></div>')
+    br = cmp.by_record()
+    if len(br):
+        fdr = cmp.first_divergences()
+        first_by = {}
+        if len(fdr):
+            for r in fdr.to_dict("records"):
+                first_by[(r["sample"], r["part"], r["step"])] = r
+        recs = br.to_dict("records")[:200]
+        body = []
+        for r in recs:
+            key = (r["sample"], r["part"], r["step"])
+            f = first_by.get(key)
+            frow = ctx.view.find(key, f["ref_name"]) if f else None
+            body.append(
+                f"<tr><td data-v=\"{_rec_sort(key)}\">{esc(_rec_label(key, ctx.multi_sample))}</td>"
+                f'<td class="num">{int(r["tensors"])}</td>{_sqnr_cell(r.get("min_sqnr_db"))}'
+                f'<td class="num" data-v="{_data_v(r.get("max_abs"))}">{esc(fmt(r.get("max_abs")))}</td>'
+                f'<td class="num">{int(r["failed"])}</td>'
+                f'<td class="num" data-v="{_data_v(r.get("top1"))}">{esc(fmt(r.get("top1")))}</td>'
+                f'<td class="num" data-v="{_data_v(r.get("kl"))}">{esc(fmt(r.get("kl")))}</td>'
+                f"<td>{ctx.name_link(frow, f['ref_name']) if f else '–'}</td></tr>")
+        more = f'<p class="note">First 200 of {len(br)} records.</p>' if len(br) > 200 else ""
+        html_.append('<h3>Per record (per step)</h3><div class="scroll"><table class="data sortable"><thead><tr>'
+                     '<th data-sort="num">record</th><th data-sort="num">tensors</th><th data-sort="num">min SQNR</th>'
+                     '<th data-sort="num">max |Δ|</th><th data-sort="num">over budget</th><th data-sort="num">top-1</th>'
+                     '<th data-sort="num">KL</th><th data-sort="str">first divergence</th></tr></thead>'
+                     f'<tbody>{"".join(body)}</tbody></table></div>{more}')
+    html_.append("</section>")
+    return "".join(html_)
+
+
+def _budget_line(cmp: Any) -> tuple[float | None, str]:
+    for b in cmp.budgets.items:
+        if b.metric == "sqnr_db" and b.op == "min" and b.pattern == "*":
+            return b.value, f"budget sqnr_db ≥ {b.value:g}"
+    if not cmp.budgets:
+        return defaults.DIVERGENCE_SQNR_DB, f"divergence threshold {defaults.DIVERGENCE_SQNR_DB:g} dB"
+    return None, ""
+
+
+def _point(ctx: _Ctx, r: dict[str, Any], y: Any, name: str, status: str | None = None,
+           passed: bool | None = None) -> Point:
+    """A chart point of a layer row; ``status`` / ``passed`` of the series when it is not the primary one."""
+    f = _num(y)
+    val = math.nan if f is None else f
+    status = status or r["status"]
+    if passed is not None:
+        bad = not passed
+    elif ctx.cmp.budgets:
+        bad = not r["passed"]
+    else:
+        bad = f is not None and f < defaults.DIVERGENCE_SQNR_DB
+    title = f"{r['ref_name']} · {r.get('op_type') or '?'} · {name}: SQNR {fmt(f)} dB ({status})"
+    return Point(float(r["order"]), val, ctx.href(r["row"]), title, bool(bad))
+
+
+def _depth(ctx: _Ctx) -> str:
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in ctx.view.rows:
+        groups.setdefault((r["record"][0], r["record"][1]), []).append(r)
+    hline, hlabel = _budget_line(ctx.cmp)
+    charts = []
+    cut_steps = []
+    for (sample, part), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], PART_RANK.get(kv[0][1], 5)))[:MAX_CHARTS]:
+        steps = sorted({r["record"][2] for r in rows})
+        series: list[Series] = []
+        shown_steps = steps
+        if len(steps) > 8:
+            idx = np.linspace(0, len(steps) - 1, 8).round().astype(int)
+            shown_steps = [steps[i] for i in sorted(set(idx.tolist()))]
+            cut_steps.append(f"{part}: {len(shown_steps)} of {len(steps)} steps drawn")
+        for k, st in enumerate(shown_steps):
+            rr = [r for r in rows if r["record"][2] == st]
+            name = ctx.label if len(steps) == 1 else f"step {st}"
+            pts = thin_points([_point(ctx, r, r["sqnr_db"], name) for r in rr], ctx.max_points)
+            series.append(Series(name, PALETTE[k % len(PALETTE)], pts))
+        if len(steps) == 1:
+            for k, ex in enumerate(ctx.extras, start=1):
+                pts = []
+                for r in rows:
+                    e = r["extras"].get(ex.label)
+                    if e is not None:
+                        ok = e["passed"] if ex.cmp.budgets else not (
+                            e["sqnr_db"] is not None and e["sqnr_db"] < defaults.DIVERGENCE_SQNR_DB)
+                        pts.append(_point(ctx, r, e["sqnr_db"], ex.label, e["status"], ok))
+                if pts:
+                    series.append(Series(ex.label, PALETTE[k % len(PALETTE)], thin_points(pts, ctx.max_points), dash="6 3"))
+            if ctx.view.has_replay:
+                limit = getattr(ctx.replay, "budget_sqnr_db", defaults.DIVERGENCE_SQNR_DB)
+                pts = [_point(ctx, r, r["intro_sqnr_db"], "introduced", r["intro_status"],
+                              r["intro_sqnr_db"] is None or r["intro_sqnr_db"] >= limit)
+                       for r in rows if r["intro_status"] is not None]
+                if pts:
+                    series.append(Series(f"introduced (replay on {ctx.replay.backend or '?'})", "#2a9d8f",
+                                         thin_points(pts, ctx.max_points), dash="2 3"))
+        title = f"{part}" + (f" · sample {sample}" if ctx.multi_sample else "")
+        svg = line_chart(series, width=570, height=280, x_label="execution order in the record",
+                         y_label="SQNR (dB)", hline=hline, hline_label=hlabel,
+                         label=f"SQNR vs execution order — {title}",
+                         max_markers=max(ctx.max_points // (2 * max(len(series), 1)), 12))
+        charts.append(f'<figure style="width:570px">{svg}<figcaption>{esc(title)}: SQNR of each aligned tensor vs '
+                      "its execution order"
+                      f"{' per decode step' if len(steps) > 1 else ''}. Red markers break the budget; hollow markers "
+                      "on the top edge are identical tensors, crosses on the bottom edge undefined metrics.</figcaption>"
+                      "</figure>")
+    note = ""
+    if len(groups) > MAX_CHARTS:
+        note += f'<p class="note">First {MAX_CHARTS} of {len(groups)} (sample, part) charts.</p>'
+    if cut_steps:
+        note += f'<p class="note">{esc("; ".join(cut_steps))} (evenly chosen, first and last included).</p>'
+    note += (f'<p class="note">Lines use at most about {ctx.max_points} points per series and each chart about '
+             f"{ctx.max_points // 2} markers, chosen evenly while always keeping the minimum and the first point over "
+             "budget (up to half of them are points over budget). Markers link to their layer-table row.</p>")
+    return (f'<section class="card" id="depth"><h2>Error vs depth</h2><div class="charts">{"".join(charts)}</div>'
+            f"{note}</section>")
+
+
+def _heatmaps(ctx: _Ctx) -> str:
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in ctx.view.rows:
+        groups.setdefault((r["record"][0], r["record"][1]), []).append(r)
+    multi = [(k, v) for k, v in groups.items() if len({r["record"][2] for r in v}) > 1]
+    if not multi:
+        return ""
+    out = []
+    for hi, ((sample, part), rows) in enumerate(sorted(multi, key=lambda kv: kv[0])[:4]):
+        steps = sorted({r["record"][2] for r in rows})
+        notes = []
+        if len(steps) > HEATMAP_MAX_ROWS:
+            idx = np.linspace(0, len(steps) - 1, HEATMAP_MAX_ROWS).round().astype(int)
+            steps = [steps[i] for i in sorted(set(idx.tolist()))]
+            notes.append(f"{len(steps)} evenly chosen steps")
+        cols = sorted({(r["order"], r["ref_name"]) for r in rows})
+        col_of = {c: i for i, c in enumerate(cols)}
+        nc = len(cols)
+        nb = min(nc, HEATMAP_MAX_COLS)
+        width = math.ceil(nc / nb)
+        nb = math.ceil(nc / width)
+        if width > 1:
+            notes.append(f"{nc} layers binned {width} per column, each cell the worst (lowest SQNR) of its bin")
+        grid = np.full((len(steps), nb), np.inf)
+        missing = np.ones((len(steps), nb), dtype=bool)
+        links: list[list[int | None]] = [[None] * nb for _ in steps]
+        values: list[list[str | None]] = [[None] * nb for _ in steps]
+        step_of = {s: i for i, s in enumerate(steps)}
+        worst: dict[tuple[int, int], float] = {}
+        for r in rows:
+            i = step_of.get(r["record"][2])
+            if i is None:
+                continue
+            j = col_of[(r["order"], r["ref_name"])] // width
+            v = _num(r["sqnr_db"])
+            key_v = -math.inf if v is None and r["status"] not in ("identical", "empty") else (math.inf if v is None else v)
+            if (i, j) not in worst or key_v < worst[(i, j)]:
+                worst[(i, j)] = key_v
+                grid[i, j] = math.nan if key_v == -math.inf else key_v
+                missing[i, j] = False
+                links[i][j] = r["row"] if r["row"] in ctx.shown else None
+                values[i][j] = ("undefined (" + str(r["status"]) + ")") if key_v == -math.inf else fmt(key_v, 4)
+        col_labels = []
+        for j in range(nb):
+            a, b = j * width, min((j + 1) * width, nc) - 1
+            col_labels.append(cols[a][1] if a == b else f"layers {a}–{b} ({cols[a][1]} … {cols[b][1]})")
+        did = f"heat-{hi}"
+        row_labels = [f"step {s}" for s in steps]
+        ctx.blocks.append((did, {"rows": len(steps), "cols": nb, "row_labels": row_labels,
+                                 "col_labels": col_labels, "values": values, "links": links}))
+        svg = heatmap_chart(grid, row_labels, x_label="layer (position in execution order)", data_id=did,
+                            missing=missing, label=f"step × layer SQNR heatmap — {part}", x_extent=nb * width)
+        title = part + (f" · sample {sample}" if ctx.multi_sample else "")
+        out.append(f"<h3>{esc(title)}</h3><figure>{svg}<div class=\"readout\" id=\"{esc(did)}-readout\">"
+                   f"hover a cell to read it; click to jump to its row</div></figure>"
+                   + (f'<p class="note">{esc("; ".join(notes))}.</p>' if notes else ""))
+    return (f'<section class="card" id="heatmap"><h2>Step × layer heatmap</h2>'
+            f'<p class="muted small">SQNR of every layer (columns, execution order) at every step (rows): a '
+            "divergence that grows with the step shows as a colour change down a column.</p>"
+            f'{color_scale_legend()}{"".join(out)}</section>')
+
+
+def _select_rows(ctx: _Ctx) -> list[dict[str, Any]]:
+    rows = ctx.view.rows
+    if len(rows) <= ctx.max_rows:
+        return rows
+    keep = {r["row"] for r in rows if not r["passed"]}
+    fds = ctx.cmp.first_divergences()
+    for r in fds.to_dict("records") if len(fds) else []:
+        i = ctx.view.find((r["sample"], r["part"], r["step"]), r["ref_name"])
+        if i is not None:
+            keep.add(i)
+    for i in ctx.cmp.worst(ctx.max_rows).index:
+        if len(keep) >= ctx.max_rows:
+            break
+        keep.add(int(i))
+    keep = set(sorted(keep)[: max(ctx.max_rows, 1)])
+    return [r for r in rows if r["row"] in keep]
+
+
+def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
+    v = ctx.view
+    heads = ['<th data-sort="num" title="execution order in the record (sorts by global order)">#</th>',
+             '<th data-sort="num">record</th>', '<th data-sort="str">tensor</th>', '<th data-sort="str">op</th>',
+             '<th data-sort="str" title="test precision (u8 = 8-bit encoding, /ch = per-channel) / reference">'
+             "precision</th>",
+             '<th data-sort="num" title="SQNR of this comparison; the status shows when a metric is undefined">'
+             "SQNR dB</th>"]
+    heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(lab)}</th>'
+              for lab in v.extra_labels]
+    if v.has_replay:
+        heads += ['<th class="wrap" data-sort="num" title="SQNR of the error this QDQ unit introduces when fed the '
+                  'reference inputs (replay)">introduced SQNR</th>',
+                  '<th data-sort="num" title="share of the error power inherited from upstream">inherited</th>']
+    heads += ['<th data-sort="str">budget</th>', '<th data-sort="num">cosine</th>', '<th data-sort="num">max |Δ|</th>',
+              '<th data-sort="num" title="rmse in quantization steps of the test encoding">LSB rmse</th>',
+              '<th data-sort="num" title="fraction of reference values outside the test encoding range">clipped</th>']
+    if v.has_latency:
+        heads.append(f'<th data-sort="num" title="{esc(v.latency_note)}">latency {esc(v.latency_unit)}</th>')
+    body = []
+    for r in rows:
+        key = r["record"]
+        status = str(r["status"])
+        shape = "×".join(str(d) for d in (r.get("shape") or ())) or "scalar"
+        names = f"<code>{esc(r['ref_name'])}</code>"
+        if r["test_name"] != r["ref_name"]:
+            names += f'<div class="alt">test: <code>{esc(r["test_name"])}</code></div>'
+        names += f'<div class="alt">{esc(shape)}' + (f" · {esc(r['scope'])}" if r.get("scope") else "") + "</div>"
+        op = str(r.get("op_type") or "")
+        if r.get("test_op_type") and r["test_op_type"] != op:
+            op += f" / {r['test_op_type']}"
+        prec = r["precision"] if r["precision"] == r["ref_precision"] else f"{r['precision']} / {r['ref_precision']}"
+        enc = r.get("encoding") or {}
+        prec_title = ""
+        if enc:
+            sc = enc.get("scale")
+            sc_txt = fmt(sc) if not isinstance(sc, list) else f"{len(sc)} scales"
+            prec_title = f' title="scale {esc(sc_txt)}, zero point {esc(enc.get("zero_point"))}"'
+        viol = r.get("violations") or []
+        budget = (f'<span class="viol">{esc(", ".join(viol))}</span>' if viol else
+                  ('<span class="pill pass">ok</span>' if ctx.cmp.budgets else '<span class="muted">–</span>'))
+        tok = f"{status} {'pass' if r['passed'] else 'fail'}"
+        sq = _num(r["sqnr_db"])
+        if not ctx.cmp.budgets and ((sq is None and status not in ("identical", "empty"))
+                                    or (sq is not None and sq < defaults.DIVERGENCE_SQNR_DB)):
+            tok += " diverged"
+        sq_cell = _sqnr_cell(r["sqnr_db"], status)
+        if status not in ("ok",):
+            sq_cell = sq_cell.replace("</td>", f' <span class="pill {esc(status)}">{esc(status)}</span></td>', 1)
+        cells = [
+            f'<td class="num" data-v="{r["row"]}">{int(r["order"])}</td>',
+            f'<td data-v="{_rec_sort(key)}">{esc(_rec_label(key, ctx.multi_sample))}</td>',
+            f'<td class="name">{names}</td>',
+            f"<td>{esc(op)}</td>",
+            f"<td{prec_title}>{esc(prec)}</td>",
+            sq_cell,
+        ]
+        for lab in v.extra_labels:
+            e = r["extras"].get(lab)
+            cells.append(_sqnr_cell(e["sqnr_db"], e["status"]) if e else '<td class="num" data-v="">–</td>')
+        if v.has_replay:
+            cells.append(_sqnr_cell(r["intro_sqnr_db"], r["intro_status"]))
+            sh = _num(r["inherited_share"])
+            cells.append(f'<td class="num" data-v="{_data_v(sh)}">'
+                         f'{esc(fmt(100 * sh, 3) + " %" if sh is not None else "–")}</td>')
+        clip = _num(r.get("clipped_fraction"))
+        cells += [
+            f"<td>{budget}</td>",
+            f'<td class="num" data-v="{_data_v(r["cosine"])}">{esc(fmt(r["cosine"], 5))}</td>',
+            f'<td class="num" data-v="{_data_v(r["max_abs"])}">{esc(fmt(r["max_abs"]))}</td>',
+            f'<td class="num" data-v="{_data_v(r.get("lsb_rmse"))}">{esc(fmt(r.get("lsb_rmse"), 3))}</td>',
+            f'<td class="num" data-v="{_data_v(clip)}">{esc(fmt(100 * clip, 3) + " %" if clip is not None else "–")}</td>',
+        ]
+        if v.has_latency:
+            lat = _num(r["latency"])
+            ops = ", ".join(r.get("ops") or [])
+            cells.append(f'<td class="num" data-v="{_data_v(lat)}" title="{esc(ops)}">{esc(fmt(lat, 4))}</td>')
+        body.append(f'<tr id="L{r["row"]}" data-status="{esc(tok)}" data-part="{esc(key[1])}">'
+                    f'{"".join(cells)}</tr>')
+    parts = sorted({r["record"][1] for r in v.rows}, key=lambda p: PART_RANK.get(p, 5))
+    part_opts = "".join(f'<option value="{esc(p)}">{esc(p)}</option>' for p in parts)
+    statuses = ["fail", "pass"] if ctx.cmp.budgets else ["diverged"]
+    statuses += sorted({str(r["status"]) for r in v.rows})
+    names_ = {"fail": "over budget", "pass": "within budget",
+              "diverged": f"SQNR < {defaults.DIVERGENCE_SQNR_DB:g} dB"}
+    st_opts = "".join(f'<option value="{esc(s)}">{esc(names_.get(s, "status " + s))}</option>' for s in statuses)
+    note = ""
+    if len(rows) < len(v.rows):
+        note = (f'<p class="note">Showing {len(rows)} of {len(v.rows)} rows: every row over budget, each record\'s '
+                f"first divergence and the worst by {esc(ctx.cmp.rank_by)}. The full table is in "
+                "<code>ivq-diff --json</code> or <code>ivq.compare(...).table</code>.</p>")
+    controls = (
+        '<div class="controls"><input type="search" id="layer-filter" placeholder="filter by name, op, scope, '
+        'precision" aria-label="filter rows">'
+        f'<select id="layer-status" aria-label="status"><option value="">all rows</option>{st_opts}</select>'
+        f'<select id="layer-part" aria-label="part"><option value="">any part</option>{part_opts}</select>'
+        f'<span class="count" id="layer-count">{len(rows)} rows</span></div>')
+    return (f'<section class="card" id="layers"><h2>Layers</h2><p class="muted small">One row per aligned tensor '
+            "pair in execution order; click a header to sort (again to reverse). SQNR cells use the heatmap "
+            "colours; hover a header for its definition.</p>"
+            f'{controls}{note}<div class="scroll tall"><table class="data sortable" id="layer-table"><thead><tr>'
+            f'{"".join(heads)}</tr></thead><tbody>{"".join(body)}</tbody></table></div></section>')
+
+
+def _drilldowns(ctx: _Ctx) -> str:
+    from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
+
+    if ctx.drilldowns <= 0 or not len(ctx.cmp.table):
+        return ""
+    rows = ctx.view.rows
+    picked = []
+    for i in ctx.cmp.worst(len(ctx.cmp.table)).index:
+        r = rows[int(i)]
+        if r["status"] in ("identical", "empty", "shape_mismatch"):
+            continue
+        picked.append(r)
+        if len(picked) >= ctx.drilldowns:
+            break
+    if not picked:
+        return ""
+    from ivq_debug.dump.stats import sample_indices
+
+    out = []
+    for r in picked:
+        s = pair_samples(ctx.cmp, r["row"], HIST_SAMPLES)
+        head = (f'<h3>{ctx.name_link(r["row"], r["ref_name"])} <span class="muted small">'
+                f'{esc(r.get("op_type") or "")} · {esc(_rec_label(r["record"], ctx.multi_sample))} · '
+                f'{esc(r["precision"])}</span></h3>')
+        metrics = (f"<p class=\"small\">SQNR <b>{esc(fmt(r['sqnr_db']))}</b> dB · cosine {esc(fmt(r['cosine'], 6))} · "
+                   f"max |Δ| {esc(fmt(r['max_abs']))} · rel L2 {esc(fmt(r['rel_l2']))} · LSB rmse "
+                   f"{esc(fmt(r.get('lsb_rmse'), 3))} · status {esc(r['status'])}"
+                   + (f" · clipped {esc(fmt(100 * r['clipped_fraction'], 3))} %" if _num(r.get('clipped_fraction')) is not None else "")
+                   + "</p>")
+        if s is None:
+            out.append(f'<div class="drill">{head}{metrics}<p class="muted">values not available (shapes differ or '
+                       "the pair could not be read).</p></div>")
+            continue
+        a, b = s
+        n = int(r.get("numel") or a.size)
+        nonfin = int((~np.isfinite(a)).sum() + (~np.isfinite(b)).sum())
+        sub = sample_indices(a.size, ctx.max_points)
+        h1 = histogram_chart([("reference", a, "#2457a6"), ("test", b, "#e07b00")], width=380, height=220,
+                             label="value histograms, reference vs test")
+        h2 = histogram_chart([("test − reference", b - a, "#c0392b")], width=340, height=220, x_label="error",
+                             label="error histogram", log_y=True)
+        sc = scatter_chart(a[sub], b[sub], width=260, height=220, label="test vs reference values")
+        how = (f"{a.size:,} of {n:,} values" if a.size < n else f"all {n:,} values") + " (evenly strided)"
+        out.append(f'<div class="drill">{head}{metrics}<div class="charts"><figure style="width:380px">{h1}'
+                   f"<figcaption>value histograms: {esc(how)}</figcaption></figure><figure style='width:340px'>{h2}"
+                   "<figcaption>error t − r, log count</figcaption></figure>"
+                   f'<figure style="width:260px">{sc}<figcaption>test vs reference: {len(sub):,} points'
+                   "</figcaption></figure></div>"
+                   + (f'<p class="note">{nonfin} non-finite values left out of the plots.</p>' if nonfin else "")
+                   + "</div>")
+    return (f'<section class="card" id="drilldown"><h2>Worst layers</h2><p class="muted small">The '
+            f"{len(picked)} worst pairs by {esc(ctx.cmp.rank_by)} (identical and mismatched pairs skipped). Values "
+            f"are evenly strided samples at the same positions on both sides: up to {HIST_SAMPLES:,} per histogram "
+            f"and {ctx.max_points} per scatter, read block by block.</p>{''.join(out)}</section>")
+
+
+def _timeline(ctx: _Ctx) -> str:
+    tl = ctx.timeline
+    if tl is None:
+        return ""
+    # the run shown: the one of the first divergence's record when runs map to records, else the first
+    run = tl.runs[0]
+    fd = ctx.cmp.first_divergence
+    if tl.run_records and fd is not None:
+        rec = (fd["sample"], fd["part"], fd["step"])
+        run = next((k for k, v in tl.run_records.items() if v == rec), run)
+    record = tl.run_records.get(run)
+    ops = tl.run_ops(run)
+    unit = tl.unit_label
+    rows_by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in ctx.view.rows:
+        if record is None or r["record"] == record:
+            rows_by_name.setdefault(r["test_name"], []).append(r)
+
+    def layer_of(op: Any) -> dict[str, Any] | None:
+        cands = [r for t in op.tensors for r in rows_by_name.get(t, [])]
+        if not cands:
+            return None
+        return min(cands, key=lambda r: (_num(r["sqnr_db"]) if _num(r["sqnr_db"]) is not None else -math.inf))
+
+    total = sum(o.dur for o in ops) or 1.0
+    keep = set(range(len(ops)))
+    merged_note = ""
+    if len(ops) > ctx.max_timeline_ops:
+        order = sorted(range(len(ops)), key=lambda i: -ops[i].dur)
+        keep = set(order[: ctx.max_timeline_ops])
+        merged_note = (f"{len(ops) - len(keep)} shorter ops are merged into grey bars; the {len(keep)} longest are "
+                       "drawn one by one.")
+    lanes: dict[str, list[Bar]] = {}
+    pending: list[Any] = []
+
+    def lane_of(o: Any) -> str:
+        return "HTP" if o.backend == "QNN" else str(o.backend)
+
+    def flush() -> None:
+        if not pending:
+            return
+        a, b = pending[0].start, pending[-1].start + pending[-1].dur
+        lanes.setdefault(lane_of(pending[0]), []).append(
+            Bar(a, b - a, NODATA_COLOR, f"{len(pending)} short ops, {fmt(b - a)} {unit}"))
+        pending.clear()
+
+    for i, o in enumerate(ops):
+        lane = lane_of(o)
+        if pending and lane_of(pending[0]) != lane:
+            flush()
+        if i not in keep:
+            pending.append(o)
+            continue
+        flush()
+        lr = layer_of(o)
+        sq = _num(lr["sqnr_db"]) if lr else None
+        color = "#9aa5b1"
+        if lr is not None:
+            color = sqnr_color(math.inf if sq is None and lr["status"] == "identical" else sq)
+        tip = (f"{o.name}" + (f" (op {o.op_id})" if o.op_id is not None else "")
+               + f" · {fmt(o.dur, 4)} {unit} ({fmt(100 * o.dur / total, 3)} % of the run)"
+               + (f" · tensor {lr['test_name']} · SQNR {fmt(sq)} dB · {lr['precision']}" if lr else " · no tensor"))
+        short = o.name.rsplit("/", 1)[-1] if "/" in o.name else o.name
+        lanes.setdefault(lane, []).append(Bar(o.start, o.dur, color, tip, ctx.href(lr["row"]) if lr else None, short))
+    flush()
+    lane_order = sorted(lanes, key=lambda k: (k != "HTP", k))
+    svg = timeline_chart([(k, lanes[k]) for k in lane_order], x_label=f"{unit} (ops end to end, profile order)"
+                         if tl.unit == "cycles" else "time (µs)", label=f"profiling timeline, run {run}")
+    top = sorted(ops, key=lambda o: -o.dur)[:12]
+    trs = []
+    for o in top:
+        lr = layer_of(o)
+        trs.append(f"<tr><td><code>{esc(o.name)}</code></td><td>{esc(o.backend)}</td>"
+                   f'<td class="num" data-v="{_data_v(o.dur)}">{esc(fmt(o.dur, 4))}</td>'
+                   f'<td class="num" data-v="{_data_v(o.dur / total)}">{esc(fmt(100 * o.dur / total, 3))} %</td>'
+                   f"<td>{ctx.name_link(lr['row'], lr['test_name']) if lr else DASH}</td>"
+                   + (_sqnr_cell(lr["sqnr_db"], lr["status"]) if lr else '<td class="num" data-v="">–</td>')
+                   + f"<td>{esc(lr['precision']) if lr else '–'}</td></tr>")
+    joined = sum(1 for o in ops if o.tensors)
+    rec_txt = (f"record {_rec_label(record, ctx.multi_sample)}" if record is not None else
+               "runs do not map one to one to the dump's records: errors are the worst over all records")
+    info = ctx.cmp.test.backend_info or {}
+    emu = tl.emulated is True or info.get("emulated") is True
+    part_ = info.get("partition")
+    cpu_nodes = (part_.get("cpu_nodes") or []) if isinstance(part_, dict) else []
+    cpu_html = ""
+    if cpu_nodes:
+        items = "".join(f"<li>{esc(n.get('name'))} ({esc(n.get('op_type'))}): {esc(n.get('reason') or '')}</li>"
+                        for n in cpu_nodes[:50] if isinstance(n, dict))
+        cpu_html = ('<p class="small"><b>Ran on the CPU</b> (from the partition; the QNN profile does not time '
+                    f'them):</p><ul class="names">{items}</ul>')
+    runs_html = ""
+    if len(tl.runs) > 1:
+        cells = "".join(
+            f"<tr><td>{r}</td><td>{esc(_rec_label(tl.run_records[r], ctx.multi_sample)) if r in tl.run_records else '–'}"
+            f'</td><td class="num">{esc(fmt(tl.totals.get(r), 4))}</td>'
+            f'<td class="num">{esc(fmt(tl.us_per_cycle.get(r), 4))}</td></tr>' for r in tl.runs[:64])
+        runs_html = ('<details><summary>all profiled runs</summary><div class="scroll"><table class="data"><thead><tr>'
+                     f"<th>run</th><th>record</th><th>ops total ({esc(unit)})</th><th>profile µs/cycle</th></tr>"
+                     f"</thead><tbody>{cells}</tbody></table></div></details>")
+    warn = ('<p class="banner"><span class="badge emulated">EMULATED</span> Host-side measurements of the x86_64 '
+            "HTP emulation: use them to map ops and find relative hot spots, not as device latency.</p>") if emu else ""
+    basis = (f"per-op cycles from the profile, ops laid end to end in profile order; this run's own accelerator "
+             f"time ratio is {fmt(tl.us_per_cycle[run], 4)} µs/cycle" if tl.unit == "cycles" and run in tl.us_per_cycle
+             else "per-op cycles from the profile, ops laid end to end in profile order" if tl.unit == "cycles"
+             else "µs from the profile")
+    notes = [f"Run {run} of {len(tl.runs)} ({rec_txt}); {len(ops)} ops, {joined} joined to tensors (join: "
+             f"{tl.join}); {basis}."]
+    if merged_note:
+        notes.append(merged_note)
+    return (f'<section class="card" id="timeline"><h2>QNN profiling timeline</h2>{warn}'
+            '<p class="muted small">One bar per profiled op, coloured by the SQNR of the tensor it produces (grey: '
+            "no tensor); click a bar to open its layer row.</p>"
+            f"{color_scale_legend()}<figure>{svg}</figure>"
+            + "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
+            + '<h3>Longest ops</h3><div class="scroll"><table class="data sortable"><thead><tr>'
+              '<th data-sort="str">op</th><th data-sort="str">backend</th>'
+              f'<th data-sort="num">{esc(unit)}</th><th data-sort="num">share</th><th data-sort="str">tensor</th>'
+              f'<th data-sort="num">SQNR</th><th>precision</th></tr></thead><tbody>{"".join(trs)}</tbody></table>'
+              f"</div>{runs_html}{cpu_html}</section>")
+
+
+def _names_list(names: list[str]) -> str:
+    c = Counter(names)
+    items = [f"<li>{esc(n)}" + (f' <span class="muted">×{k}</span>' if k > 1 else "") + "</li>"
+             for n, k in list(c.items())[:MAX_NAMES]]
+    more = f'<p class="note">First {MAX_NAMES} of {len(c)} distinct names.</p>' if len(c) > MAX_NAMES else ""
+    return f'<ul class="names">{"".join(items)}</ul>{more}' if items else '<p class="muted">none</p>'
+
+
+def _unmatched(ctx: _Ctx) -> str:
+    out = ['<section class="card" id="unmatched"><h2>Unmatched tensors</h2>'
+           '<p class="muted small">Tensors present on one side only (counted per record); they are never dropped '
+           "silently. Typical causes: graph inputs, tensors QNN cannot expose, fused ops.</p>"]
+    for lab, c in [(ctx.label, ctx.cmp), *[(e.label, e.cmp) for e in ctx.extras]]:
+        um = c.unmatched
+        if len(ctx.extras):
+            out.append(f"<h3>{esc(lab)}</h3>")
+        out.append(f"<p>reference only: <b>{um['ref']['count']}</b> · test only: <b>{um['test']['count']}</b> · "
+                   f"unmatched fraction {esc(fmt(um.get('fraction'), 3))}</p>")
+        out.append(f"<details{' open' if um['ref']['count'] else ''}><summary>reference only "
+                   f"({um['ref']['count']})</summary>{_names_list(um['ref']['names'])}</details>")
+        out.append(f"<details{' open' if um['test']['count'] else ''}><summary>test only "
+                   f"({um['test']['count']})</summary>{_names_list(um['test']['names'])}</details>")
+        recs = um.get("ref_records", []) + um.get("test_records", [])
+        if recs:
+            out.append(f"<p>unmatched records: reference {esc(um.get('ref_records'))}, test "
+                       f"{esc(um.get('test_records'))}</p>")
+        unexp = (c.test.backend_info or {}).get("unexposable")
+        if unexp:
+            out.append("<p class=\"small\"><b>Not exposable on the test backend</b> (left out by the capture):</p>"
+                       + _names_list([str(u.get("name", u)) if isinstance(u, dict) else str(u) for u in unexp]))
+    out.append("</section>")
+    return "".join(out)
+
+
+_VERSION_KEYS = ("onnxruntime", "onnxruntime_qnn", "qnn_sdk_version", "onnx", "torch", "transformers", "onnxscript")
+
+
+def _provenance_card(d: Any, roles: list[str]) -> str:
+    info = d.backend_info or {}
+    cls, text = _emulation(info)
+    attrs = d.attrs
+    rows: list[tuple[str, str]] = []
+
+    def add(k: str, v: Any, raw: bool = False) -> None:
+        if v is None or v == "" or v == [] or v == {}:
+            return
+        if raw:
+            rows.append((k, v))
+        elif isinstance(v, dict):
+            rows.append((k, "<br>".join(f"{esc(a)}: {esc(b if not isinstance(b, dict | list) else json.dumps(b))}"
+                                        for a, b in v.items())))
+        elif isinstance(v, list):
+            rows.append((k, esc(json.dumps(v, default=str))))
+        else:
+            rows.append((k, esc(v)))
+
+    add("file", f"<code>{esc(d.path)}</code>", raw=True)
+    add("role", ", ".join(roles))
+    add("backend", d.backend)
+    add("emulated / device", f'<span class="badge {cls}">{esc("EMULATED" if cls == "emulated" else cls)}</span> '
+        f"{esc(text)}", raw=True)
+    add("device", info.get("device"))
+    add("soc_model", info.get("soc_model"))
+    add("htp_arch", info.get("htp_arch"))
+    add("compiled target", info.get("compiled_target"))
+    if "target_verified" in info:
+        add("target verified", "yes" if info.get("target_verified") else "NO")
+    vers = {k: info[k] for k in _VERSION_KEYS if info.get(k)}
+    add("versions", ", ".join(f"{k} {v}" for k, v in vers.items()))
+    add("providers", ", ".join(map(str, info.get("providers") or [])))
+    add("graph optimization", info.get("graph_optimization_level"))
+    add("exposure", info.get("exposure"))
+    add("CPU fallback", info.get("cpu_fallback"))
+    if isinstance(info.get("exposure_check"), dict):
+        ec = info["exposure_check"]
+        add("exposure check", f"bit-identical: {ec.get('bit_identical')}, max |Δ| {fmt(ec.get('max_abs'))}")
+    add("model", d.model)
+    add("model path", info.get("model_path"))
+    add("created", d.created)
+    add("tool version", d.tool_version)
+    add("command", f"<code>{esc(d.command)}</code>" if d.command else None, raw=True)
+    add("host", attrs.get("host") if not isinstance(info.get("host"), dict) else
+        f"{attrs.get('host') or ''} {json.dumps(info.get('host'))}")
+    add("records / tensors", f"{attrs.get('n_records', '?')} / {attrs.get('n_tensors', '?')}")
+    if d.summary_only:
+        add("summary only", f"yes ({attrs.get('summary_samples')} samples per tensor)")
+    add("complete", "yes" if d.complete else "NO — " + "; ".join(map(str, d.incomplete_reasons)))
+    body = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    full = json.dumps(info, indent=1, default=str, sort_keys=True)
+    cut = ""
+    if len(full) > 30000:
+        full, cut = full[:30000], f" (first 30 000 of {len(full):,} characters)"
+    return (f'<div><h3>{esc(Path(str(d.path)).name)}</h3><table class="kv">{body}</table>'
+            f"<details><summary>backend_info JSON{esc(cut)}</summary><pre class=\"json\">{esc(full)}</pre></details></div>")
+
+
+def _provenance(ctx: _Ctx) -> str:
+    seen: dict[str, tuple[Any, list[str]]] = {}
+    for lab, c in [(ctx.label, ctx.cmp), *[(e.label, e.cmp) for e in ctx.extras]]:
+        for d, role in ((c.ref, "reference"), (c.test, "test")):
+            key = os.path.abspath(str(d.path))
+            seen.setdefault(key, (d, []))[1].append(f"{role} of {lab}")
+    cards = "".join(_provenance_card(d, roles) for d, roles in seen.values())
+    return (f'<section class="card" id="provenance"><h2>Provenance</h2><div class="prov">{cards}</div>'
+            "</section>")
+
+
+# ============================================================================ page
+def render_report(
+    cmp: Any,
+    *,
+    replay: Any = None,
+    extra_comparisons: Any = None,
+    title: str | None = None,
+    max_points: int = MAX_POINTS,
+    max_rows: int = MAX_ROWS,
+    drilldowns: int = DRILLDOWNS,
+    max_timeline_ops: int = MAX_TIMELINE_OPS,
+    model: Any = None,
+) -> str:
+    """Render the report of a comparison as one self-contained HTML string.
+
+    Args:
+        cmp: the primary :class:`~ivq_debug.comparator.Comparison` (its test dump's profiling table feeds the
+            timeline).
+        replay: a :class:`~ivq_debug.diagnose.replay.ReplayResult`: introduced vs inherited error columns,
+            an "introduced" series in the depth chart, its findings.
+        extra_comparisons: other comparisons shown side by side: ``{label: Comparison}``, or a list of
+            ``Comparison`` / ``(label, Comparison)``; joined to the primary rows by record and tensor name.
+        title: page title (default ``ivq-debug report: <ref> → <test>``).
+        max_points: points per chart series and per drill-down scatter.
+        max_rows: layer-table rows (beyond it: failing rows, first divergences, then the worst).
+        drilldowns: worst layers with histograms and a scatter.
+        max_timeline_ops: timeline bars drawn one by one (shorter ops beyond it are merged).
+        model: the profiled ONNX model (path or ``ModelProto``) for the op → tensor join of the timeline
+            (default: the test dump's recorded model path, else its stored QNN op trace).
+    """
+    from ivq_debug import __version__
+    from ivq_debug.report.timeline import build_timeline
+
+    extras = _labeled(extra_comparisons)
+    label = comparison_label(cmp)
+    try:
+        timeline = build_timeline(cmp.test, model)
+    except Exception as e:  # a damaged profiling table must not cost the whole report
+        timeline = None
+        timeline_error = f"profiling table not shown ({type(e).__name__}: {e})"
+    else:
+        timeline_error = ""
+    view = build_layers(cmp, extras=extras, replay=replay, timeline=timeline)
+    ctx = _Ctx(cmp, label, extras, replay, view, timeline, max(int(max_points), 10), max(int(max_rows), 1),
+               max(int(drilldowns), 0), max(int(max_timeline_ops), 10))
+    ctx.multi_sample = len({r["record"][0] for r in view.rows}) > 1
+    rows = _select_rows(ctx)
+    ctx.shown = {r["row"] for r in rows}
+    title = title or f"ivq-debug report: {label}"
+    sections = [("findings", "Findings"), ("summary", "Summary"), ("depth", "Error vs depth")]
+    body = [_findings(ctx), _summary(ctx), _depth(ctx)]
+    hm = _heatmaps(ctx)
+    if hm:
+        sections.append(("heatmap", "Heatmap"))
+        body.append(hm)
+    sections.append(("layers", "Layers"))
+    body.append(_layer_table(ctx, rows))
+    dd = _drilldowns(ctx)
+    if dd:
+        sections.append(("drilldown", "Worst layers"))
+        body.append(dd)
+    tl = _timeline(ctx)
+    if tl:
+        sections.append(("timeline", "Timeline"))
+        body.append(tl)
+    elif timeline_error:
+        body.append(f'<section class="card" id="timeline"><h2>QNN profiling timeline</h2><p class="note">'
+                    f"{esc(timeline_error)}</p></section>")
+    sections += [("unmatched", "Unmatched"), ("provenance", "Provenance")]
+    body += [_unmatched(ctx), _provenance(ctx)]
+    js = _asset("report.js")
+    css = _asset("report.css")
+    digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
+    csp = (f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "
+           "base-uri 'none'; form-action 'none'")
+    blocks = "".join(f'<script type="application/json" id="{esc(i)}">{_json_script(o)}</script>' for i, o in ctx.blocks)
+    now = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+    footer = (f'<footer><div class="wrap">Generated by ivq-debug {esc(__version__)} at {esc(now)}. Metrics are '
+              "float64 with the reference as signal (SQNR = 10·log10(Σr² / Σ(t−r)²)); see docs/metrics.md. "
+              "This file is self-contained and works offline.</div></footer>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{esc(csp)}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<meta name="generator" content="ivq-debug {esc(__version__)}">'
+            f"<title>{esc(title)}</title><style>{css}</style></head><body>"
+            + _header(ctx, title) + _nav(sections) + '<main><div class="wrap">' + "".join(body) + "</div></main>"
+            + footer + blocks + f"<script>{js}</script></body></html>\n")
+
+
+def write_report(cmp: Any, path: str | os.PathLike, *, replay: Any = None, extra_comparisons: Any = None,
+                 title: str | None = None, overwrite: bool = False, max_points: int = MAX_POINTS,
+                 **options: Any) -> Path:
+    """Render the report (:func:`render_report`) and write it atomically (temp file + rename).
+
+    Raises :class:`~ivq_debug.errors.UsageError` when ``path`` exists and ``overwrite`` is False.
+    Extra keyword options (``max_rows``, ``drilldowns``, ``max_timeline_ops``, ``model``) go to
+    :func:`render_report`. Returns the written path.
+    """
+    from ivq_debug.errors import UsageError
+    from ivq_debug.report.exports import write_text
+
+    p = Path(path)
+    if p.exists() and not overwrite:  # fail before rendering
+        raise UsageError("output exists; pass --force to replace it", p)
+    text = render_report(cmp, replay=replay, extra_comparisons=extra_comparisons, title=title,
+                         max_points=max_points, **options)
+    return write_text(p, text, overwrite)
