@@ -1,1 +1,16 @@
-"""vlm."""
+"""Reference VLMs and the split deployment pipeline (see ``docs/reference-models.md``).
+
+Modules (all import torch/transformers/onnxruntime lazily, except ``parts`` which needs torch):
+
+* ``task``: the synthetic caption task (images, tokenizer, eval set, ``caption_accuracy``)
+* ``build``: configs of ``internvl-tiny`` / ``qwen2vl-tiny``, buckets, static-shape constants
+* ``inputs``: pixel layouts, HF inputs, prefill ``position_ids`` (M-RoPE via ``get_rope_index``)
+* ``train``: deterministic CPU training (``scripts/train_reference.py``)
+* ``load``: ``load_vlm(name_or_path)`` for the shipped names or any ``save_pretrained`` folder
+* ``parts``: vision / prefill / decode torch wrappers, additive masks
+* ``export``: split static-shape ONNX export + verification
+* ``runner``: runners (ORT session, torch part) and the default runner factory
+* ``scheduler``: the deployment loop (KV cache, positions policy, teacher forcing, step-aware dumps)
+* ``torch_generate``: the torch reference through the same loop, and HF ``generate``
+* ``pipeline``: ``prepare`` / ``scheduler`` / ``evaluate`` for ``ivq demo``
+"""

@@ -1,0 +1,119 @@
+"""Model inputs of the reference task, per family: pixel layouts, prompt ids, M-RoPE positions.
+
+Pixel preprocessing is numpy (as a deployment's pre-processing would be): InternVL takes
+``[B, 3, H, W]``; Qwen2-VL takes flattened patches ``[B·h·w, 3·2·14·14]`` in its processor's order plus
+``image_grid_thw``. Torch tensors are only built by :func:`hf_inputs` / :func:`training_batch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import MERGE, PATCH, num_image_tokens
+
+TEMPORAL_PATCH = 2
+
+
+def internvl_pixels(images: Sequence[np.ndarray]) -> np.ndarray:
+    """``[B, 3, H, W]`` float32 normalised pixels (InternVL vision tower input)."""
+    return np.stack([task.normalize(im) for im in images]).astype(np.float32)
+
+
+def qwen2vl_patches(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One image → (flattened patches ``[h·w, 1176]``, ``grid_thw`` ``[1, 3]``), Qwen2-VL processor order."""
+    chw = task.normalize(image)
+    c, hh, ww = chw.shape
+    gh, gw = hh // PATCH, ww // PATCH
+    x = np.repeat(chw[None], TEMPORAL_PATCH, axis=0)  # [T=2, C, H, W] (a still image repeats in time)
+    x = x.reshape(1, TEMPORAL_PATCH, c, gh // MERGE, MERGE, PATCH, gw // MERGE, MERGE, PATCH)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    flat = x.reshape(gh * gw, c * TEMPORAL_PATCH * PATCH * PATCH)
+    return np.ascontiguousarray(flat, dtype=np.float32), np.array([[1, gh, gw]], dtype=np.int64)
+
+
+def qwen2vl_pixels(images: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Flattened patches of several images (concatenated) and their ``image_grid_thw`` ``[B, 3]``."""
+    parts = [qwen2vl_patches(im) for im in images]
+    return np.concatenate([p for p, _ in parts]), np.concatenate([g for _, g in parts])
+
+
+def vision_feeds(family: str, image: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds of the exported vision graph for one image."""
+    if family == "internvl":
+        return {"pixel_values": internvl_pixels([image])}
+    return {"pixel_values": qwen2vl_patches(image)[0]}
+
+
+def hf_inputs(family: str, image: np.ndarray, bucket: int) -> dict[str, Any]:
+    """Torch inputs of HF ``generate``/``forward`` for one image with the task prompt (batch 1)."""
+    import torch
+
+    ids = torch.tensor([task.prompt_ids(num_image_tokens(bucket))], dtype=torch.long)
+    out: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if family == "internvl":
+        out["pixel_values"] = torch.from_numpy(internvl_pixels([image]))
+    else:
+        pv, thw = qwen2vl_patches(image)
+        out["pixel_values"] = torch.from_numpy(pv)
+        out["image_grid_thw"] = torch.from_numpy(thw)
+        out["mm_token_type_ids"] = (ids == task.VOCAB[task.IMAGE]).to(torch.int32)
+    return out
+
+
+def training_batch(family: str, samples: Sequence[task.Sample]) -> dict[str, Any]:
+    """A teacher-forced batch (prompt + caption + eos, right-padded) with ``labels`` (-100 = ignored)."""
+    import torch
+
+    bucket = samples[0].bucket
+    prompt = task.prompt_ids(num_image_tokens(bucket))
+    seqs = [prompt + task.caption_ids(s.caption) for s in samples]
+    L = max(len(s) for s in seqs)
+    pad = task.VOCAB[task.PAD]
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
+    labels = torch.full((len(seqs), L), -100, dtype=torch.long)
+    am = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, len(prompt) : len(s)] = torch.tensor(s[len(prompt) :])
+        am[i, : len(s)] = 1
+    out: dict[str, Any] = {"input_ids": ids, "attention_mask": am, "labels": labels}
+    images = [s.image for s in samples]
+    if family == "internvl":
+        out["pixel_values"] = torch.from_numpy(internvl_pixels(images))
+    else:
+        pv, thw = qwen2vl_pixels(images)
+        out["pixel_values"] = torch.from_numpy(pv)
+        out["image_grid_thw"] = torch.from_numpy(thw)
+        out["mm_token_type_ids"] = (ids == task.VOCAB[task.IMAGE]).to(torch.int32)
+    return out
+
+
+def text_positions(length: int) -> np.ndarray:
+    """1-D positions ``[1, S]`` (InternVL / Qwen2 text)."""
+    return np.arange(length, dtype=np.int64)[None]
+
+
+def mrope_positions(model: Any, bucket: int) -> np.ndarray:
+    """M-RoPE prefill positions ``[3, 1, S]`` of the task prompt, from HF's own ``get_rope_index``."""
+    import torch
+
+    ids = torch.tensor([task.prompt_ids(num_image_tokens(bucket))], dtype=torch.long)
+    g = bucket // PATCH
+    pos, _ = model.model.get_rope_index(
+        ids, mm_token_type_ids=(ids == task.VOCAB[task.IMAGE]).to(torch.int32),
+        image_grid_thw=torch.tensor([[1, g, g]], dtype=torch.long),
+    )
+    return pos.numpy().astype(np.int64)
+
+
+def prefill_positions(family: str, model: Any, bucket: int) -> np.ndarray:
+    """Prefill ``position_ids`` of the task prompt: ``[1, S]`` (InternVL) or ``[3, 1, S]`` (Qwen2-VL)."""
+    from ivq_debug.vlm.build import prefill_len
+
+    if family == "internvl":
+        return text_positions(prefill_len(bucket))
+    return mrope_positions(model, bucket)

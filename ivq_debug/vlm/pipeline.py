@@ -1,0 +1,100 @@
+"""The programmatic entry of the reference story (used by ``ivq demo``).
+
+::
+
+    from ivq_debug.vlm import pipeline
+    prep = pipeline.prepare("internvl-tiny", "work/", bucket=112, exporter="legacy")
+    prep.paths        # {"vision": …/vision_b112.onnx, "prefill": …, "decode": …}
+    sched = pipeline.scheduler(prep)                       # ORT CPU fp32, correct positions
+    pipeline.evaluate(sched, prep.samples).exact_match     # caption accuracy
+    feeds = pipeline.calibration_feeds(prep)               # per-part feeds for QDQ calibration
+    sched_qnn = pipeline.scheduler(prep, runner_factory=my_htp_factory)   # same loop, other backend
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ivq_debug.vlm.build import DEFAULT_BUCKET
+from ivq_debug.vlm.export import DEFAULT_EXPORTER, ExportResult
+from ivq_debug.vlm.scheduler import PositionsPolicy, Scheduler, collect_feeds, evaluate
+from ivq_debug.vlm.task import CaptionAccuracy, Sample
+
+__all__ = ["Prepared", "calibration_feeds", "evaluate", "prepare", "scheduler", "torch_reference"]
+
+
+@dataclass
+class Prepared:
+    """An exported reference model ready to schedule."""
+
+    model_name: str
+    folder: Path
+    bucket: int
+    exporter: str
+    export: ExportResult
+    samples: list[Sample]
+    loaded: Any = None  # the LoadedVLM (torch model) it was exported from
+    paths: dict[str, Path] = field(default_factory=dict)  # part -> ONNX graph
+
+
+def prepare(
+    model: str | os.PathLike = "internvl-tiny",
+    workdir: str | os.PathLike = "ivq-work",
+    bucket: int = DEFAULT_BUCKET,
+    exporter: str = DEFAULT_EXPORTER,
+    n_samples: int = 16,
+    verify: bool = True,
+    overwrite: bool = False,
+    trust_remote_code: bool = False,
+) -> Prepared:
+    """Load ``model``, export its three parts for ``bucket`` into ``workdir/<name>-<exporter>/``.
+
+    Returns the part paths, the export checks and ``n_samples`` samples of the fixed eval set.
+    """
+    from ivq_debug.vlm.export import export_parts
+    from ivq_debug.vlm.load import load_vlm
+    from ivq_debug.vlm.task import eval_set
+
+    loaded = load_vlm(model, trust_remote_code=trust_remote_code)
+    name = Path(os.fspath(model)).name
+    folder = Path(workdir) / f"{name}-{exporter}-b{bucket}"
+    res = export_parts(
+        loaded.model, folder, buckets=[bucket], exporter=exporter, verify=verify, overwrite=overwrite,
+        model_id=os.fspath(model),
+    )
+    paths = {p.part: Path(p.path) for p in res.parts}
+    return Prepared(os.fspath(model), folder, bucket, exporter, res, eval_set(bucket, n_samples), loaded, paths)
+
+
+def scheduler(
+    prepared: Prepared, runner_factory: Callable[[str, Any], Any] | None = None,
+    positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None,
+) -> Scheduler:
+    """A :class:`Scheduler` over the prepared export (default runners: ORT CPU fp32)."""
+    return Scheduler.from_export(prepared.folder, prepared.bucket, runner_factory, positions, max_new_tokens)
+
+
+def torch_reference(prepared: Prepared, positions: PositionsPolicy | str = "correct", **kw: Any) -> Scheduler:
+    """The torch scheduler of the prepared model (same loop and record keys as ORT)."""
+    from ivq_debug.vlm.torch_generate import torch_scheduler
+
+    return torch_scheduler(prepared.loaded.model, prepared.bucket, positions, **kw)
+
+
+def calibration_feeds(
+    prepared: Prepared, n_samples: int = 8, seed: int = 99, forced: bool = False
+) -> dict[str, list[dict[str, Any]]]:
+    """Realistic per-part feeds for QDQ calibration: ``n_samples`` task images (disjoint seed from the
+    eval set) run through the fp32 ORT scheduler; ``{"vision": [...], "prefill": [...], "decode": [...]}``."""
+    from ivq_debug.vlm.task import make_samples
+
+    return collect_feeds(scheduler(prepared), make_samples(n_samples, prepared.bucket, seed), forced)
+
+
+def evaluate_samples(sched: Scheduler, samples: Sequence[Sample], writer: Any = None) -> CaptionAccuracy:
+    """Alias of :func:`ivq_debug.vlm.scheduler.evaluate`."""
+    return evaluate(sched, samples, writer)

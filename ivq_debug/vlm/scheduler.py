@@ -1,0 +1,379 @@
+"""The deployment runner: numpy embedding + image scatter, prefill, greedy decode over a static KV cache.
+
+The scheduler does what an on-device LLM runtime does around the three graphs of
+:mod:`ivq_debug.vlm.export`:
+
+1. vision: ``pixel_values`` → ``image_features`` (one graph per resolution bucket);
+2. ``inputs_embeds = E[prompt_ids]``, image rows replaced by the image features (numpy);
+3. prefill with the additive causal mask and the prompt's ``position_ids`` → logits + K/V, written
+   into slots ``0..S-1`` of a fixed ``max_cache``-slot cache buffer;
+4. decode step ``k = 1, 2, …``: feed the token chosen at step ``k-1`` with a mask marking the valid
+   slots, get logits + the new K/V, write it into slot ``cache_len``; stop at ``<eos>`` or the budget.
+
+Positions (the :class:`PositionsPolicy`): correct by default — InternVL decode step ``k`` at
+``S + k - 1``; Qwen2-VL (M-RoPE) at ``max(prefill positions) + k`` on all three rows. Fault knobs
+reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``) and
+``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``).
+
+Every part runs through a runner (``run(feeds, writer) -> outputs``) made by a
+``runner_factory(part, model_path)``, so the same loop drives ONNX Runtime fp32, QDQ, QNN HTP, and
+(through :mod:`ivq_debug.vlm.torch_generate`) torch. With a ``DumpWriter`` every call becomes one record
+``(sample, part, step)`` holding its inputs, the runner's tensors, ``next_token_logits`` and meta
+``input_ids``, ``position_ids``, ``attention_mask`` (1 = valid key slot), ``cache_len``, ``token``
+and, under teacher forcing, ``forced_token``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.errors import InputError, UsageError
+
+POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len")
+#: name of the per-step next-token logits tensor the scheduler stores in every record
+NEXT_LOGITS = "next_token_logits"
+
+
+@dataclass(frozen=True)
+class PositionsPolicy:
+    """How decode ``position_ids`` are chosen (``correct`` or a fault knob)."""
+
+    mode: str = "correct"
+
+    def __post_init__(self) -> None:
+        if self.mode not in POSITION_MODES:
+            raise UsageError(f"unknown positions mode {self.mode!r}; choose from {', '.join(POSITION_MODES)}")
+
+    def decode_position(self, step: int, prefill_len: int, prefill_positions: np.ndarray, mrope: bool) -> int:
+        """Scalar position of decode step ``step`` (>= 1), which feeds the token chosen at ``step - 1``."""
+        if step < 1:
+            raise ValueError("decode steps start at 1")
+        if self.mode == "restart":
+            return step - 1
+        if mrope and self.mode == "correct":
+            return int(prefill_positions.max()) + step
+        return prefill_len + step - 1  # correct 1-D RoPE, or the mrope_text_len fault
+
+    def decode_position_ids(
+        self, step: int, prefill_len: int, prefill_positions: np.ndarray, mrope: bool
+    ) -> np.ndarray:
+        """``position_ids`` feed of decode step ``step``: ``[1, 1]`` or, for M-RoPE, ``[3, 1, 1]``."""
+        p = self.decode_position(step, prefill_len, prefill_positions, mrope)
+        return np.full((3, 1, 1) if mrope else (1, 1), p, dtype=np.int64)
+
+
+@dataclass
+class SplitSpec:
+    """Everything the scheduler needs besides the graphs: one bucket of one exported model."""
+
+    family: str
+    bucket: int
+    prompt_ids: list[int]
+    prefill_positions: np.ndarray  # [1, S] or [3, 1, S]
+    embedding: np.ndarray  # [V, D]
+    image_token_id: int
+    eos_token_id: int
+    max_cache: int
+    kv_shape: tuple[int, int, int, int]  # [1, H_kv, max_cache, d]
+    num_layers: int
+    mask_value: float
+    part_paths: dict[str, Path] = field(default_factory=dict)  # part -> graph (ONNX exports)
+
+    @property
+    def mrope(self) -> bool:
+        """True for M-RoPE (Qwen2-VL) position ids."""
+        return self.prefill_positions.ndim == 3
+
+    @property
+    def prefill_len(self) -> int:
+        """Static prefill length S."""
+        return len(self.prompt_ids)
+
+    @classmethod
+    def from_export(cls, folder: str | os.PathLike, bucket: int | None = None) -> SplitSpec:
+        """Read an export folder written by :func:`ivq_debug.vlm.export.export_parts`."""
+        from ivq_debug.vlm.export import load_manifest
+
+        folder = Path(folder)
+        m = load_manifest(folder)
+        bucket = int(bucket if bucket is not None else m["buckets"][0])
+        if bucket not in m["buckets"]:
+            raise UsageError(f"bucket {bucket} was not exported (exported: {m['buckets']})")
+        paths: dict[str, Path] = {}
+        for p in m["parts"]:
+            if p["part"] == "decode" or p["bucket"] == bucket:
+                paths[p["part"]] = folder / p["path"]
+        emb_path = folder / m["embedding"]
+        if not emb_path.is_file():
+            raise InputError("embedding table missing", emb_path)
+        return cls(
+            family=m["family"], bucket=bucket, prompt_ids=list(m["prompt_ids"][str(bucket)]),
+            prefill_positions=np.asarray(m["prefill_position_ids"][str(bucket)], dtype=np.int64),
+            embedding=np.load(emb_path, allow_pickle=False), image_token_id=int(m["image_token_id"]),
+            eos_token_id=int(m["eos_token_id"]), max_cache=int(m["max_cache"]),
+            kv_shape=tuple(m["kv_shape"]), num_layers=int(m["num_layers"]), mask_value=float(m["mask_value"]),
+            part_paths=paths,
+        )
+
+    @classmethod
+    def from_model(cls, model: Any, bucket: int, max_cache: int | None = None) -> SplitSpec:
+        """The same spec computed from a torch model (for the torch reference generation)."""
+        from ivq_debug.vlm import task
+        from ivq_debug.vlm.build import MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
+        from ivq_debug.vlm.inputs import prefill_positions
+        from ivq_debug.vlm.parts import kv_shape, num_layers
+
+        family = family_of(model)
+        C = MAX_CACHE if max_cache is None else max_cache
+        return cls(
+            family=family, bucket=bucket, prompt_ids=task.prompt_ids(num_image_tokens(bucket)),
+            prefill_positions=prefill_positions(family, model, bucket),
+            embedding=model.get_input_embeddings().weight.detach().numpy().astype(np.float32),
+            image_token_id=int(model.config.image_token_id), eos_token_id=task.VOCAB[task.EOS],
+            max_cache=C, kv_shape=kv_shape(model, C), num_layers=num_layers(model), mask_value=MASK_VALUE,
+        )
+
+
+@dataclass
+class Generation:
+    """One scheduled generation.
+
+    Step 0 is the prefill (its ``token`` is the argmax of the last prompt position); step ``k >= 1`` is
+    decode call ``k``. ``tokens`` are the argmax of every step; ``fed`` the tokens actually fed forward
+    (equal to ``tokens`` unless teacher forcing). ``logits[k]`` are step ``k``'s next-token logits.
+    """
+
+    tokens: list[int]
+    fed: list[int]
+    logits: np.ndarray  # [steps, V]
+    position_ids: list[list[int]]  # per step, flattened position_ids feed
+    cache_len: list[int]  # per step, valid KV slots before the call
+    image_features: np.ndarray
+    forced: bool = False
+
+    @property
+    def text(self) -> str:
+        """The caption from the argmax tokens (up to ``<eos>``)."""
+        from ivq_debug.vlm.task import decode_ids
+
+        return decode_ids(self.tokens)
+
+
+class Scheduler:
+    """Split vision / prefill / decode runner with a KV cache, a positions policy and teacher forcing.
+
+    Args:
+        spec: the model/bucket description (see :meth:`SplitSpec.from_export`).
+        runners: ``{"vision": r, "prefill": r, "decode": r}``, objects with ``run(feeds, writer)``.
+        positions: a :class:`PositionsPolicy` or its mode name.
+        max_new_tokens: generation budget (default: the task's).
+    """
+
+    def __init__(
+        self, spec: SplitSpec, runners: dict[str, Any], positions: PositionsPolicy | str = "correct",
+        max_new_tokens: int | None = None,
+    ) -> None:
+        from ivq_debug.vlm.build import MAX_NEW_TOKENS
+
+        self.spec = spec
+        self.runners = runners
+        self.positions = positions if isinstance(positions, PositionsPolicy) else PositionsPolicy(positions)
+        if self.positions.mode == "mrope_text_len" and not spec.mrope:
+            raise UsageError("positions mode 'mrope_text_len' applies to M-RoPE models (Qwen2-VL) only")
+        self.max_new_tokens = MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+        if spec.prefill_len + self.max_new_tokens - 1 > spec.max_cache:
+            raise UsageError(
+                f"max_cache {spec.max_cache} < prefill {spec.prefill_len} + {self.max_new_tokens - 1} decode steps"
+            )
+
+    @classmethod
+    def from_export(
+        cls, folder: str | os.PathLike, bucket: int | None = None,
+        runner_factory: Callable[[str, Any], Any] | None = None, positions: PositionsPolicy | str = "correct",
+        max_new_tokens: int | None = None,
+    ) -> Scheduler:
+        """Scheduler over an export folder; ``runner_factory(part, model_path)`` makes each runner."""
+        from ivq_debug.vlm.runner import default_runner_factory
+
+        spec = SplitSpec.from_export(folder, bucket)
+        factory = runner_factory or default_runner_factory()
+        missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
+        if missing:
+            raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
+        runners = {part: factory(part, path) for part, path in spec.part_paths.items()}
+        return cls(spec, runners, positions, max_new_tokens)
+
+    @property
+    def backend(self) -> str:
+        """Backend name of the decode runner."""
+        return str(getattr(self.runners["decode"], "backend", "unknown"))
+
+    # ---------------------------------------------------------------- pieces
+    def vision_feeds(self, image: np.ndarray) -> dict[str, np.ndarray]:
+        """Vision graph feeds for one HWC image in [0, 1] of the bucket's size."""
+        from ivq_debug.vlm.inputs import vision_feeds
+
+        if image.shape[:2] != (self.spec.bucket, self.spec.bucket):
+            raise UsageError(f"image is {image.shape[:2]}, bucket needs {self.spec.bucket}x{self.spec.bucket}")
+        return vision_feeds(self.spec.family, image)
+
+    def prompt_embeddings(self, image_features: np.ndarray) -> np.ndarray:
+        """``E[prompt_ids]`` with the image-token rows replaced by the image features → ``[1, S, D]``."""
+        ids = np.asarray(self.spec.prompt_ids)
+        emb = self.spec.embedding[ids].astype(np.float32)
+        feats = image_features.reshape(-1, emb.shape[-1])
+        rows = ids == self.spec.image_token_id
+        if rows.sum() != feats.shape[0]:
+            raise UsageError(f"{int(rows.sum())} image tokens in the prompt, {feats.shape[0]} image features")
+        emb[rows] = feats
+        return emb[None]
+
+    # ---------------------------------------------------------------- generation
+    def generate(
+        self, image: np.ndarray, *, sample: int = 0, writer: Any = None,
+        forced_tokens: Sequence[int] | None = None, max_new_tokens: int | None = None,
+    ) -> Generation:
+        """Greedy generation for one image; with ``forced_tokens``, teacher forcing.
+
+        Under teacher forcing, step ``k`` still records the argmax as ``token`` but feeds
+        ``forced_tokens[k]`` to step ``k+1`` (meta ``forced_token``); it runs ``len(forced_tokens)``
+        steps (or stops after a forced ``<eos>``).
+        """
+        from ivq_debug.vlm.parts import decode_mask, prefill_mask
+
+        sp = self.spec
+        budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if forced_tokens is not None:
+            if len(forced_tokens) == 0:
+                raise UsageError("forced_tokens is empty")
+            budget = min(len(forced_tokens), sp.max_cache - sp.prefill_len + 1)
+        S, C = sp.prefill_len, sp.max_cache
+        # -- vision
+        vf = self.vision_feeds(image)
+        self._begin(writer, sample, "vision", 0, bucket=sp.bucket, image_shape=list(image.shape))
+        self._inputs(writer, vf)
+        feats = self.runners["vision"].run(vf, writer)["image_features"]
+        # -- prefill
+        pos = sp.prefill_positions
+        feeds = {"inputs_embeds": self.prompt_embeddings(feats), "attention_mask": prefill_mask(S),
+                 "position_ids": pos}
+        ids = list(sp.prompt_ids)
+        self._begin(writer, sample, "prefill", 0, input_ids=ids, position_ids=pos.reshape(-1).tolist(),
+                    attention_mask=[1] * S, cache_len=0, bucket=sp.bucket)
+        self._inputs(writer, {"input_ids": np.asarray([ids], np.int64), **feeds,
+                              "cache_len": np.asarray(0, np.int64)})
+        out = self.runners["prefill"].run(feeds, writer)
+        cache = {}
+        for i in range(sp.num_layers):
+            for kind in ("key", "value"):
+                buf = np.zeros(sp.kv_shape, np.float32)
+                buf[:, :, :S] = out[f"present.{i}.{kind}"]
+                cache[f"past.{i}.{kind}"] = buf
+        tokens: list[int] = []
+        fed: list[int] = []
+        logits: list[np.ndarray] = []
+        positions: list[list[int]] = [pos.reshape(-1).tolist()]
+        cache_lens = [0]
+        step_logits = out["logits"][0, -1]
+        self._finish_step(writer, step_logits, tokens, fed, logits, forced_tokens, 0)
+        cache_len = S
+        step = 1
+        while step < budget and fed[-1] != sp.eos_token_id:
+            dpos = self.positions.decode_position_ids(step, S, pos, sp.mrope)
+            mask = decode_mask(cache_len, C)
+            feeds = {"inputs_embeds": sp.embedding[[fed[-1]]][None].astype(np.float32),
+                     "attention_mask": mask, "position_ids": dpos, **cache}
+            valid = [int(v == 0.0) for v in mask.reshape(-1)]
+            self._begin(writer, sample, "decode", step, input_ids=[fed[-1]], position_ids=dpos.reshape(-1).tolist(),
+                        attention_mask=valid, cache_len=cache_len, bucket=sp.bucket)
+            self._inputs(writer, {"input_ids": np.asarray([[fed[-1]]], np.int64), **feeds,
+                                  "cache_len": np.asarray(cache_len, np.int64)})
+            out = self.runners["decode"].run(feeds, writer)
+            for i in range(sp.num_layers):
+                for kind in ("key", "value"):
+                    cache[f"past.{i}.{kind}"][:, :, cache_len] = out[f"present.{i}.{kind}"][:, :, 0]
+            positions.append(dpos.reshape(-1).tolist())
+            cache_lens.append(cache_len)
+            self._finish_step(writer, out["logits"][0, -1], tokens, fed, logits, forced_tokens, step)
+            cache_len += 1
+            step += 1
+        return Generation(tokens, fed, np.stack(logits), positions, cache_lens, feats,
+                          forced=forced_tokens is not None)
+
+    # ---------------------------------------------------------------- helpers
+    @staticmethod
+    def _finish_step(
+        writer: Any, step_logits: np.ndarray, tokens: list[int], fed: list[int], logits: list[np.ndarray],
+        forced: Sequence[int] | None, step: int,
+    ) -> None:
+        tok = int(np.argmax(step_logits))
+        tokens.append(tok)
+        logits.append(np.asarray(step_logits, np.float32))
+        nxt = int(forced[step]) if forced is not None else tok
+        fed.append(nxt)
+        if writer is not None:
+            writer.add_tensor(NEXT_LOGITS, np.asarray(step_logits, np.float32), op_type="next_token_logits")
+            meta: dict[str, Any] = {"token": tok}
+            if forced is not None:
+                meta["forced_token"] = nxt
+            writer.update_record_meta(**meta)
+
+    def _begin(self, writer: Any, sample: int, part: str, step: int, **meta: Any) -> None:
+        if writer is not None:
+            writer.begin_record(sample=sample, part=part, step=step, positions_policy=self.positions.mode, **meta)
+
+    @staticmethod
+    def _inputs(writer: Any, feeds: dict[str, np.ndarray]) -> None:
+        if writer is not None:
+            for name, value in feeds.items():
+                writer.add_input(name, value)
+
+
+def evaluate(scheduler: Scheduler, samples: Sequence[Any], writer: Any = None) -> Any:
+    """Caption accuracy of ``scheduler`` on task samples (greedy); returns a ``CaptionAccuracy``."""
+    from ivq_debug.vlm.task import caption_accuracy
+
+    preds = [scheduler.generate(s.image, sample=k, writer=writer).text for k, s in enumerate(samples)]
+    return caption_accuracy(preds, [s.caption for s in samples])
+
+
+class _FeedRecorder:
+    """Runner wrapper that keeps a copy of every feed it runs (for quantization calibration)."""
+
+    def __init__(self, inner: Any, sink: list[dict[str, np.ndarray]]) -> None:
+        self.inner = inner
+        self.sink = sink
+        self.backend = getattr(inner, "backend", "unknown")
+        self.info = getattr(inner, "info", {})
+
+    def run(self, feeds: dict[str, np.ndarray], writer: Any = None) -> dict[str, np.ndarray]:
+        self.sink.append({k: np.array(v, copy=True) for k, v in feeds.items()})
+        return self.inner.run(feeds, writer)
+
+
+def collect_feeds(
+    scheduler: Scheduler, samples: Sequence[Any], forced: bool = False
+) -> dict[str, list[dict[str, np.ndarray]]]:
+    """The feeds every part received while generating for ``samples`` (e.g. QDQ calibration data).
+
+    Returns ``{"vision": [...], "prefill": [...], "decode": [...]}``: realistic inputs, including
+    image-feature-filled prompt embeddings and real KV caches. With ``forced=True`` the reference
+    captions are teacher-forced, so decode feeds follow the correct caption.
+    """
+    out: dict[str, list[dict[str, np.ndarray]]] = {p: [] for p in scheduler.runners}
+    saved = dict(scheduler.runners)
+    scheduler.runners = {p: _FeedRecorder(r, out[p]) for p, r in saved.items()}
+    try:
+        from ivq_debug.vlm.task import caption_ids
+
+        for s in samples:
+            scheduler.generate(s.image, forced_tokens=caption_ids(s.caption) if forced else None)
+    finally:
+        scheduler.runners = saved
+    return out

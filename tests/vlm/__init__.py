@@ -1,0 +1,1 @@
+"""Tests of ivq_debug.vlm (reference VLMs, split export, scheduler)."""
