@@ -1,7 +1,8 @@
 """PyTorch capture: forward hooks on selected modules, streaming into a golden dump.
 
 Outputs are flattened from tensors, tuples, lists, dicts and ``ModelOutput`` objects with per-index keys
-(``name[0]``, ``name.logits``); caches are skipped; a module called several times in one record is keyed
+(``name[0]``, ``name.logits``); caches and the ``hidden_states`` / ``attentions`` fields of ModelOutputs (copies
+of other modules' outputs) are skipped; a module called several times in one record is keyed
 ``name#k`` from its second call. Pass-through modules (Dropout, Identity, …) are skipped by default.
 """
 
@@ -14,6 +15,8 @@ from ivq_debug.capture.base import Selection
 
 #: module classes skipped by default: they return their input (or a copy of it) at inference time
 PASS_THROUGH = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten")
+#: ModelOutput fields skipped by default: copies of tensors other modules already produced
+AUX_KEYS = ("hidden_states", "attentions", "cross_attentions", "past_key_values", "cache")
 
 
 def default_selection(include: Sequence[str] = ("*",), exclude: Sequence[str] = ()) -> Selection:
@@ -35,7 +38,8 @@ def flatten_outputs(name: str, value: Any) -> Iterator[tuple[str, Any]]:
         return
     if hasattr(value, "to_tuple") and hasattr(value, "keys"):  # transformers ModelOutput
         for k in value.keys():
-            yield from flatten_outputs(f"{name}.{k}", value[k])
+            if k not in AUX_KEYS:  # per-layer copies (hidden_states[i] is layer i-1's output)
+                yield from flatten_outputs(f"{name}.{k}", value[k])
         return
     if isinstance(value, dict):
         for k, v in value.items():

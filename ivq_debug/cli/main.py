@@ -16,6 +16,7 @@ from ivq_debug.errors import UsageError
 
 #: subcommand → (module, help); each module defines ``add_arguments(parser)`` and ``execute(args) -> int``
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("ivq_debug.cli.cmd_demo", "run the whole story on the embedded reference VLM"),
     "ls": ("ivq_debug.cli.cmd_inspect", "list a dump's manifest"),
     "show": ("ivq_debug.cli.cmd_inspect", "show one tensor's statistics"),
     "diff": ("ivq_debug.cli.cmd_diff", "compare two dumps (same as ivq-diff)"),

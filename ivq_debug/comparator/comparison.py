@@ -23,7 +23,7 @@ SCHEMA = "ivq-diff/1"
 COLUMNS = [
     "sample", "part", "step", "order", "ref_name", "test_name", "match", "op_type", "test_op_type", "scope",
     "shape", "test_shape", "numel", "ref_dtype", "test_dtype", "status", *METRICS, "nonfinite_ref",
-    "nonfinite_test", "sampled", "clipped_fraction", "grid_snr_db", "enc_step", "passed", "violations",
+    "nonfinite_test", "sampled", "clipped_fraction", "clip_snr_db", "grid_snr_db", "enc_step", "passed", "violations",
 ]
 
 
@@ -66,7 +66,8 @@ def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.
     res["sampled"] = sampled
     if enc is not None:
         e = enc.result()
-        res.update(clipped_fraction=e["clipped_fraction"], grid_snr_db=e["grid_snr_db"], enc_step=e["enc_step"])
+        res.update(clipped_fraction=e["clipped_fraction"], clip_snr_db=e["clip_snr_db"], grid_snr_db=e["grid_snr_db"],
+                   enc_step=e["enc_step"])
     return res
 
 
@@ -349,7 +350,7 @@ def compare(
             rows.append(_row(p, m, budgets))
     table = pd.DataFrame(rows, columns=COLUMNS)
 
-    for c in (*METRICS, "clipped_fraction", "grid_snr_db", "enc_step"):
+    for c in (*METRICS, "clipped_fraction", "clip_snr_db", "grid_snr_db", "enc_step"):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
     table["passed"] = table["passed"].astype(bool)
     cmp = Comparison(ref_d, test_d, table, al, budgets, rank_by)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ivq_debug.diagnose.findings import Finding
+from ivq_debug.diagnose.findings import Finding, severity_rank
 
 
 def _where(d: dict[str, Any]) -> dict[str, Any]:
@@ -147,4 +147,22 @@ def basic_findings(cmp: Any) -> list[Finding]:
     for fn in (first_divergence, non_finite, fp64, token_divergence, cpu_fallback, saturation,
                resolution_collapse, projector_findings, positions):
         out.extend(fn(cmp))
-    return sorted(out, key=lambda f: -severity_rank(f.severity))
+    return sorted(merge_repeats(out), key=lambda f: -severity_rank(f.severity))
+
+
+def merge_repeats(findings: list[Finding]) -> list[Finding]:
+    """One finding per (kind, tensor): the first occurrence, with the records of the others in its evidence."""
+    seen: dict[tuple[str, Any], Finding] = {}
+    out: list[Finding] = []
+    for f in findings:
+        key = (f.kind, f.where.get("tensor"), f.where.get("node"))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = f
+            out.append(f)
+            continue
+        if "record" in f.where:
+            first.evidence.setdefault("also_in", []).append(f.where["record"])
+        if severity_rank(f.severity) > severity_rank(first.severity):
+            first.severity = f.severity
+    return out

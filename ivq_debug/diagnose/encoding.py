@@ -5,6 +5,9 @@ Computed on the reference tensor, streaming, in the same pass as the metrics (no
 - ``clipped_fraction``: share of reference values outside the encoding's range
   ``[(qmin − zp)·scale − scale/2, (qmax − zp)·scale + scale/2]`` (they saturate). For a projector this is the
   *calibration coverage* miss: the calibration set did not see the real input range.
+- ``clip_snr_db``: 10·log10(Σ r² / Σ (r − clip(r))²), how much of the signal the clipping throws away (+inf
+  when nothing clips): two values of a 32-element decode tensor just past the range are harmless, a range
+  that misses half the values is not.
 - ``grid_snr_db``: 10·log10(var(r) / mean((fq(r) − r)²)) over the in-range reference values above the encoding's
   lowest bin, where ``fq`` fake-quantizes with the test encoding (clipped values are left to ``clipped_fraction``). It measures whether the encoding's step can
   represent the values that carry information at all. Values in the lowest bin (masked attention scores,
@@ -47,6 +50,8 @@ class EncodingAccumulator:
     qmax: int
     n: int = 0
     clipped: int = 0
+    clip_sq: float = 0.0  # Σ (x − clip(x))²: the signal power saturation throws away
+    sig_sq: float = 0.0  # Σ x²
     n_inf: int = 0
     s1: float = 0.0
     s2: float = 0.0
@@ -74,6 +79,10 @@ class EncodingAccumulator:
         half = self.step / 2
         inside = (x >= self.lo - half) & (x <= self.hi + half)
         self.clipped += int(x.size - np.count_nonzero(inside))
+        self.sig_sq += float(np.einsum("i,i->", x, x))
+        if self.clipped:
+            c = x - np.clip(x, self.lo, self.hi)
+            self.clip_sq += float(np.einsum("i,i->", c, c))
         # resolution is judged on the in-range values (clipping is the saturation check's business)
         x = x[inside]
         q = np.clip(np.round(x / self.step + self.zp), self.qmin, self.qmax)
@@ -90,11 +99,15 @@ class EncodingAccumulator:
 
     def result(self) -> dict[str, Any]:
         """``clipped_fraction``, ``grid_snr_db``, ``step`` and the encoding range."""
-        out: dict[str, Any] = {"clipped_fraction": None, "grid_snr_db": None, "enc_step": self.step,
-                               "enc_min": self.lo, "enc_max": self.hi}
+        out: dict[str, Any] = {"clipped_fraction": None, "clip_snr_db": None, "grid_snr_db": None,
+                               "enc_step": self.step, "enc_min": self.lo, "enc_max": self.hi}
         if self.n == 0:
             return out
         out["clipped_fraction"] = self.clipped / self.n
+        if self.clip_sq > 0:
+            out["clip_snr_db"] = 10 * math.log10(self.sig_sq / self.clip_sq) if self.sig_sq > 0 else -math.inf
+        else:
+            out["clip_snr_db"] = math.inf
         if self.n_inf > 1:
             mean = self.s1 / self.n_inf
             var = max(self.s2 / self.n_inf - mean * mean, 0.0)

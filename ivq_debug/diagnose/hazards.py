@@ -18,27 +18,33 @@ def _where(r: Any) -> dict[str, Any]:
 
 
 def _first_per_tensor(rows: Any) -> Any:
-    """One row per tensor name (its worst record), in execution order."""
+    """One row per tensor name (its worst record); tensors of view-only ops are left to their producer."""
+    rows = rows[~rows["op_type"].isin(defaults.VIEW_OPS)]
     return rows.drop_duplicates("ref_name", keep="first")
 
 
 def saturation(cmp: Any, warn: float = defaults.SATURATION_WARN,
-               error: float = defaults.SATURATION_ERROR) -> list[Finding]:
-    """Tensors whose encoding clips more than ``warn`` of the reference values."""
+               warn_clip_snr_db: float = defaults.SATURATION_WARN_CLIP_SNR_DB,
+               error_clip_snr_db: float = defaults.SATURATION_ERROR_CLIP_SNR_DB) -> list[Finding]:
+    """Tensors whose encoding clips more than ``warn`` of the reference values *and* throws away a
+    noticeable part of the signal (clip SNR below ``warn_clip_snr_db``); an error below ``error_clip_snr_db``.
+    """
     t = cmp.table
     if t.empty or "clipped_fraction" not in t:
         return []
-    hits = t[t["clipped_fraction"] > warn].sort_values("clipped_fraction", ascending=False, kind="stable")
+    hits = t[(t["clipped_fraction"] > warn) & (t["clip_snr_db"] < warn_clip_snr_db)]
+    hits = hits.sort_values("clip_snr_db", kind="stable")
     out = []
     for _, r in _first_per_tensor(hits).iterrows():
         frac = float(r["clipped_fraction"])
-        sev = "error" if frac > error else "warning"
+        csnr = float(r["clip_snr_db"]) if r["clip_snr_db"] == r["clip_snr_db"] else float("inf")
+        sev = "error" if csnr < error_clip_snr_db else "warning"
         out.append(Finding(
             "saturation", sev,
             f"{r['ref_name']}: {frac:.2%} of the reference values fall outside the encoding range "
-            f"(they saturate)",
+            f"(they saturate; clipping SNR {csnr:.1f} dB)",
             where=_where(r),
-            evidence={"clipped_fraction": frac, "enc_step": r["enc_step"], "sqnr_db": r["sqnr_db"]},
+            evidence={"clipped_fraction": frac, "clip_snr_db": csnr, "enc_step": r["enc_step"], "sqnr_db": r["sqnr_db"]},
             suggestion="widen this tensor's encoding (calibrate on data that covers the real range, or set "
                        "min/max in quantization overrides)",
         ))

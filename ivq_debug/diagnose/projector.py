@@ -80,7 +80,12 @@ def projector_stats(cmp: Any) -> list[dict[str, Any]]:
 
 
 def projector_findings(cmp: Any, threshold: float = defaults.PROJECTOR_DRIFT_MEAN_REL) -> list[Finding]:
-    """A ``projector_drift`` finding for each record whose projector output breaks the 5 % rule."""
+    """A ``projector_drift`` finding for each record whose projector output breaks the 5 % rule.
+
+    It is an error when the projector itself is the cause: it amplifies the vision tower's relative error
+    (``PROJECTOR_AMPLIFICATION``) or its encodings miss its reference activations (``PROJECTOR_COVERAGE_MISS``);
+    otherwise a warning: the output breaks the rule with error inherited from the vision tower.
+    """
     out = []
     for s in projector_stats(cmp):
         mr = s["mean_rel_err"]
@@ -88,13 +93,16 @@ def projector_findings(cmp: Any, threshold: float = defaults.PROJECTOR_DRIFT_MEA
             continue
         amp = s["amplification"]
         cov = s["max_clipped_fraction"]
+        own = (amp is not None and amp >= defaults.PROJECTOR_AMPLIFICATION) or (cov or 0) > defaults.PROJECTOR_COVERAGE_MISS
         msg = f"projector output {s['projector_output']} drifts: mean relative error {mr:.1%} (> {threshold:.0%})"
         if amp is not None:
             msg += f", {amp:.1f}x the vision tower's relative error"
         if cov:
             msg += f"; {cov:.1%} of its reference activations fall outside the calibrated range"
+        if not own:
+            msg += " (inherited from the vision tower, not amplified by the projector)"
         out.append(Finding(
-            "projector_drift", "error", msg,
+            "projector_drift", "error" if own else "warning", msg,
             where={"record": s["record"], "tensor": s["projector_output"], "test_tensor": s["test_tensor"]},
             evidence={k: s[k] for k in ("mean_rel_err", "rel_l2", "vision_rel_l2", "amplification", "sqnr_db",
                                         "max_clipped_fraction", "clipped", "worst_channels", "vision_output")},

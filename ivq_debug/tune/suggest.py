@@ -111,6 +111,12 @@ def suggest(
     test_entries = {e.name: e for e in cmp.test.tensors()}
 
     def add(name: str, action: str, reason: str, priority: float, evidence: dict[str, Any], row: Any) -> None:
+        if row.get("op_type") in defaults.VIEW_OPS and "a16" in action:
+            # a view op shares its producer's quantization type (ORT's quantizer refuses a different one):
+            # the 16-bit request belongs to the producer, which has its own row; a range can still move
+            action = "widen" if "widen" in action else ""
+            if not action:
+                return
         rng = _range(row["ref_name"], row, ranges, margin) if "widen" in action else (None, None)
         if rng is None:
             rng = (None, None)
@@ -188,11 +194,12 @@ def to_encodings(suggestions: list[Suggestion], activation_bits: int = 8) -> Any
     return es
 
 
-def ort_overrides(suggestions: list[Suggestion]) -> tuple[dict[str, Any], list[str]]:
+def ort_overrides(suggestions: list[Suggestion], activation_type: str = "QUInt8") -> tuple[dict[str, Any], list[str]]:
     """ORT ``init_overrides`` for the integer suggestions, and the node names to leave float (fp16).
 
-    A widened range is ``rmin`` / ``rmax`` without a ``quant_type`` (the preset's activation type stays,
-    so ORT's mixed-precision fixer has nothing to reconcile); 16-bit adds ``quant_type: QUInt16``.
+    Every entry carries an explicit ``quant_type`` (ORT's mixed-precision fixer compares it at precision
+    boundaries): ``QUInt16`` for 16-bit requests, else the preset's ``activation_type``; a widened range adds
+    ``rmin`` / ``rmax``.
     """
     import numpy as np
     from onnxruntime.quantization import QuantType
@@ -201,14 +208,11 @@ def ort_overrides(suggestions: list[Suggestion]) -> tuple[dict[str, Any], list[s
     for s in suggestions:
         if s.action == "fp16":
             continue
-        d: dict[str, Any] = {}
-        if s.bitwidth == 16:
-            d["quant_type"] = QuantType.QUInt16
+        d: dict[str, Any] = {"quant_type": QuantType.QUInt16 if s.bitwidth == 16 else getattr(QuantType, activation_type)}
         if s.rmin is not None and s.rmax is not None:
             d["rmin"] = np.array(min(s.rmin, 0.0), dtype=np.float32)
             d["rmax"] = np.array(max(s.rmax, 0.0), dtype=np.float32)
-        if d:
-            out[s.tensor] = [d]
+        out[s.tensor] = [d]
     nodes = [s.node for s in suggestions if s.action == "fp16" and s.node]
     return out, nodes
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -135,6 +136,8 @@ class Tuner:
         runner_factory: ``f(qdq_path, profiling_csv) -> runner`` (default: QNN HTP, detailed profiling).
         task: ``f(qdq_path) -> dict`` of task metrics (e.g. caption accuracy).
         quantize_kw: extra :func:`~ivq_debug.qnn.quantize.quantize_for_qnn` arguments.
+        base_overrides: ORT overrides every trial starts from (the configuration being tuned);
+            suggestions replace the entries of the tensors they name.
     """
 
     float_model: Path
@@ -147,24 +150,25 @@ class Tuner:
     runner_factory: Callable[[Path, Path], Any] | None = None
     task: Callable[[Path], dict[str, Any]] | None = None
     quantize_kw: dict[str, Any] = field(default_factory=dict)
+    base_overrides: dict[str, Any] = field(default_factory=dict)
 
     def trial(self, label: str, suggestions: list[Suggestion]) -> Trial:
         """Quantize with ``suggestions``, capture, compare (and run the task metric)."""
         import ivq_debug as ivq
         from ivq_debug.capture.base import Selection
         from ivq_debug.dump import DumpWriter
-        from ivq_debug.qnn.quantize import quantize_for_qnn
 
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
         qdq = wd / f"{label}.qdq.onnx"
-        overrides, exclude = ort_overrides(suggestions)
+        act = "QUInt16" if self.preset.startswith("a16") else "QUInt8"
+        suggested, exclude = ort_overrides(suggestions, act)
+        overrides = {**self.base_overrides, **suggested}
         kw = dict(self.quantize_kw)
         if exclude:
             kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
-        quantize_for_qnn(self.float_model, qdq, self.calibration, preset=self.preset,
-                         overrides=overrides or None, overwrite=True, **kw)
+        quantize_consistent(self.float_model, qdq, self.calibration, self.preset, overrides, kw)
         dump = wd / f"{label}.h5"
         prof = wd / f"{label}.profile.csv"
         if self.runner_factory is not None:
@@ -183,6 +187,42 @@ class Tuner:
         task = self.task(qdq) if self.task else {}
         return Trial(label, list(suggestions), qdq, dump, cmp, task, qdq.stat().st_size, _cycles(dump),
                      time.perf_counter() - t0)
+
+
+_CONFLICT = re.compile(r"Desired producer quant_type for (.+?) doesn't match existing type")
+
+
+def quantize_consistent(float_model: Path, out: Path, calibration: Any, preset: str, overrides: dict[str, Any],
+                        kw: dict[str, Any], max_fixes: int = 16) -> list[str]:
+    """Quantize with overrides, resolving ORT's mixed-precision type conflicts; returns the fixes made.
+
+    ORT's QNN mixed-precision fixer wants a tensor at a precision boundary to be produced in the type its
+    neighbours imply; when an override disagrees it raises "Desired producer quant_type for X ...". Each such
+    X is given the other activation type (8 ↔ 16 bit) and the quantization retried; the fixes are recorded.
+    """
+    from onnxruntime.quantization import QuantType
+
+    from ivq_debug.errors import InputError
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    fixes: list[str] = []
+    default = QuantType.QUInt16 if preset.startswith("a16") else QuantType.QUInt8
+    for _ in range(max_fixes + 1):
+        try:
+            quantize_for_qnn(float_model, out, calibration, preset=preset, overrides=overrides or None,
+                             overwrite=True, **kw)
+            return fixes
+        except InputError as e:
+            m = _CONFLICT.search(str(e))
+            if not m or len(fixes) >= max_fixes:
+                raise
+            name = m.group(1)
+            entry = dict((overrides.get(name) or [{}])[0])
+            cur = entry.get("quant_type", default)
+            entry["quant_type"] = QuantType.QUInt8 if cur == QuantType.QUInt16 else QuantType.QUInt16
+            overrides = {**overrides, name: [entry]}
+            fixes.append(f"{name} -> {entry['quant_type'].name}")
+    return fixes
 
 
 def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (),

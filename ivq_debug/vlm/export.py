@@ -15,6 +15,9 @@ Graph conventions (see ``docs/reference-models.md``):
   ``/language_model/layers.{i}/self_attn/MaskAdd`` with output ``…/MaskAdd_output_0`` and node metadata
   ``ivq.role = attention_mask_add`` (both exporters);
 * ``position_ids`` are inputs; GELU is the ``Gelu`` op (opset >= 20), not an ``Erf`` chain;
+* constant subgraphs (the exporter's ``Shape``/``ConstantOfShape``/``Where`` shape arithmetic) are folded
+  into initializers (:func:`ivq_debug.graph.fold_constants`: exact, every other name kept), since QNN HTP
+  accepts no ``Shape``/``ConstantOfShape`` node;
 * legacy exporter scopes are left untouched, so node names map to HF module paths by suffix.
 
 Verification runs each graph in ONNX Runtime (CPU, fp32) on a real sample and compares every output
@@ -36,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import UsageError
+from ivq_debug.graph import fold_constants
 
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
 DEFAULT_EXPORTER = "legacy"
@@ -278,9 +282,9 @@ def verify_part(
     import onnxruntime as ort
     import torch
 
-    from ivq_debug.defaults import PRESETS
+    from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
 
-    tol = PRESETS["export"]["max_abs"][1] if tolerance is None else tolerance
+    tol = EXPORT_OUTPUT_MAX_ABS if tolerance is None else tolerance
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
@@ -383,6 +387,8 @@ def export_parts(
         with static_vision(model, b) if part == "vision" else contextlib.nullcontext():
             _export_one(module, feeds, out_names, tmp, exporter, opset)
         proto = onnx.load(str(tmp))
+        # static graphs for QNN: fold the exporter's leftover shape arithmetic (names kept, bit-exact)
+        fold_constants(proto)
         if part != "vision":
             mark_mask_adds(proto, L)
         proto.doc_string = f"ivq-debug {family} {part} bucket={b} exporter={exporter}"

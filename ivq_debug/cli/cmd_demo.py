@@ -1,0 +1,52 @@
+"""``ivq demo``: the whole story on the embedded reference VLM (see :mod:`ivq_debug.demo`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ivq_debug.errors import EXIT_OK
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    """Arguments of ``ivq demo``."""
+    p.add_argument("--model", default="internvl-tiny",
+                   help="shipped reference (internvl-tiny, qwen2vl-tiny) or a checkpoint folder saved with "
+                        "save_pretrained")
+    p.add_argument("--golden", default="golden", help="folder for the golden dumps")
+    p.add_argument("--reports", default="reports", help="folder for demo.html and demo.json")
+    p.add_argument("--workdir", default="work/demo", help="folder for exported and quantized models")
+    p.add_argument("--exporter", default="legacy", choices=["legacy", "dynamo"])
+    p.add_argument("--samples", type=int, default=2, help="images captured layer by layer, step by step")
+    p.add_argument("--eval", type=int, default=16, help="images for the caption accuracy")
+    p.add_argument("--force", action="store_true", help="replace outputs not written by an earlier demo")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the demo and print what it found."""
+    from rich.table import Table
+
+    from ivq_debug.cli.common import escape, fmt_num
+    from ivq_debug.console import console
+    from ivq_debug.demo import run_demo
+
+    con = console()
+    con.print(f"[bold]ivq demo[/bold]: {escape(args.model)} → ONNX Runtime → QNN HTP (x86_64 emulation)")
+    res = run_demo(args.model, golden=args.golden, reports=args.reports, workdir=args.workdir,
+                   n_capture=args.samples, n_eval=args.eval, exporter=args.exporter, force=args.force,
+                   log=lambda m: con.print(f"  {escape(m)}"))
+    t = Table(title="what the demo found", title_justify="left", header_style="bold")
+    for c in ("comparison", "pairs", "min SQNR dB", "first divergence", "findings (errors)"):
+        t.add_column(c, overflow="fold")
+    for label, c in res.comparisons.items():
+        s = c.summary
+        fd = c.first_divergence
+        errs = sorted({f.kind for f in c.findings if f.severity == "error"})
+        t.add_row(escape(label), str(s["pairs"]), fmt_num(s["min_sqnr_db"]),
+                  escape(f"{fd['ref_name']} ({fd['part']} {fd['step']})") if fd else "none",
+                  escape(", ".join(errs)) or "-")
+    con.print(t)
+    con.print("caption exact match: " + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
+    con.print(f"golden dumps: {escape(', '.join(str(p) for p in res.dumps.values()))}")
+    con.print(f"[bold]report: {escape(res.report)}[/bold] · summary: {escape(res.summary)} · "
+              f"{res.timings.get('total', 0):.0f} s")
+    return EXIT_OK

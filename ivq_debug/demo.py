@@ -1,0 +1,363 @@
+"""``ivq demo``: the whole story on the embedded reference VLM.
+
+1. load the shipped reference (or a user checkpoint folder) through ``from_pretrained``;
+2. export it split like a deployment (vision+projector, prefill, decode; static shapes), verified against
+   PyTorch (fp32 ``max_abs <= 1e-5``);
+3. quantize every part for QNN (a8w8 and a16w8) with a calibration set of task images (prefill / decode
+   calibration feeds recorded from the fp32 scheduler);
+4. capture, step by step with teacher forcing: PyTorch, ORT fp32, ORT CPU-QDQ (exact fake-quant) and QNN HTP
+   (emulated on x86_64) at a8w8 and a16w8; plus two injected faults: a vision part quantized a8w8 whose
+   projector encodings cover only a tenth of the range its calibration should have seen (a calibration
+   set that missed the projector's input range; LLM at a16w8), and a scheduler whose decode positions
+   restart at 0;
+5. measure caption accuracy per backend, diff everything and name the faults;
+6. tune the projector fault: suggest overrides, re-quantize, re-capture on HTP, before/after;
+7. write ``golden/demo-*.h5``, ``reports/demo.html`` and ``reports/demo.json`` and print what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.errors import UsageError
+
+DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss", "ort-fp32-restart")
+
+
+@dataclass
+class DemoResult:
+    """What the demo produced and measured."""
+
+    dumps: dict[str, Path] = field(default_factory=dict)
+    report: Path | None = None
+    summary: Path | None = None
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
+    tune: Any = None
+    comparisons: dict[str, Any] = field(default_factory=dict)
+    findings: dict[str, list[Any]] = field(default_factory=dict)
+    export_max_abs: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _Recorder:
+    """Runner wrapper that keeps a copy of every feed (calibration data for the LLM parts)."""
+
+    def __init__(self, inner: Any, store: list[dict[str, np.ndarray]]) -> None:
+        self.inner, self.store = inner, store
+        self.backend, self.info = inner.backend, inner.info
+
+    def run(self, feeds: dict[str, np.ndarray], writer: Any = None) -> dict[str, np.ndarray]:
+        self.store.append({k: np.array(v, copy=True) for k, v in feeds.items()})
+        return self.inner.run(feeds, writer)
+
+
+def _owned(path: Path) -> bool:
+    """True when ``path`` is absent or an output of an earlier demo (safe to replace)."""
+    if not path.exists():
+        return True
+    if path.suffix == ".h5":
+        try:
+            from ivq_debug.dump import open_dump
+
+            with open_dump(path) as d:
+                return bool(d.model.get("demo"))
+        except Exception:
+            return False
+    try:
+        return "ivq-debug" in path.read_text(errors="replace")[:4000]
+    except OSError:
+        return False
+
+
+def _check_outputs(paths: list[Path], force: bool) -> None:
+    for p in paths:
+        if not force and not _owned(p):
+            raise UsageError("exists and was not written by ivq demo; pass --force to replace it", p)
+
+
+def run_demo(
+    model: str = "internvl-tiny",
+    *,
+    golden: str | os.PathLike = "golden",
+    reports: str | os.PathLike = "reports",
+    workdir: str | os.PathLike = "work/demo",
+    n_capture: int = 2,
+    n_eval: int = 16,
+    n_calib: int = 16,
+    exporter: str = "legacy",
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> DemoResult:
+    """Run the demo; returns the paths and the figures (see module docstring)."""
+    import ivq_debug as ivq
+    from ivq_debug.capture.base import Selection
+    from ivq_debug.capture.onnxruntime import OrtRunner
+    from ivq_debug.capture.torch_hooks import default_selection
+    from ivq_debug.dump import DumpWriter
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from ivq_debug.vlm import pipeline
+    from ivq_debug.vlm.task import caption_accuracy, make_samples
+
+    t_all = time.perf_counter()
+    res = DemoResult()
+    golden, reports, workdir = Path(golden), Path(reports), Path(workdir)
+    dump_paths = {k: golden / f"demo-{k}.h5" for k in DUMPS}
+    report_path = reports / "demo.html"
+    summary_path = reports / "demo.json"
+    _check_outputs([*dump_paths.values(), report_path, summary_path], force)
+    for d in (golden, reports, workdir):
+        d.mkdir(parents=True, exist_ok=True)
+
+    def tick(name: str, t0: float) -> None:
+        res.timings[name] = round(time.perf_counter() - t0, 2)
+
+    # 1-2. load + export -----------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    prep = pipeline.prepare(model, workdir, exporter=exporter, n_samples=max(n_eval, n_capture), overwrite=True)
+    res.export_max_abs = {f"{c.part}": c.worst for c in prep.export.checks}
+    log(f"exported {model} ({exporter}, bucket {prep.bucket}): "
+        + ", ".join(f"{k} max_abs {v:.1e}" for k, v in res.export_max_abs.items()))
+    tick("export", t0)
+    samples = prep.samples
+    bucket = prep.bucket
+    model_info = {"demo": True, "model": str(model), "bucket": bucket, "exporter": exporter,
+                  "rope_theta": float(getattr(prep.loaded.model.config.text_config, "rope_theta", 0) or
+                                      (prep.loaded.model.config.text_config.rope_parameters or {}).get("rope_theta", 0))}
+
+    # 3. calibration + quantization ------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    calib = make_samples(n_calib, bucket, seed=99)
+    fp32 = pipeline.scheduler(prep)
+    store: dict[str, list[dict[str, np.ndarray]]] = {"vision": [], "prefill": [], "decode": []}
+    rec = {p: _Recorder(r, store[p]) for p, r in fp32.runners.items()}
+    recorder = type(fp32)(fp32.spec, rec, "correct", fp32.max_new_tokens)
+    for s in calib:
+        recorder.generate(s.image)
+    qdq: dict[str, dict[str, Path]] = {"a8w8": {}, "a16w8": {}}
+    for preset in ("a8w8", "a16w8"):
+        for part, path in prep.paths.items():
+            out = workdir / f"{part}.{preset}.qdq.onnx"
+            quantize_for_qnn(path, out, store[part], preset=preset, overwrite=True)
+            qdq[preset][part] = out
+    miss = projector_miss_overrides(prep.paths["vision"], store["vision"], workdir)
+    out = workdir / "vision.a8w8.projector-miss.qdq.onnx"
+    quantize_for_qnn(prep.paths["vision"], out, store["vision"], preset="a8w8", overrides=miss, overwrite=True)
+    qdq["projector-miss"] = dict(qdq["a16w8"], vision=out)
+    log(f"quantized vision/prefill/decode at a8w8 and a16w8 with {n_calib} calibration images "
+        f"({sum(len(v) for v in store.values())} recorded part feeds)")
+    tick("quantize", t0)
+
+    # 4. captures -------------------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    cap = samples[:n_capture]
+    forced = [fp32.generate(s.image).tokens for s in cap]  # teacher forcing keeps steps comparable
+    sel = Selection()
+
+    def ort_factory(paths: dict[str, Path] | None = None) -> Callable[[str, Any], Any]:
+        def f(part: str, path: Any) -> Any:
+            return OrtRunner(paths[part] if paths else path, selection=sel)
+        return f
+
+    def htp_factory(paths: dict[str, Path], tag: str) -> Callable[[str, Any], Any]:
+        from ivq_debug.capture.qnn_ep import QnnHtpRunner
+
+        def f(part: str, path: Any) -> Any:
+            return QnnHtpRunner(paths[part], selection=sel, profiling_level="detailed",
+                                profiling_path=workdir / f"{tag}.{part}.profile.csv", overwrite=True)
+        return f
+
+    def capture(key: str, sched: Any, backend: str, info: dict[str, Any]) -> None:
+        with DumpWriter(dump_paths[key], backend=backend, backend_info=info, model=model_info,
+                        overwrite=True) as w:
+            for i, s in enumerate(cap):
+                sched.generate(s.image, sample=i, writer=w, forced_tokens=forced[i])
+            runners = getattr(sched, "runners", {})
+            for part, r in runners.items():
+                if hasattr(r, "info"):
+                    w.update_backend_info(**{f"{part}": {k: v for k, v in r.info.items()
+                                                        if k in ("soc_model", "htp_arch", "emulated",
+                                                                 "qnn_sdk_version", "onnxruntime_qnn",
+                                                                 "exposure_check", "partition")}})
+        res.dumps[key] = dump_paths[key]
+        log(f"captured {key}: {dump_paths[key]}")
+
+    ts = pipeline.torch_reference(prep, selection=default_selection())
+    capture("torch", ts, "torch", ts.runners["decode"].info)
+    s32 = pipeline.scheduler(prep, ort_factory())
+    capture("ort-fp32", s32, "onnxruntime-cpu", s32.runners["decode"].info)
+    sq = pipeline.scheduler(prep, ort_factory(qdq["a8w8"]))
+    capture("cpu-qdq-a8w8", sq, "onnxruntime-cpu-qdq", sq.runners["decode"].info)
+    htp = {}
+    for tag in ("a8w8", "a16w8", "projector-miss"):
+        htp[tag] = pipeline.scheduler(prep, htp_factory(qdq[tag], tag))
+        capture(f"htp-{tag}", htp[tag], "qnn-htp", htp[tag].runners["decode"].info)
+    rs = pipeline.scheduler(prep, ort_factory(), positions="restart")
+    capture("ort-fp32-restart", rs, "onnxruntime-cpu", rs.runners["decode"].info)
+    tick("capture", t0)
+
+    # 5. task metric ----------------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    ev = samples[:n_eval]
+    refs = [s.caption for s in ev]
+    plain = {"fp32": pipeline.scheduler(prep),
+             "htp-a8w8": pipeline.scheduler(prep, _plain_htp(qdq["a8w8"])),
+             "htp-a16w8": pipeline.scheduler(prep, _plain_htp(qdq["a16w8"])),
+             "htp-projector-miss": pipeline.scheduler(prep, _plain_htp(qdq["projector-miss"])),
+             "fp32-restart": pipeline.scheduler(prep, positions="restart")}
+    for name, sch in plain.items():
+        acc = caption_accuracy([sch.generate(s.image).text for s in ev], refs)
+        res.accuracy[name] = acc.as_dict()
+    log("caption exact match on " + f"{len(ev)} eval images: "
+        + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
+    tick("accuracy", t0)
+
+    # 6. diffs, findings, report ----------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    from ivq_debug.comparator import Budgets
+
+    d = dump_paths
+    pairs = {
+        "export (torch → ORT fp32)": (d["torch"], d["ort-fp32"], Budgets.from_args(preset="export")),
+        "quantization (fp32 → CPU-QDQ a8w8)": (d["ort-fp32"], d["cpu-qdq-a8w8"], Budgets.from_args(min_sqnr=20)),
+        "backend (CPU-QDQ → HTP a8w8)": (d["cpu-qdq-a8w8"], d["htp-a8w8"], Budgets.from_args(min_sqnr=30)),
+        "deployment (fp32 → HTP a8w8)": (d["ort-fp32"], d["htp-a8w8"], Budgets.from_args(min_sqnr=20)),
+        "deployment (fp32 → HTP a16w8)": (d["ort-fp32"], d["htp-a16w8"], Budgets()),
+        "fault: projector calibration miss (fp32 → HTP, projector encodings cover 1/10 of its range)":
+            (d["ort-fp32"], d["htp-projector-miss"], Budgets()),
+        "fault: positions restart (fp32 → fp32 with restarted decode positions)":
+            (d["ort-fp32"], d["ort-fp32-restart"], Budgets.from_args(min_sqnr=40)),
+    }
+    for label, (a, b, budgets) in pairs.items():
+        c = ivq.compare(a, b, budgets=budgets, progress=False)
+        res.comparisons[label] = c
+        res.findings[label] = c.findings
+    tick("diff", t0)
+
+    # 6. tune the projector fault -------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    res.tune = _tune_projector(res.comparisons[next(k for k in pairs if "projector" in k)], prep, qdq, miss,
+                               store, d["ort-fp32"], cap, ev, workdir / "tune", log)
+    tick("tune", t0)
+    t0 = time.perf_counter()
+    main_label = "deployment (fp32 → HTP a8w8)"
+    extra = {k: v for k, v in res.comparisons.items() if k != main_label}
+    res.report = ivq.write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
+                                  title=f"ivq demo: {model}, fp32 → QNN HTP a8w8 (emulated)", overwrite=True)
+    tick("report", t0)
+    res.timings["total"] = round(time.perf_counter() - t_all, 2)
+    _write_summary(res, summary_path)
+    res.summary = summary_path
+    return res
+
+
+def projector_tensors(model_path: Path) -> set[str]:
+    """Activation tensors of the projector (``mlp1`` / ``multi_modal_projector`` / ``merger``): its nodes'
+    outputs and their non-constant inputs (the projector's input range)."""
+    from ivq_debug.capture.onnxruntime import load_model, scope_of
+    from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
+
+    m = load_model(model_path)
+    inits = {i.name for i in m.graph.initializer}
+    consts = {o for n in m.graph.node if n.op_type == "Constant" for o in n.output}
+    out: set[str] = set()
+    for n in m.graph.node:
+        if _has(scope_of(n) or "", PROJECTOR_TOKENS):
+            out.update(o for o in n.output if o)
+            out.update(i for i in n.input if i and i not in inits and i not in consts)
+    return out
+
+
+#: the injected projector fault: its encodings cover this share of the range calibration should have seen
+PROJECTOR_MISS_RANGE = 0.1
+
+
+def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> dict[str, Any]:
+    """ORT overrides that reproduce a projector calibration miss: every projector activation's range is the
+    one a normal calibration gives, shrunk to ``PROJECTOR_MISS_RANGE`` (a calibration set that saw only a
+    tenth of the projector's real input range); the rest of the vision tower keeps its calibration."""
+    import numpy as np
+
+    from ivq_debug.qnn.encodings import encodings_from_qdq_model
+    from ivq_debug.qnn.names import load_onnx
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    tmp = workdir / "vision.a8w8.calibrated.qdq.onnx"
+    quantize_for_qnn(vision, tmp, calib, preset="a8w8", overwrite=True)
+    encs = encodings_from_qdq_model(load_onnx(tmp))
+    out: dict[str, Any] = {}
+    for name in projector_tensors(vision):
+        e = encs.activations.get(name)
+        if e is None or not e.scale:
+            continue
+        lo, hi = e.grid_range()
+        out[name] = [{"rmin": np.array(lo[0] * PROJECTOR_MISS_RANGE, np.float32),
+                      "rmax": np.array(hi[0] * PROJECTOR_MISS_RANGE, np.float32)}]
+    return out
+
+
+def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: dict[str, Any], store: Any,
+                    reference: Path, cap: list[Any], ev: list[Any], workdir: Path, log: Callable[[str], None]) -> Any:
+    """Suggest overrides for the projector fault, verify them on HTP with the caption accuracy as task metric."""
+    from ivq_debug.tune.suggest import suggest, write_suggestions
+    from ivq_debug.tune.verify import Tuner, verify
+    from ivq_debug.vlm import pipeline
+    from ivq_debug.vlm.task import caption_accuracy
+
+    vision_only = [s for s in suggest(cmp) if s.tensor in {e.name for e in cmp.test.tensors() if e.part == "vision"}]
+    if not vision_only:
+        log("tune: nothing to suggest for the vision part")
+        return None
+    refs = [s.caption for s in ev]
+
+    def task(vision_qdq: Path) -> dict[str, Any]:
+        sch = pipeline.scheduler(prep, _plain_htp(dict(qdq["a16w8"], vision=vision_qdq)))
+        acc = caption_accuracy([sch.generate(s.image).text for s in ev], refs)
+        return {f"caption {k}": v for k, v in acc.as_dict().items() if k != "n"}
+
+    fp32 = pipeline.scheduler(prep)
+    feeds = [fp32.vision_feeds(s.image) for s in cap]
+    tuner = Tuner(prep.paths["vision"], store["vision"], feeds, reference, workdir, preset="a8w8", part="vision",
+                  task=task, base_overrides=miss)
+    rep = verify(tuner, vision_only, ["image_features"])
+    write_suggestions(rep.after.suggestions, workdir / "overrides.json", overwrite=True)
+    e2e = rep.end_to_end.set_index("what")
+    b, a = e2e.loc["sqnr_db image_features", "before"], e2e.loc["sqnr_db image_features", "after"]
+    log(f"tuned the projector fault with {len(vision_only)} override(s) ({workdir / 'overrides.json'}): "
+        f"projector output SQNR {b:.1f} → {a:.1f} dB, caption exact match "
+        f"{e2e.loc['caption exact_match', 'before']:.2f} → {e2e.loc['caption exact_match', 'after']:.2f}")
+    return rep
+
+
+def _plain_htp(paths: dict[str, Path]) -> Callable[[str, Any], Any]:
+    from ivq_debug.capture.qnn_ep import QnnHtpRunner
+
+    def f(part: str, path: Any) -> Any:
+        return QnnHtpRunner(paths[part])
+    return f
+
+
+def _write_summary(res: DemoResult, path: Path) -> None:
+    from ivq_debug.comparator.comparison import json_safe
+    from ivq_debug.util import atomic_write_text
+
+    doc = {
+        "schema": "ivq-demo/1",
+        "dumps": {k: str(v) for k, v in res.dumps.items()},
+        "report": str(res.report),
+        "accuracy": res.accuracy,
+        "export_max_abs": res.export_max_abs,
+        "timings_s": res.timings,
+        "comparisons": {k: {"summary": c.summary, "first_divergence": c.to_json(top=0)["first_divergence"],
+                            "findings": [f.to_dict() for f in c.findings]}
+                        for k, c in res.comparisons.items()},
+        "tune": res.tune.to_dict() if res.tune is not None else None,
+    }
+    atomic_write_text(path, json.dumps(json_safe(doc), indent=1) + "\n", overwrite=True)
