@@ -10,8 +10,11 @@ expected*: decode positions restarting at 0 give ``−S``; an M-RoPE scheduler t
 in the test and reference caches for the same decode step differ only by a rotation. Pairing dimensions
 ``j`` and ``j + d/2`` (HF ``rotate_half``) into ``z_j = k_j + i·k_{j+d/2}``, ``z_test · conj(z_ref) ≈ |z|²
 e^{iδθ_j}`` with ``θ_j = base^(−2j/d)``. The offset ``δ`` maximizes ``Re Σ_j c_j e^{−iδθ_j}`` (summed over
-heads); ``fit`` is that maximum over ``Σ|c_j|`` (1 = a perfect rotation) and ``margin`` the fit gap to the
-best offset more than one position away. Layer 0 keys are used by default: under teacher forcing (and at
+heads); ``fit`` is that maximum over ``Σ|c_j|`` (1 = a perfect rotation), ``margin`` the fit gap to the best
+offset more than one position away, and ``confidence = margin / (1 − runner-up fit)``: how much of the
+distance to a perfect fit the best offset covers (1 = only the best offset is a perfect rotation). Low RoPE
+frequencies make every offset's fit high, so the absolute margin is small with few dimensions; the
+confidence is not. Layer 0 keys are used by default: under teacher forcing (and at
 the first decode step always) their pre-RoPE values are identical on both sides.
 """
 
@@ -104,6 +107,7 @@ class RotationEstimate:
     offset: int
     fit: float
     margin: float
+    confidence: float
     scores: np.ndarray  # fit for every candidate offset, index = offset + max_offset
 
 
@@ -124,7 +128,9 @@ def estimate_rotation(k_ref: np.ndarray, k_test: np.ndarray, base: float, max_of
     best = int(np.argmax(fit))
     far = np.abs(deltas - deltas[best]) > 1
     runner_up = float(fit[far].max()) if far.any() else -1.0
-    return RotationEstimate(int(deltas[best]), float(fit[best]), float(fit[best] - runner_up), fit)
+    margin = float(fit[best] - runner_up)
+    confidence = margin / max(1.0 - runner_up, 1e-12)
+    return RotationEstimate(int(deltas[best]), float(fit[best]), margin, min(1.0, confidence), fit)
 
 
 _KEY = re.compile(r"^present\.(\d+)\.key$")
@@ -150,7 +156,7 @@ def infer_offsets(ref: Any, test: Any, *, base: float, layer: int = 0, sample: i
 
 
 def position_findings(ref: Any, test: Any, *, base: float | None = None, sample: int = 0,
-                      min_margin: float = 0.05) -> list[Finding]:
+                      min_fit: float = 0.9, min_confidence: float = 0.5) -> list[Finding]:
     """``position_id_offset`` findings: direct from the test dump's ``position_ids`` when it has them,
     otherwise inferred from its KV cache against the reference (needs the RoPE ``base``)."""
     chk = check_positions(test, sample)
@@ -180,7 +186,7 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None, sample:
     if base is None:
         return []
     est = infer_offsets(ref, test, base=base, sample=sample)
-    bad = {k: e for k, e in est.items() if e.offset != 0 and e.margin >= min_margin}
+    bad = {k: e for k, e in est.items() if e.offset != 0 and e.fit >= min_fit and e.confidence >= min_confidence}
     if not bad:
         return []
     step = min(bad)
@@ -189,9 +195,10 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None, sample:
     return [Finding(
         "position_id_offset", "error",
         f"decode keys are rotated as if positions were off by {e.offset:+d} from step {step} "
-        f"(inferred from the KV cache, fit {e.fit:.2f}, margin {e.margin:.2f})",
+        f"(inferred from the KV cache, fit {e.fit:.2f}, confidence {e.confidence:.2f})",
         where={"record": {"sample": sample, "part": "decode", "step": step}, "tensor": "present.0.key"},
         evidence={"offset": e.offset, "offsets": offs, "first_wrong_step": step, "fit": e.fit, "margin": e.margin,
+                  "confidence": e.confidence,
                   "method": "inferred", "steps": {k: v.offset for k, v in est.items()}},
         suggestion="check the scheduler's decode position_ids: step k must use max(prefill positions) + k",
     )]

@@ -104,6 +104,9 @@ def find_units(model: Any) -> list[Unit]:
                 members += [q, dqs[0]]
                 out_value = dqs[0].output[0]
         name = out[: -len(Q_INPUT_SUFFIX)] if out.endswith(Q_INPUT_SUFFIX) else out
+        # an input used twice (Mul(x, x)) brings its Q/DQ twice: keep each node once
+        members = list({id(m): m for m in members}.values())
+        feeds = list(dict.fromkeys(feeds))
         units.append(Unit(n.name, n.op_type, idx, feeds, name, members, out_value))
     return units
 

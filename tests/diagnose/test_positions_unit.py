@@ -25,7 +25,7 @@ def test_offset_of_hf_rope_keys(true_pos: int, used_pos: int) -> None:
     est = estimate_rotation(rope(true_pos), rope(used_pos), base=10000.0, max_offset=512)
     assert est.offset == used_pos - true_pos
     assert est.fit == pytest.approx(1.0, abs=1e-6)
-    assert est.margin > 0.05  # the default min_margin of position_findings
+    assert est.confidence > 0.5  # the default min_confidence of position_findings
     # quantization-like noise on the test keys keeps the estimate
     noisy = rope(used_pos) + 0.03 * np.random.default_rng(0).standard_normal((1, 2, 1, 16))
     assert estimate_rotation(rope(true_pos), noisy, base=10000.0, max_offset=512).offset == used_pos - true_pos
