@@ -90,6 +90,9 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
     if trust_remote_code:
         kw["trust_remote_code"] = True
     try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise in CLI and notebook output
         model = cls.from_pretrained(str(path), **kw)
     except Exception as e:  # safetensors / config / shape errors all mean: this folder does not load
         raise InputError(f"cannot load the checkpoint: {' '.join(str(e).split())[:300]}", path) from e
