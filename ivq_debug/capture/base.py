@@ -25,13 +25,28 @@ class Selection:
     exclude: Sequence[str] = ()
     op_types: Sequence[str] | None = None
     exclude_op_types: Sequence[str] = field(default_factory=tuple)
+    skip_attention_probs: bool = False
+    skip_views: bool = False
 
     def accepts(self, name: str, op_type: str | None = None) -> bool:
-        """True when a tensor of this name and producer op type is selected."""
+        """True when a tensor of this name and producer op type is selected.
+
+        ``skip_attention_probs`` drops attention probabilities (ONNX ``Softmax`` outputs; the ``[1]`` output of
+        torch attention modules): the largest tensors of a VLM (1.5 GiB per tile at InternVL2-2B scale) and
+        rarely the culprit. ``skip_views`` drops outputs of ops that only move data (``defaults.VIEW_OPS``),
+        byte-for-byte copies of their input.
+        """
         if not any(fnmatch.fnmatchcase(name, p) for p in self.include):
             return False
         if any(fnmatch.fnmatchcase(name, p) for p in self.exclude):
             return False
+        if self.skip_attention_probs and (op_type == "Softmax" or (name.endswith("[1]") and "atten" in name)):
+            return False
+        if self.skip_views and op_type is not None:
+            from ivq_debug.defaults import VIEW_OPS
+
+            if op_type in VIEW_OPS:
+                return False
         if self.op_types is not None and (op_type is None or op_type not in self.op_types):
             return False
         return not (op_type is not None and op_type in self.exclude_op_types)

@@ -21,6 +21,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--include", action="append", default=None, metavar="GLOB", help="tensor names to capture")
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="tensor names to skip")
     p.add_argument("--op-types", default=None, help="only tensors produced by these op types (comma-separated)")
+    p.add_argument("--skip-attention-probs", action="store_true",
+                   help="do not capture attention probabilities (Softmax outputs): the largest tensors of a VLM")
+    p.add_argument("--skip-views", action="store_true",
+                   help="do not capture outputs of data-movement ops (Reshape, Transpose, ...): copies of their input")
     p.add_argument("--max-outputs-per-run", type=int, default=None, metavar="N",
                    help="capture in several runs of at most N tensors (bounds memory)")
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
@@ -54,6 +58,7 @@ def make_runner(args: argparse.Namespace):
     sel = Selection(
         include=args.include or ("*",), exclude=args.exclude,
         op_types=[s.strip() for s in args.op_types.split(",")] if args.op_types else None,
+        skip_attention_probs=args.skip_attention_probs, skip_views=args.skip_views,
     )
     common = dict(selection=sel, max_outputs_per_run=args.max_outputs_per_run)
     if args.backend == "onnx":

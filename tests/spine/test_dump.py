@@ -149,3 +149,15 @@ def test_flat_reads_match_hdf5_for_every_layout(tmp_path: Path) -> None:
                 got = np.concatenate(list(d.iter_flat(e, n)))
                 np.testing.assert_array_equal(got, a.reshape(-1))
         d.close()
+
+
+def test_selection_skips_attention_probs_and_views() -> None:
+    from ivq_debug.capture.base import Selection
+
+    s = Selection(skip_attention_probs=True, skip_views=True)
+    assert not s.accepts("/layers.0/attn/Softmax_output_0", "Softmax")
+    assert not s.accepts("model.vision_tower.encoder.layer.0.attention[1]", "InternVLVisionAttention")
+    assert s.accepts("model.vision_tower.encoder.layer.0.attention[0]", "InternVLVisionAttention")
+    assert not s.accepts("/layers.0/attn/Reshape_output_0", "Reshape")
+    assert s.accepts("/layers.0/mlp/fc1/MatMul_output_0", "MatMul")
+    assert Selection().accepts("/layers.0/attn/Softmax_output_0", "Softmax")
