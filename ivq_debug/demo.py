@@ -72,9 +72,10 @@ def _owned(path: Path) -> bool:
         except Exception:
             return False
     try:
-        return "ivq-debug" in path.read_text(errors="replace")[:4000]
+        head = path.read_text(errors="replace")[:4000]
     except OSError:
         return False
+    return "ivq-demo/1" in head or "ivq-debug" in head
 
 
 def _check_outputs(paths: list[Path], force: bool) -> None:

@@ -21,6 +21,17 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--force", action="store_true", help="replace outputs not written by an earlier demo")
 
 
+#: finding kinds from most to least telling (a cause before a symptom)
+HEADLINE = ("projector_drift", "position_id_offset", "resolution_collapse", "cpu_fallback", "introduced_error",
+            "saturation", "non_finite", "fp64_op", "token_divergence", "first_divergence")
+
+
+def headline(findings: list) -> object | None:
+    """The most telling of a comparison's findings."""
+    ranked = sorted(findings, key=lambda f: HEADLINE.index(f.kind) if f.kind in HEADLINE else len(HEADLINE))
+    return ranked[0] if ranked else None
+
+
 def execute(args: argparse.Namespace) -> int:
     """Run the demo and print what it found."""
     from rich.table import Table
@@ -35,15 +46,20 @@ def execute(args: argparse.Namespace) -> int:
                    n_capture=args.samples, n_eval=args.eval, exporter=args.exporter, force=args.force,
                    log=lambda m: con.print(f"  {escape(m)}"))
     t = Table(title="what the demo found", title_justify="left", header_style="bold")
-    for c in ("comparison", "pairs", "min SQNR dB", "first divergence", "findings (errors)"):
+    for c in ("comparison", "pairs", "min SQNR dB", "diagnosis (most telling error finding)", "other errors"):
         t.add_column(c, overflow="fold")
     for label, c in res.comparisons.items():
         s = c.summary
-        fd = c.first_divergence
-        errs = sorted({f.kind for f in c.findings if f.severity == "error"})
+        errs = [f for f in c.findings if f.severity == "error"]
+        head = headline(errs)
+        rest = sorted({f.kind for f in errs} - ({head.kind} if head else set()))
+        where = ""
+        if head:
+            rec = head.where.get("record") or {}
+            loc = head.where.get("tensor") or head.where.get("node") or f"{rec.get('part')} step {rec.get('step')}"
+            where = f" @ {loc}"
         t.add_row(escape(label), str(s["pairs"]), fmt_num(s["min_sqnr_db"]),
-                  escape(f"{fd['ref_name']} ({fd['part']} {fd['step']})") if fd else "none",
-                  escape(", ".join(errs)) or "-")
+                  escape(f"{head.kind}{where}") if head else "[green]clean[/green]", escape(", ".join(rest)) or "-")
     con.print(t)
     con.print("caption exact match: " + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
     con.print(f"golden dumps: {escape(', '.join(str(p) for p in res.dumps.values()))}")
