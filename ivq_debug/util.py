@@ -52,3 +52,16 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
+
+
+def as_float(v: object) -> float | None:
+    """``float(v)``, or None for None, NaN and values that are not numbers (table cells, JSON fields)."""
+    import math
+
+    if v is None:
+        return None
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f

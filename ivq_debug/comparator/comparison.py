@@ -17,6 +17,7 @@ from ivq_debug.comparator.budgets import Budget, Budgets
 from ivq_debug.comparator.metrics import METRICS, SHAPE_MISMATCH, MetricAccumulator, sort_key
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.errors import UsageError
+from ivq_debug.util import as_float
 
 SCHEMA = "ivq-diff/1"
 
@@ -187,8 +188,8 @@ class Comparison:
             "failed": int((~t["passed"]).sum()) if len(t) else 0,
             "identical": int((t["status"] == "identical").sum()) if len(t) else 0,
             "non_finite": int((t["status"] == "non_finite").sum()) if len(t) else 0,
-            "min_sqnr_db": _num(fin.min()) if len(t) else None,
-            "max_max_abs": _num(t["max_abs"].max()) if len(t) else None,
+            "min_sqnr_db": as_float(fin.min()) if len(t) else None,
+            "max_max_abs": as_float(t["max_abs"].max()) if len(t) else None,
             "rank_by": self.rank_by,
             "budgets": self.budgets.describe(),
             "passed": self.passed,
@@ -220,16 +221,6 @@ class Comparison:
             f"Comparison(pairs={s['pairs']}, failed={s['failed']}, min_sqnr_db={s['min_sqnr_db']}, "
             f"unmatched ref/test={len(self.alignment.unmatched_ref)}/{len(self.alignment.unmatched_test)})"
         )
-
-
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 def _row_dict(row: Any) -> dict[str, Any]:

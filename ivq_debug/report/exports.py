@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.util import as_float
+
 #: SQNR written for identical tensors (+inf) in the Model Explorer overlay (its values must be finite)
 SQNR_CAP_DB = 200.0
 #: value written for undefined metrics (non-finite tensors, mismatched shapes, all-zero references)
@@ -54,16 +56,6 @@ def write_text(path: str | os.PathLike, text: str, overwrite: bool) -> Path:
     from ivq_debug.util import atomic_write_text
 
     return atomic_write_text(path, text, overwrite=overwrite)
-
-
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 # ============================================================================ Perfetto / Chrome trace
@@ -140,7 +132,7 @@ def perfetto_trace(cmp: Any, *, model: Any = None) -> dict[str, Any]:
                     cands += [hit] if hit else []
                 else:
                     cands += [r for (k, n), r in by.items() if n == t]
-            worst = min(cands, key=lambda r: (_num(r["sqnr_db"]) if _num(r["sqnr_db"]) is not None else -math.inf),
+            worst = min(cands, key=lambda r: (as_float(r["sqnr_db"]) if as_float(r["sqnr_db"]) is not None else -math.inf),
                         default=None)
             err = None
             if worst is not None:
@@ -220,7 +212,7 @@ def model_explorer_overlay(cmp: Any, *, metric: str = "sqnr_db", graph_id: str |
     best: dict[str, tuple[float, bool]] = {}  # key → (value, undefined)
     for name, v, status in zip(t["test_name"], t[metric], t["status"], strict=True):
         key = prod.get(name, name) if prod else name
-        f = _num(v)
+        f = as_float(v)
         if f is None:
             if status in ("identical",) and metric == "sqnr_db":
                 f, undef = SQNR_CAP_DB, False
@@ -313,7 +305,7 @@ def junit_xml(cmp: Any, *, suite_name: str | None = None) -> str:
             continue
         for b in violated:
             v = r.get(b.metric)
-            vtxt = "undefined" if _num(v) is None else f"{float(v):.6g}"
+            vtxt = "undefined" if as_float(v) is None else f"{float(v):.6g}"
             tc = ET.SubElement(suite, "testcase", classname=cls, name=_x(f"{r['ref_name']} [{b.describe()}]"), time="0")
             fail = ET.SubElement(tc, "failure", type="budget",
                                  message=_x(f"{b.metric} = {vtxt} breaks {b.describe()} (status {r['status']})"))

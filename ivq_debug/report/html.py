@@ -49,6 +49,7 @@ from ivq_debug.report.charts import (
     timeline_chart,
 )
 from ivq_debug.report.layers import Labeled, LayerView, build_layers
+from ivq_debug.util import as_float
 
 #: default cap of points per chart series and per drill-down scatter
 MAX_POINTS = 400
@@ -78,19 +79,9 @@ def _json_script(obj: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
 def _data_v(v: Any) -> str:
     """Sort key for a numeric cell (``Infinity`` parses in JS; empty for missing)."""
-    f = _num(v)
+    f = as_float(v)
     if f is None:
         return ""
     if math.isinf(f):
@@ -110,7 +101,7 @@ def _rec_sort(key: Sequence[Any]) -> float:
 
 
 def _sqnr_cell(v: Any, status: str | None = None, extra_cls: str = "") -> str:
-    f = _num(v)
+    f = as_float(v)
     if f is None:
         label = "–" if status in (None, "ok", "identical", "empty") else "undef"
         return f'<td class="num{extra_cls}" data-v="">{esc(label)}</td>'
@@ -390,7 +381,7 @@ def _budget_line(cmp: Any) -> tuple[float | None, str]:
 def _point(ctx: _Ctx, r: dict[str, Any], y: Any, name: str, status: str | None = None,
            passed: bool | None = None) -> Point:
     """A chart point of a layer row; ``status`` / ``passed`` of the series when it is not the primary one."""
-    f = _num(y)
+    f = as_float(y)
     val = math.nan if f is None else f
     status = status or r["status"]
     if passed is not None:
@@ -498,7 +489,7 @@ def _heatmaps(ctx: _Ctx) -> str:
             if i is None:
                 continue
             j = col_of[(r["order"], r["ref_name"])] // width
-            v = _num(r["sqnr_db"])
+            v = as_float(r["sqnr_db"])
             key_v = -math.inf if v is None and r["status"] not in ("identical", "empty") else (math.inf if v is None else v)
             if (i, j) not in worst or key_v < worst[(i, j)]:
                 worst[(i, j)] = key_v
@@ -586,7 +577,7 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
         budget = (f'<span class="viol">{esc(", ".join(viol))}</span>' if viol else
                   ('<span class="pill pass">ok</span>' if ctx.cmp.budgets else '<span class="muted">–</span>'))
         tok = f"{status} {'pass' if r['passed'] else 'fail'}"
-        sq = _num(r["sqnr_db"])
+        sq = as_float(r["sqnr_db"])
         if not ctx.cmp.budgets and ((sq is None and status not in ("identical", "empty"))
                                     or (sq is not None and sq < defaults.DIVERGENCE_SQNR_DB)):
             tok += " diverged"
@@ -606,10 +597,10 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
             cells.append(_sqnr_cell(e["sqnr_db"], e["status"]) if e else '<td class="num" data-v="">–</td>')
         if v.has_replay:
             cells.append(_sqnr_cell(r["intro_sqnr_db"], r["intro_status"]))
-            sh = _num(r["inherited_share"])
+            sh = as_float(r["inherited_share"])
             cells.append(f'<td class="num" data-v="{_data_v(sh)}">'
                          f'{esc(fmt(100 * sh, 3) + " %" if sh is not None else "–")}</td>')
-        clip = _num(r.get("clipped_fraction"))
+        clip = as_float(r.get("clipped_fraction"))
         cells += [
             f"<td>{budget}</td>",
             f'<td class="num" data-v="{_data_v(r["cosine"])}">{esc(fmt(r["cosine"], 5))}</td>',
@@ -618,7 +609,7 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
             f'<td class="num" data-v="{_data_v(clip)}">{esc(fmt(100 * clip, 3) + " %" if clip is not None else "–")}</td>',
         ]
         if v.has_latency:
-            lat = _num(r["latency"])
+            lat = as_float(r["latency"])
             ops = ", ".join(r.get("ops") or [])
             cells.append(f'<td class="num" data-v="{_data_v(lat)}" title="{esc(ops)}">{esc(fmt(lat, 4))}</td>')
         body.append(f'<tr id="L{r["row"]}" data-status="{esc(tok)}" data-part="{esc(key[1])}">'
@@ -675,7 +666,7 @@ def _drilldowns(ctx: _Ctx) -> str:
         metrics = (f"<p class=\"small\">SQNR <b>{esc(fmt(r['sqnr_db']))}</b> dB · cosine {esc(fmt(r['cosine'], 6))} · "
                    f"max |Δ| {esc(fmt(r['max_abs']))} · rel L2 {esc(fmt(r['rel_l2']))} · LSB rmse "
                    f"{esc(fmt(r.get('lsb_rmse'), 3))} · status {esc(r['status'])}"
-                   + (f" · clipped {esc(fmt(100 * r['clipped_fraction'], 3))} %" if _num(r.get('clipped_fraction')) is not None else "")
+                   + (f" · clipped {esc(fmt(100 * r['clipped_fraction'], 3))} %" if as_float(r.get('clipped_fraction')) is not None else "")
                    + "</p>")
         if s is None:
             out.append(f'<div class="drill">{head}{metrics}<p class="muted">values not available (shapes differ or '
@@ -726,7 +717,7 @@ def _timeline(ctx: _Ctx) -> str:
         cands = [r for t in op.tensors for r in rows_by_name.get(t, [])]
         if not cands:
             return None
-        return min(cands, key=lambda r: (_num(r["sqnr_db"]) if _num(r["sqnr_db"]) is not None else -math.inf))
+        return min(cands, key=lambda r: (as_float(r["sqnr_db"]) if as_float(r["sqnr_db"]) is not None else -math.inf))
 
     total = sum(o.dur for o in ops) or 1.0
     keep = set(range(len(ops)))
@@ -759,7 +750,7 @@ def _timeline(ctx: _Ctx) -> str:
             continue
         flush()
         lr = layer_of(o)
-        sq = _num(lr["sqnr_db"]) if lr else None
+        sq = as_float(lr["sqnr_db"]) if lr else None
         color = "#9aa5b1"
         if lr is not None:
             color = sqnr_color(math.inf if sq is None and lr["status"] == "identical" else sq)

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ivq_debug.util import as_float
+
 RecordKey = tuple[int, str, int]
 
 _SHORT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64",
@@ -29,16 +31,6 @@ def precision_label(dtype: str | None, encoding: dict[str, Any] | None) -> str:
     if not dtype:
         return "–"
     return _SHORT_DTYPES.get(str(dtype), str(dtype))
-
-
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 @dataclass
@@ -124,7 +116,7 @@ def build_layers(cmp: Any, *, extras: list[Labeled] | None = None, replay: Any =
         by: dict[tuple[RecordKey, str], dict[str, Any]] = {}
         for r in ex.cmp.table.to_dict("records"):
             k: RecordKey = (int(r["sample"]), str(r["part"]), int(r["step"]))
-            val = {"sqnr_db": _num(r["sqnr_db"]), "max_abs": _num(r["max_abs"]), "status": r["status"],
+            val = {"sqnr_db": as_float(r["sqnr_db"]), "max_abs": as_float(r["max_abs"]), "status": r["status"],
                    "passed": bool(r["passed"])}
             by.setdefault((k, r["ref_name"]), val)
             by.setdefault((k, r["test_name"]), val)
@@ -144,9 +136,9 @@ def build_layers(cmp: Any, *, extras: list[Labeled] | None = None, replay: Any =
             if hit is None:
                 continue
             view.has_replay = True
-            row["intro_sqnr_db"] = _num(hit.get("intro_sqnr_db"))
+            row["intro_sqnr_db"] = as_float(hit.get("intro_sqnr_db"))
             row["intro_status"] = hit.get("intro_status")
-            row["inherited_share"] = _num(hit.get("inherited_share"))
+            row["inherited_share"] = as_float(hit.get("inherited_share"))
     # ---- latency: ops of the run mapped to the row's record (or, unmapped, of the first run)
     if timeline is not None:
         lat = timeline.tensor_latency()
