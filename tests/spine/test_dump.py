@@ -161,3 +161,24 @@ def test_selection_skips_attention_probs_and_views() -> None:
     assert not s.accepts("/layers.0/attn/Reshape_output_0", "Reshape")
     assert s.accepts("/layers.0/mlp/fc1/MatMul_output_0", "MatMul")
     assert Selection().accepts("/layers.0/attn/Softmax_output_0", "Softmax")
+
+
+def test_fp16_dumps_compare_in_float64(tmp_path: Path) -> None:
+    import math
+
+    import ivq_debug as ivq
+
+    rng = np.random.default_rng(5)
+    r = rng.standard_normal((257, 311)).astype(np.float16)
+    t = (r.astype(np.float32) + np.float32(1e-3) * rng.standard_normal(r.shape).astype(np.float32)).astype(np.float16)
+    for name, arr in (("r.h5", r), ("t.h5", t)):
+        with DumpWriter(tmp_path / name, backend="x") as w:
+            w.add_tensor("a", arr)
+    with h5py.File(tmp_path / "t.h5") as f:  # on disk as fp16
+        assert next(iter(f["records"].values()))["t"]["a"].dtype == np.float16
+    cmp = ivq.compare(tmp_path / "r.h5", tmp_path / "t.h5", block_bytes=4096)  # many blocks
+    row = cmp.table.iloc[0]
+    r64, t64 = r.astype(np.float64), t.astype(np.float64)
+    assert row["ref_dtype"] == row["test_dtype"] == "float16"
+    assert row["sqnr_db"] == pytest.approx(10 * math.log10((r64**2).sum() / ((t64 - r64) ** 2).sum()), rel=1e-12)
+    assert row["max_abs"] == np.abs(t64 - r64).max()
