@@ -47,8 +47,10 @@ def drilldown(cmp: Any, name: str, record: tuple[int, str, int] | None = None, m
 
     pair = next(p for p in cmp.alignment.pairs
                 if name in (p.ref.name, p.test.name) and (record is None or p.ref.record == tuple(record)))
-    r = cmp.ref.read(pair.ref).astype(np.float64).reshape(-1)
-    t = cmp.test.read(pair.test).astype(np.float64).reshape(-1)
+    r, t = cmp.ref.read_any(pair.ref)[0], cmp.test.read_any(pair.test)[0]
+    if r.size != t.size:  # one side summary-only: compare the same strided sample
+        r, t = cmp.ref.read_sample(pair.ref), cmp.test.read_sample(pair.test)
+    r, t = r.astype(np.float64).reshape(-1), t.astype(np.float64).reshape(-1)
     if r.size > max_points:
         idx = np.linspace(0, r.size - 1, max_points).astype(np.int64)
         r, t = r[idx], t[idx]

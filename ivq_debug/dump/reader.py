@@ -251,6 +251,12 @@ class Dump:
         flat = np.asarray(ds[()]).reshape(-1)[idx]
         return logical(flat, entry.dtype)
 
+    def read_any(self, entry: Entry) -> tuple[np.ndarray, bool]:
+        """The whole tensor, or its strided sample when it was stored summary-only: ``(values, sampled)``."""
+        if entry.stored == "full":
+            return self.read(entry), False
+        return self.read_sample(entry), True
+
     def read_raw(self, entry: Entry) -> np.ndarray | None:
         """The raw quantized integers stored beside a tensor, if any."""
         if not entry.has_raw:

@@ -182,3 +182,24 @@ def test_fp16_dumps_compare_in_float64(tmp_path: Path) -> None:
     assert row["ref_dtype"] == row["test_dtype"] == "float16"
     assert row["sqnr_db"] == pytest.approx(10 * math.log10((r64**2).sum() / ((t64 - r64) ** 2).sum()), rel=1e-12)
     assert row["max_abs"] == np.abs(t64 - r64).max()
+
+
+def test_summary_only_dumps_diff_end_to_end(tmp_path: Path, capfd) -> None:
+    """Summary-only dumps (statistics + strided samples) go through ivq-diff, projector detector included."""
+    from ivq_debug.cli.diff import main as diff_main
+
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((64, 1000)).astype(np.float32)
+    for name, noise in (("r.h5", 0.0), ("t.h5", 0.2)):
+        with DumpWriter(tmp_path / name, backend="x", summary_only=True, summary_samples=512) as w:
+            w.begin_record(part="vision")
+            w.add_tensor("/vision_tower/layernorm/out", base, scope="vision_tower.layernorm")
+            w.add_tensor("image_features", base + noise * rng.standard_normal(base.shape).astype(np.float32),
+                         scope="multi_modal_projector.linear_2")
+    with pytest.raises(SystemExit) as e:
+        diff_main([str(tmp_path / "r.h5"), str(tmp_path / "t.h5"), "--json", str(tmp_path / "d.json"), "-q"])
+    assert e.value.code == 0, capfd.readouterr().err
+    import json
+
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert any(f["kind"] == "projector_drift" for f in doc["findings"])
