@@ -109,3 +109,95 @@ def fold_constants(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any, in
     del g.initializer[:]
     g.initializer.extend(live)
     return model, n_folded
+
+
+# --------------------------------------------------------------------------------- weights in place
+#: models larger than this are opened with their weights referenced in place (see :func:`load_in_place`)
+IN_PLACE_MIN_BYTES = 64 << 20
+
+
+def _varint(buf: Any, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: Any, start: int, end: int):
+    """Protobuf wire-format fields of ``buf[start:end]``: (field, start, end, value start, value end)."""
+    pos = start
+    while pos < end:
+        fstart = pos
+        tag, pos = _varint(buf, pos)
+        f, wt = tag >> 3, tag & 7
+        vs = ve = pos
+        if wt == 0:
+            _, pos = _varint(buf, pos)
+        elif wt == 1:
+            pos += 8
+        elif wt == 5:
+            pos += 4
+        elif wt == 2:
+            ln, vs = _varint(buf, pos)
+            ve = pos = vs + ln
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wt}")
+        yield f, fstart, pos, vs, ve
+
+
+def load_in_place(path: Any) -> Any:
+    """An ONNX ModelProto whose initializer payloads stay in ``path``: each initializer with ``raw_data`` is
+    turned into external data pointing at its byte range in the original file.
+
+    The file is walked in protobuf wire format (ModelProto.graph = 7, GraphProto.initializer = 5,
+    TensorProto.raw_data = 9); only the graph structure is parsed, so weights are never copied into Python,
+    and a model derived from it (extra graph outputs) saved *in the same folder* lets ONNX Runtime read the
+    weights from the original file. Initializer values are read with ``numpy_helper.to_array(t, base_dir)``.
+    """
+    import mmap
+    from pathlib import Path
+
+    import onnx
+
+    p = Path(path)
+    with open(p, "rb") as fh:
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        top, graph = [], (0, 0)
+        for f, s, e, vs, ve in _fields(buf, 0, len(buf)):
+            if f == 7:
+                graph = (vs, ve)
+            else:
+                top.append(buf[s:e])
+        gparts, inits = [], []
+        for f, s, e, vs, ve in _fields(buf, *graph):
+            if f != 5:
+                gparts.append(buf[s:e])
+                continue
+            parts, raw = [], None
+            for tf, ts, te, tvs, tve in _fields(buf, vs, ve):
+                if tf == 9:
+                    raw = (tvs, tve)
+                else:
+                    parts.append(buf[ts:te])
+            t = onnx.TensorProto()
+            if raw is None:
+                t.ParseFromString(buf[vs:ve])
+            else:
+                t.ParseFromString(b"".join(parts))
+                t.data_location = onnx.TensorProto.EXTERNAL
+                for k, v in (("location", p.name), ("offset", str(raw[0])), ("length", str(raw[1] - raw[0]))):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = k, v
+            inits.append(t)
+        m = onnx.ModelProto()
+        m.ParseFromString(b"".join(top))
+        m.graph.ParseFromString(b"".join(gparts))
+        m.graph.initializer.extend(inits)
+        return m
+    finally:
+        buf.close()

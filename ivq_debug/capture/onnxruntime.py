@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,16 +66,13 @@ def scope_of(node: Any) -> str | None:
     return None
 
 
-def _initializer_arrays(model: Any, names: set[str]) -> dict[str, np.ndarray]:
+def _initializer_arrays(model: Any, names: set[str], base_dir: str = "") -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
     out: dict[str, np.ndarray] = {}
     for init in model.graph.initializer:
         if init.name in names:
-            try:
-                out[init.name] = numpy_helper.to_array(init)
-            except Exception:
-                pass
+            out[init.name] = numpy_helper.to_array(init, base_dir)  # external data resolved from the model folder
     for node in model.graph.node:  # Constant nodes can also hold scales / zero points
         if node.op_type == "Constant" and node.output and node.output[0] in names:
             for a in node.attribute:
@@ -87,7 +86,7 @@ def is_qdq_model(model: Any) -> bool:
     return any(n.op_type == "QuantizeLinear" and n.domain in QDQ_DOMAINS for n in model.graph.node)
 
 
-def list_sites(model: Any, mode: str = "auto") -> list[TensorSite]:
+def list_sites(model: Any, mode: str = "auto", base_dir: str = "") -> list[TensorSite]:
     """All capturable tensors of a model, in topological order.
 
     ``mode``: ``"float"`` exposes every node output; ``"qdq"`` exposes activation QuantizeLinear outputs
@@ -129,7 +128,7 @@ def list_sites(model: Any, mode: str = "auto") -> list[TensorSite]:
                 continue
             qnodes.append(n)
             qparams.update(x for x in n.input[1:3] if x)
-    params = _initializer_arrays(model, qparams)
+    params = _initializer_arrays(model, qparams, base_dir)
     seen: set[str] = set()
     for n in qnodes:
         src = n.input[0]
@@ -185,14 +184,23 @@ def _opt_level(level: str):
     return getattr(ort.GraphOptimizationLevel, OPT_LEVELS[level])
 
 
-def load_model(path: str | os.PathLike) -> Any:
-    """Load an ONNX model's graph without external weights (they stay on disk)."""
+def load_model(path: str | os.PathLike, in_place: bool | None = None) -> Any:
+    """Load an ONNX model's graph; weights never leave the disk when they can stay there.
+
+    External data stays external. With ``in_place`` (default: files over ``graph.IN_PLACE_MIN_BYTES``), even
+    embedded weights are referenced in place (:func:`ivq_debug.graph.load_in_place`) instead of parsed into
+    memory; tensor values are then read with ``numpy_helper.to_array(t, <model folder>)``.
+    """
     import onnx
+
+    from ivq_debug.graph import IN_PLACE_MIN_BYTES, load_in_place
 
     p = Path(path)
     if not p.exists():
         raise InputError("no such ONNX model", p)
     try:
+        if in_place or (in_place is None and p.stat().st_size >= IN_PLACE_MIN_BYTES):
+            return load_in_place(p)
         return onnx.load(str(p), load_external_data=False)
     except Exception as e:  # onnx raises DecodeError / various
         raise InputError(f"not a readable ONNX model ({type(e).__name__})", p) from None
@@ -214,7 +222,9 @@ class OrtRunner:
         optimization: ``"disable"`` (default, exact reference), ``"basic"``, ``"extended"``, ``"all"``.
         max_outputs_per_run: capture in several runs of at most this many extra outputs (bounds memory).
         verify: on the first capture run, also run the unmodified model and check the model's own
-            outputs are bit-identical with and without exposure (recorded in ``info``).
+            outputs are bit-identical with and without exposure (recorded in ``info``). Default: only when
+            graph optimizations are on (with ``optimization="disable"`` extra outputs cannot change which
+            kernels run, so the check would cost a session and a forward for nothing).
         threads: intra-op threads (``None``: ORT default).
     """
 
@@ -228,7 +238,7 @@ class OrtRunner:
         exposure: str = "auto",
         optimization: str = "disable",
         max_outputs_per_run: int | None = None,
-        verify: bool = True,
+        verify: bool | None = None,
         threads: int | None = None,
     ) -> None:
         self.model_path = Path(model_path)
@@ -236,14 +246,14 @@ class OrtRunner:
         self.selection = selection
         self.optimization = optimization
         self.max_outputs_per_run = max_outputs_per_run
-        self.verify = verify
+        self.verify = (optimization != "disable") if verify is None else verify
         self.threads = threads
         self.qdq = is_qdq_model(self.model)
         if self.qdq and type(self) is OrtRunner:
             self.backend = "onnxruntime-cpu-qdq"
         self.output_names = [o.name for o in self.model.graph.output]
         self.input_names = [i.name for i in self.model.graph.input]
-        all_sites = list_sites(self.model, exposure) if selection is not None else []
+        all_sites = list_sites(self.model, exposure, str(self.model_path.parent)) if selection is not None else []
         outputs = set(self.output_names)
         self.sites = [
             s for s in all_sites if s.output not in outputs and selection is not None
@@ -304,7 +314,7 @@ class OrtRunner:
         for name in outputs:
             if name not in existing:
                 m.graph.output.append(onnx.ValueInfoProto(name=name))
-        if not _has_external_data(m):
+        if not _has_external_data(m):  # (weights referenced in place count as external data)
             return m.SerializeToString()
         # external data (> 2 GB models): ORT only reads data files inside the model's folder, so the
         # augmented graph is written there under a hidden temporary name and removed once the session
@@ -328,18 +338,29 @@ class OrtRunner:
         re-creation (e.g. after pruning sites).
         """
         if gi not in self.sessions:
-            model = self.model_with_outputs([s.output for s in group])
-            try:
-                self.sessions[gi] = self.create_session(model)
-            except CaptureError:
-                raise
-            except Exception as e:
-                raise CaptureError(f"session creation failed: {' '.join(str(e).split())[:400]}",
-                                   self.model_path) from None
-            finally:
-                if isinstance(model, str) and Path(model).name.startswith(".ivq-"):
-                    os.unlink(model)
+            if self.max_outputs_per_run and len(self.groups()) > 1:
+                # capture in output subsets bounds memory: keep one session (one copy of the weights) alive
+                for k in [k for k in self.sessions if k != gi]:
+                    del self.sessions[k]
+            with self.augmented([s.output for s in group]) as model:
+                try:
+                    self.sessions[gi] = self.create_session(model)
+                except CaptureError:
+                    raise
+                except Exception as e:
+                    raise CaptureError(f"session creation failed: {' '.join(str(e).split())[:400]}",
+                                       self.model_path) from None
         return self.sessions[gi]
+
+    @contextmanager
+    def augmented(self, outputs: list[str]) -> Iterator[bytes | str]:
+        """:meth:`model_with_outputs` for the duration of a ``with`` block (its temporary file is removed)."""
+        model = self.model_with_outputs(outputs)
+        try:
+            yield model
+        finally:
+            if isinstance(model, str) and model != str(self.model_path):
+                os.unlink(model)
 
     # ---------------------------------------------------------------- running
     def run(self, feeds: dict[str, np.ndarray], writer: Any = None) -> dict[str, np.ndarray]:

@@ -303,8 +303,8 @@ class QnnHtpRunner(OrtRunner):
         """Whether QNN takes the model with these tensors exposed (a throw-away session)."""
         cfg = self.qnn_config.with_changes(log_severity_level=4, record_op_trace=False, profiling_level=None)
         try:
-            create_qnn_session(self.model_with_outputs([s.output for s in sites]), cfg,
-                               session_options_factory=self.session_options, model_proto=self.model)
+            with self.augmented([s.output for s in sites]) as model:
+                create_qnn_session(model, cfg, session_options_factory=self.session_options, model_proto=self.model)
         except CaptureError:
             return False
         return True

@@ -59,7 +59,7 @@ def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.
         item = max(np.dtype(ref.dataset(a).dtype).itemsize, np.dtype(test.dataset(b).dtype).itemsize)
         row = a.shape[-1] if (logits and a.shape) else 1
         n = max(row, (block_bytes // item) // row * row)
-        for ra, tb in zip(ref.iter_flat(a, n), test.iter_flat(b, n), strict=True):
+        for ra, tb in zip(ref.iter_flat(a, n, reuse=True), test.iter_flat(b, n, reuse=True), strict=True):
             if logits and row > 1:
                 ra, tb = ra.reshape(-1, row), tb.reshape(-1, row)
             feed(ra, tb)

@@ -23,6 +23,7 @@ kl          mean over rows of KL(softmax(r) ‖       not a logits tensor
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,30 +72,37 @@ class MetricAccumulator:
     kl_sum: float = 0.0
 
     def update(self, r: np.ndarray, t: np.ndarray) -> None:
-        """Add one block; ``r`` and ``t`` must have the same shape."""
+        """Add one block; ``r`` and ``t`` must have the same shape.
+
+        Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums use BLAS dot
+        products, and the non-finite check runs only when the sums say one is there.
+        """
         r, t = np.asarray(r), np.asarray(t)
+        n = r.size
+        r64, t64, d = _buffers(n)
+        np.copyto(r64, r.reshape(-1), casting="unsafe")
+        np.copyto(t64, t.reshape(-1), casting="unsafe")
+        s_rr, s_tt, s_tr = float(r64 @ r64), float(t64 @ t64), float(t64 @ r64)
         bad_r = bad_t = 0
-        if r.dtype.kind == "f" and not np.isfinite(r).all():
-            bad_r = r.size - int(np.count_nonzero(np.isfinite(r)))
-        if t.dtype.kind == "f" and not np.isfinite(t).all():
-            bad_t = t.size - int(np.count_nonzero(np.isfinite(t)))
+        if not (math.isfinite(s_rr) and math.isfinite(s_tt) and math.isfinite(s_tr)):
+            fr, ft = np.isfinite(r64), np.isfinite(t64)
+            bad_r, bad_t = n - int(np.count_nonzero(fr)), n - int(np.count_nonzero(ft))
+            if bad_r or bad_t:  # finite in both only
+                both = fr & ft
+                r64, t64 = r64[both], t64[both]
+                d = np.empty_like(r64)
+                s_rr, s_tt, s_tr = float(r64 @ r64), float(t64 @ t64), float(t64 @ r64)
         self.nonfinite_ref += bad_r
         self.nonfinite_test += bad_t
-        r64 = r.astype(np.float64, copy=False).reshape(-1)
-        t64 = t.astype(np.float64, copy=False).reshape(-1)
-        if bad_r or bad_t:
-            both = np.isfinite(r64) & np.isfinite(t64)
-            r64, t64 = r64[both], t64[both]
         if r64.size:
-            d = t64 - r64
-            self.sum_sq_err += float(np.einsum("i,i->", d, d))
+            np.subtract(t64, r64, out=d)
+            self.sum_sq_err += float(d @ d)
             np.abs(d, out=d)
             self.max_abs = max(self.max_abs, float(d.max()))
             self.sum_abs += float(d.sum())
-            del d
-            self.sum_r2 += float(np.einsum("i,i->", r64, r64))
-            self.sum_t2 += float(np.einsum("i,i->", t64, t64))
-            self.sum_tr += float(np.einsum("i,i->", t64, r64))
+            self.sum_r2 += s_rr
+            self.sum_t2 += s_tt
+            self.sum_tr += s_tr
         self.n += int(r64.size)
         if self.logits and r.ndim >= 1 and r.shape[-1] > 1 and not (bad_r or bad_t):
             rr2 = r.astype(np.float64, copy=False).reshape(-1, r.shape[-1])
@@ -140,6 +148,18 @@ class MetricAccumulator:
             out["kl"] = max(0.0, self.kl_sum / self.rows)
         out["status"] = status
         return out
+
+
+_local = threading.local()
+
+
+def _buffers(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three float64 work arrays of ``n`` elements, reused by the calling thread."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.shape[1] < n:
+        buf = np.empty((3, max(n, 1024)), dtype=np.float64)
+        _local.buf = buf
+    return buf[0, :n], buf[1, :n], buf[2, :n]
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -274,41 +274,47 @@ def replay(
     rows = []
     backend = None
     info: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="ivq-replay-") as td:
-        it = track(batches, "replaying", total=len(batches)) if progress else batches
-        for bi, batch in enumerate(it):
-            m, feed_map = build_replay_model(model, batch)
-            feeds = {gi: ref.read(avail[x]) for gi, (_, x) in feed_map.items()}
-            _typed_inputs(m, feeds)
-            path = str(Path(td) / f"replay{bi}.onnx")
+    # replay models go next to the QDQ model (hidden, removed after use): their weights are references
+    # into the QDQ model's own file, which ONNX Runtime reads only from inside the model's folder
+    folder = Path(qdq_model).resolve().parent
+    it = track(batches, "replaying", total=len(batches)) if progress else batches
+    for batch in it:
+        m, feed_map = build_replay_model(model, batch)
+        feeds = {gi: ref.read(avail[x]) for gi, (_, x) in feed_map.items()}
+        _typed_inputs(m, feeds)
+        fd, path = tempfile.mkstemp(prefix=f".ivq-replay-{os.getpid()}-", suffix=".onnx", dir=folder)
+        os.close(fd)
+        try:
             onnx.save(m, path)
             runner = runner_factory(path)
             backend, info = runner.backend, runner.info
             outs = runner.run(feeds)
-            del feeds
-            for k, u in enumerate(batch):
-                got = outs[f"u{k}::out"]
-                want = ref.read(avail[u.output])
-                acc = MetricAccumulator()
-                if got.size == want.size:
-                    acc.update(want.reshape(-1), got.reshape(-1))
-                intro = acc.result()
-                row = {
-                    "node": u.node, "op_type": u.op_type, "tensor": u.output, "order": avail[u.output].order,
-                    "intro_sqnr_db": intro["sqnr_db"], "intro_max_abs": intro["max_abs"],
-                    "intro_rel_l2": intro["rel_l2"], "intro_status": intro["status"],
-                    "intro_noise": _noise_power(acc),
-                }
-                c = cum.get((rec["part"], int(rec["step"]), u.output))
-                if c is not None:
-                    row["cum_sqnr_db"] = c["sqnr_db"]
-                    row["cum_max_abs"] = c["max_abs"]
-                    p_cum = (c["rmse"] ** 2) * c["numel"] if c["rmse"] is not None and not math.isnan(c["rmse"]) else None
-                    row["inherited_share"] = (
-                        max(0.0, 1.0 - row["intro_noise"] / p_cum) if p_cum else (0.0 if p_cum == 0 else None)
-                    )
-                rows.append(row)
-            del outs
+        finally:
+            os.unlink(path)
+        del feeds
+        for k, u in enumerate(batch):
+            got = outs[f"u{k}::out"]
+            want = ref.read(avail[u.output])
+            acc = MetricAccumulator()
+            if got.size == want.size:
+                acc.update(want.reshape(-1), got.reshape(-1))
+            intro = acc.result()
+            row = {
+                "node": u.node, "op_type": u.op_type, "tensor": u.output, "order": avail[u.output].order,
+                "intro_sqnr_db": intro["sqnr_db"], "intro_max_abs": intro["max_abs"],
+                "intro_rel_l2": intro["rel_l2"], "intro_status": intro["status"],
+                "intro_noise": _noise_power(acc),
+            }
+            c = cum.get((rec["part"], int(rec["step"]), u.output))
+            if c is not None:
+                row["cum_sqnr_db"] = c["sqnr_db"]
+                row["cum_max_abs"] = c["max_abs"]
+                p_cum = (c["rmse"] ** 2) * c["numel"] if c["rmse"] is not None and not math.isnan(c["rmse"]) else None
+                row["inherited_share"] = (
+                    max(0.0, 1.0 - row["intro_noise"] / p_cum) if p_cum else (0.0 if p_cum == 0 else None)
+                )
+            rows.append(row)
+        del outs
     cols = ["node", "op_type", "tensor", "order", "intro_sqnr_db", "intro_max_abs", "intro_rel_l2", "intro_status",
             "intro_noise", "cum_sqnr_db", "cum_max_abs", "inherited_share"]
     table = pd.DataFrame(rows, columns=cols).sort_values("order", kind="stable").reset_index(drop=True)

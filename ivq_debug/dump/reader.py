@@ -134,6 +134,7 @@ class Dump:
         self._manifest = None
         self._fd: int | None = None
         self._layouts: dict[tuple[str, str, str], RawLayout | None] = {}
+        self._datasets: dict[tuple[str, str, str], Any] = {}
 
     # ---------------------------------------------------------------- listing
     @property
@@ -220,12 +221,16 @@ class Dump:
 
     # ---------------------------------------------------------------- data
     def dataset(self, entry: Entry):
-        """The h5py dataset behind an entry (for block-wise reads)."""
-        grp = fmt.KIND_GROUPS[entry.kind]
-        try:
-            return self._f[fmt.RECORDS][entry.rid][grp][entry.key]
-        except KeyError:
-            raise InputError(f"manifest lists {entry.name!r} but its data is missing", self.path) from None
+        """The h5py dataset behind an entry (for block-wise reads); looked up once, by full path."""
+        k = (entry.rid, entry.kind, entry.key)
+        ds = self._datasets.get(k)
+        if ds is None:
+            try:
+                ds = self._f[f"{fmt.RECORDS}/{entry.rid}/{fmt.KIND_GROUPS[entry.kind]}/{entry.key}"]
+            except KeyError:
+                raise InputError(f"manifest lists {entry.name!r} but its data is missing", self.path) from None
+            self._datasets[k] = ds
+        return ds
 
     def read(self, name: str | Entry, record: Any = None, kind: str = "tensor") -> np.ndarray:
         """Read one tensor in its stored dtype (bfloat16 is returned as float32)."""
@@ -276,12 +281,13 @@ class Dump:
             self._layouts[key] = raw_layout(self.dataset(entry), entry.shape)
         return self._layouts[key]
 
-    def iter_flat(self, entry: Entry, block_elems: int) -> Iterator[np.ndarray]:
+    def iter_flat(self, entry: Entry, block_elems: int, reuse: bool = False) -> Iterator[np.ndarray]:
         """Yield the tensor's values in C order, ``block_elems`` at a time (the last block may be shorter).
 
         Uncompressed datasets are read with ``os.pread`` straight from their file offsets: no HDF5 call,
         no h5py lock, the GIL released during I/O, so several tensors can be read in parallel threads.
-        Compressed datasets go through h5py. Either way one block is in memory at a time.
+        Compressed datasets go through h5py. Either way one block is in memory at a time; with ``reuse``
+        every block is read into the same buffer (valid until the next one is yielded).
         """
         n = entry.size
         layout = self.raw_layout(entry)
@@ -289,8 +295,11 @@ class Dump:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
             dt = np.dtype(self.dataset(entry).dtype)
+            buf = np.empty(min(block_elems, n), dtype=dt) if reuse else None
             for start in range(0, n, block_elems):
-                yield logical(layout.read(self._fd, start, min(block_elems, n - start), dt), entry.dtype)
+                count = min(block_elems, n - start)
+                out = buf[:count] if buf is not None else None
+                yield logical(layout.read(self._fd, start, count, dt, out), entry.dtype)
             return
         yield from rebuffer(self.iter_blocks(entry, block_elems * np.dtype(self.dataset(entry).dtype).itemsize),
                             block_elems)
@@ -380,11 +389,12 @@ class RawLayout:
     def __init__(self, starts: list[int], lengths: list[int], offsets: list[int], itemsize: int) -> None:
         self.starts, self.lengths, self.offsets, self.itemsize = starts, lengths, offsets, itemsize
 
-    def read(self, fd: int, start: int, count: int, dtype: np.dtype) -> np.ndarray:
-        """Elements ``[start, start + count)`` read with ``os.preadv`` into one new array."""
+    def read(self, fd: int, start: int, count: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+        """Elements ``[start, start + count)`` read with ``os.preadv`` (into ``out`` when given)."""
         import bisect
 
-        out = np.empty(count, dtype=dtype)
+        if out is None:
+            out = np.empty(count, dtype=dtype)
         buf = memoryview(out).cast("B")
         i = max(0, bisect.bisect_right(self.starts, start) - 1)
         pos, end, filled = start, start + count, 0

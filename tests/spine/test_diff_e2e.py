@@ -153,15 +153,29 @@ def test_capture_in_output_subsets_and_external_data(tmp_path: Path, captured) -
     import ivq_debug as ivq
 
     _m, x, onnx_path = tiny.build(tmp_path)
-    sub = tiny.capture_ort(onnx_path, x, tmp_path / "sub.h5", max_outputs_per_run=3)
+    sub = tiny.capture_ort(onnx_path, x, tmp_path / "sub.h5", max_outputs_per_run=3, verify=True)
     ext_dir = tmp_path / "ext"
     ext_dir.mkdir()
     model = onnx.load(str(onnx_path))
     onnx.save_model(model, str(ext_dir / "tiny.onnx"), save_as_external_data=True, location="tiny.data",
                     size_threshold=0)
     assert (ext_dir / "tiny.data").stat().st_size > 10_000
-    ext = tiny.capture_ort(ext_dir / "tiny.onnx", x, tmp_path / "ext.h5")
-    for other in (sub, ext):
+    ext = tiny.capture_ort(ext_dir / "tiny.onnx", x, tmp_path / "ext.h5", verify=True)
+    # embedded weights referenced in place (what large models get): same values, nothing left behind
+    from ivq_debug.capture import onnxruntime as oc
+
+    inplace = tmp_path / "inplace"
+    inplace.mkdir()
+    onnx.save_model(onnx.load(str(onnx_path)), str(inplace / "tiny.onnx"))
+    assert oc.load_model(inplace / "tiny.onnx", in_place=True).graph.initializer[0].external_data
+    orig = oc.load_model
+    oc.load_model = lambda p, in_place=None: orig(p, in_place=True)
+    try:
+        ip = tiny.capture_ort(inplace / "tiny.onnx", x, tmp_path / "inplace.h5", verify=True)
+    finally:
+        oc.load_model = orig
+    assert sorted(p.name for p in inplace.iterdir()) == ["tiny.onnx"]
+    for other in (sub, ext, ip):
         cmp = ivq.compare(captured["ort"], other)
         assert cmp.summary["identical"] == cmp.summary["pairs"] == len(open_dump(captured["ort"]).tensors())
         assert open_dump(other).backend_info["exposure_check"]["bit_identical"] is True
