@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -722,149 +722,6 @@ def run_ort(work: Path, models: Path, opts: argparse.Namespace, external: bool) 
     return row
 
 
-# ------------------------------------------------------------------ what-if: proposed OrtRunner changes
-def _pb_varint(buf: Any, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _pb_fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """Protobuf wire-format fields in ``buf[start:end]``: (field, start, end, value start, value end)."""
-    pos = start
-    while pos < end:
-        fstart = pos
-        tag, pos = _pb_varint(buf, pos)
-        f, wt = tag >> 3, tag & 7
-        vs = ve = pos
-        if wt == 0:
-            _, pos = _pb_varint(buf, pos)
-        elif wt == 1:
-            pos += 8
-        elif wt == 5:
-            pos += 4
-        elif wt == 2:
-            ln, vs = _pb_varint(buf, pos)
-            ve = pos = vs + ln
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wt}")
-        yield f, fstart, pos, vs, ve
-
-
-def load_weights_in_place(path: str | os.PathLike) -> Any:
-    """An ONNX ModelProto whose initializers point into ``path`` itself as external data (prototype of P1).
-
-    The file is walked in protobuf wire format (ModelProto.graph = 7, GraphProto.initializer = 5,
-    TensorProto.raw_data = 9) and only the graph structure is parsed: weights are never copied into Python,
-    and ONNX Runtime reads them from their offsets in the original file.
-    """
-    import mmap
-
-    import onnx
-
-    p = Path(path)
-    with open(p, "rb") as fh:
-        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        top, graph = [], (0, 0)
-        for f, s, e, vs, ve in _pb_fields(buf, 0, len(buf)):
-            if f == 7:
-                graph = (vs, ve)
-            else:
-                top.append(buf[s:e])
-        gparts, inits = [], []
-        for f, s, e, vs, ve in _pb_fields(buf, *graph):
-            if f != 5:
-                gparts.append(buf[s:e])
-                continue
-            parts, raw = [], None
-            for tf, ts, te, tvs, tve in _pb_fields(buf, vs, ve):
-                if tf == 9:
-                    raw = (tvs, tve)
-                else:
-                    parts.append(buf[ts:te])
-            t = onnx.TensorProto()
-            if raw is None:
-                t.ParseFromString(buf[vs:ve])
-            else:
-                t.ParseFromString(b"".join(parts))
-                t.data_location = onnx.TensorProto.EXTERNAL
-                for k, v in (("location", p.name), ("offset", str(raw[0])), ("length", str(raw[1] - raw[0]))):
-                    entry = t.external_data.add()
-                    entry.key, entry.value = k, v
-            inits.append(t)
-        m = onnx.ModelProto()
-        m.ParseFromString(b"".join(top))
-        m.graph.ParseFromString(b"".join(gparts))
-        m.graph.initializer.extend(inits)
-        return m
-    finally:
-        buf.close()
-
-
-def step_whatif_capture(a: dict[str, Any]) -> dict[str, Any]:
-    """``ivq capture onnx`` with the proposed OrtRunner changes, prototyped here (not in ivq_debug):
-
-    P1 weights referenced in place (:func:`load_weights_in_place`): no ``onnx.load`` of the weights, no
-    ``CopyFrom`` + ``SerializeToString`` per capture group; P2 no exposure verification at
-    ``optimization="disable"`` (no plain session, no second forward); P3 one session alive at a time.
-    """
-    import numpy as np
-
-    import ivq_debug.capture.onnxruntime as ort_capture
-    from ivq_debug.capture.base import Selection
-    from ivq_debug.dump import DumpWriter
-    from ivq_debug.util import sha256_file
-
-    class OneSessionRunner(ort_capture.OrtRunner):
-        def session_for(self, gi: int, group: list[Any]) -> Any:
-            for k in [k for k in self.sessions if k != gi]:
-                del self.sessions[k]
-            return super().session_for(gi, group)
-
-    ort_capture.load_model = load_weights_in_place  # P1 (OrtRunner.__init__ calls the module's load_model)
-    with np.load(a["inputs"], allow_pickle=False) as z:
-        feeds = {k: z[k] for k in z.files}
-    runner = OneSessionRunner(a["model"], selection=Selection(), max_outputs_per_run=a["maxout"], verify=False)
-    model = {"path": str(Path(a["model"]).resolve()), "sha256": sha256_file(a["model"]), "part": "model"}
-    with DumpWriter(a["out"], backend=runner.backend, backend_info=runner.info, model=model, overwrite=True) as w:
-        w.begin_record(sample=0, part="model", step=0)
-        runner.run(feeds, w)
-    return {"sites": len(runner.sites), "groups": len(runner.groups())}
-
-
-def run_whatif(work: Path, models: Path, maxout: int | None, opts: argparse.Namespace) -> Row:
-    """Capture with :func:`step_whatif_capture` (own process per side), then the shipped ``ivq-diff``."""
-    d = work / ("whatif-maxout" if maxout else "whatif-full")
-    d.mkdir(parents=True, exist_ok=True)
-    name = "ivq-debug + P1–P3 (prototype)" + (f" --max-outputs-per-run {maxout}" if maxout else "")
-    row = Row(name)
-    for side in ("ref", "test"):
-        _say(f"  {name}: capture {side}")
-        row.steps[f"capture_{side}"] = m = run_measured(
-            _self_cmd("whatif-capture", {"model": str(models / f"{side}.onnx"), "inputs": str(models / "inputs.npz"),
-                                         "out": str(d / f"{side}.h5"), "maxout": maxout}),
-            log=d / f"capture_{side}", guard=opts.guard)
-        if not m.ok:
-            row.steps.setdefault("compare", None)
-            return row
-    _say(f"  {name}: ivq-diff")
-    row.steps["compare"] = run_measured([_bin("ivq-diff"), str(d / "ref.h5"), str(d / "test.h5"), "--json",
-                                         str(d / "diff.json"), "--force", "-q"], log=d / "diff", guard=opts.guard,
-                                        ok_codes=DIFF_OK, require=d / "diff.json")
-    row.disk = _dir_bytes([d / "ref.h5", d / "test.h5"])
-    if row.steps["compare"].ok:
-        same = _layer_sqnr(d / "diff.json") == _layer_sqnr(work / "ivq-full" / "diff.json") \
-            if (work / "ivq-full" / "diff.json").exists() else None
-        row.note = {True: "same result as ivq-debug", False: "RESULT DIFFERS from ivq-debug", None: ""}[same]
-    return row
-
-
 # ---------------------------------------------------------------------------------------- memory bound
 def step_tiny_dumps(a: dict[str, Any]) -> dict[str, Any]:
     """Two tiny dumps: 16 four-element tensors (enough to start every ivq-diff worker thread) and, with
@@ -1204,8 +1061,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-outputs-per-run", type=int, default=64, help="N of the --max-outputs-per-run row")
     ap.add_argument("--guard-gib", type=float, default=None,
                     help="kill a step whose RSS exceeds this (default 80%% of MemAvailable at start)")
-    ap.add_argument("--what-if", action="store_true",
-                    help="also measure the proposed OrtRunner changes (P1–P3, docs/scale.md), prototyped here")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install Polygraphy when missing (skip it)")
     ap.add_argument("--json", default=None, help="also write every figure to this JSON file")
     ap.add_argument("--keep", action="store_true", help="keep models and dumps in the workdir")
@@ -1255,10 +1110,6 @@ def main(argv: list[str] | None = None) -> int:
     if "ort" in tools:
         _say("ORT qdq_loss_debug ...")
         rows.append(run_ort(work, models, opts, binfo["external_data"]))
-    whatif: list[Row] = []
-    if opts.what_if:
-        _say("what-if: proposed OrtRunner changes, prototyped in this benchmark ...")
-        whatif = [run_whatif(work, models, None, opts), run_whatif(work, models, opts.max_outputs_per_run, opts)]
     full = work / "ivq-full" / "ref.h5"
     if full.exists():
         for ln in inventory(full):
@@ -1276,12 +1127,6 @@ def main(argv: list[str] | None = None) -> int:
     for ln in table(rows):
         print(ln)
     print()
-    if whatif:
-        print("### What-if: the proposed OrtRunner changes P1–P3, prototyped in this benchmark (not shipped)")
-        print()
-        for ln in table([r for r in rows if r.tool == "ivq-debug"] + whatif):
-            print(ln)
-        print()
     lines, agree = sanity(rows)
     for ln in lines:
         print(ln)
@@ -1315,13 +1160,12 @@ def main(argv: list[str] | None = None) -> int:
           f"benchmark wall time {time.time() - started:.0f} s")
     if opts.json:
         doc = {"config": asdict(config), "build": binfo, "rows": [_row_json(r) for r in rows],
-               "what_if": [_row_json(r) for r in whatif], "agree": agree,
+               "agree": agree,
                "bound": {k: v for k, v in mb.items() if k != "cases"} | {"cases": [_case_json(c) for c in mb["cases"]]},
                "bound_ok": all_ok}
         Path(opts.json).write_text(json.dumps(doc, indent=1))
     if not opts.keep:
-        for p in [models, *(work / n for n in ("ivq-full", "ivq-maxout", "ivq-summary", "polygraphy", "ort", "bound",
-                                               "whatif-full", "whatif-maxout"))]:
+        for p in [models, *(work / n for n in ("ivq-full", "ivq-maxout", "ivq-summary", "polygraphy", "ort", "bound"))]:
             shutil.rmtree(p, ignore_errors=True)
     return 0 if all_ok else 1
 
@@ -1368,7 +1212,6 @@ STEP_FUNCS = {
     "ort-collect-compare": step_ort_collect_compare,
     "tiny-dumps": step_tiny_dumps,
     "synth": step_synth,
-    "whatif-capture": step_whatif_capture,
 }
 
 
