@@ -221,6 +221,10 @@ class OrtRunner:
         exposure: ``"auto"`` / ``"float"`` / ``"qdq"`` (see :func:`list_sites`).
         optimization: ``"disable"`` (default, exact reference), ``"basic"``, ``"extended"``, ``"all"``.
         max_outputs_per_run: capture in several runs of at most this many extra outputs (bounds memory).
+        partition: with ``max_outputs_per_run``, run consecutive subgraphs that each expose one group, so
+            the capture costs one forward (:mod:`ivq_debug.capture.partition`) instead of one per group.
+            Default: when the runner supports it (:attr:`can_partition`: the CPU EP at
+            ``optimization="disable"``, where the result is bit-identical) and the graph can be cut.
         verify: on the first capture run, also run the unmodified model and check the model's own
             outputs are bit-identical with and without exposure (recorded in ``info``). Default: only when
             graph optimizations are on (with ``optimization="disable"`` extra outputs cannot change which
@@ -229,6 +233,8 @@ class OrtRunner:
     """
 
     backend = "onnxruntime-cpu"
+    #: partitioned capture gives bit-identical tensors on this runner (not on EPs that compile the graph)
+    can_partition = True
 
     def __init__(
         self,
@@ -240,6 +246,7 @@ class OrtRunner:
         max_outputs_per_run: int | None = None,
         verify: bool | None = None,
         threads: int | None = None,
+        partition: bool | None = None,
     ) -> None:
         self.model_path = Path(model_path)
         self.model = load_model(self.model_path)
@@ -264,7 +271,27 @@ class OrtRunner:
         self.sessions: dict[int, Any] = {}
         self._plain: Any = None
         self._verified: dict[str, Any] | None = None
+        self.plan = self._partition_plan(partition)
         self.info: dict[str, Any] = self.base_info()
+        if len(self.groups()) > 1:
+            self.info["capture_runs"] = {"mode": "partitioned" if self.plan else "whole-model",
+                                         "runs": len(self.plan) if self.plan else len(self.groups())}
+
+    def _partition_plan(self, partition: bool | None) -> Any:
+        from ivq_debug.capture.partition import plan_partitions
+
+        if partition is False or not self.max_outputs_per_run or len(self.groups()) < 2:
+            return None
+        if not (self.can_partition and self.optimization == "disable"):
+            if partition:
+                raise UsageError(f"partitioned capture needs the CPU EP with optimization='disable' "
+                                 f"({self.backend}, optimization={self.optimization!r})")
+            return None
+        plan = plan_partitions(self.model, self.sites, self.max_outputs_per_run)
+        if plan is None and partition:
+            raise UsageError("this graph cannot be cut into consecutive subgraphs (control flow, sparse "
+                             "initializers or nodes out of topological order)", self.model_path)
+        return plan
 
     # ---------------------------------------------------------------- sessions
     def base_info(self) -> dict[str, Any]:
@@ -314,6 +341,13 @@ class OrtRunner:
         for name in outputs:
             if name not in existing:
                 m.graph.output.append(onnx.ValueInfoProto(name=name))
+        return self.serialized(m)
+
+    def serialized(self, m: Any) -> bytes | str:
+        """A derived model (same folder, same weights) as bytes, or as a temporary file in the model's folder
+        when its weights are external data (see :meth:`model_with_outputs`)."""
+        import onnx
+
         if not _has_external_data(m):  # (weights referenced in place count as external data)
             return m.SerializeToString()
         # external data (> 2 GB models): ORT only reads data files inside the model's folder, so the
@@ -343,19 +377,26 @@ class OrtRunner:
                 for k in [k for k in self.sessions if k != gi]:
                     del self.sessions[k]
             with self.augmented([s.output for s in group]) as model:
-                try:
-                    self.sessions[gi] = self.create_session(model)
-                except CaptureError:
-                    raise
-                except Exception as e:
-                    raise CaptureError(f"session creation failed: {' '.join(str(e).split())[:400]}",
-                                       self.model_path) from None
+                self.sessions[gi] = self._checked_session(model)
         return self.sessions[gi]
+
+    def _checked_session(self, model: bytes | str) -> Any:
+        try:
+            return self.create_session(model)
+        except CaptureError:
+            raise
+        except Exception as e:
+            raise CaptureError(f"session creation failed: {' '.join(str(e).split())[:400]}",
+                               self.model_path) from None
 
     @contextmanager
     def augmented(self, outputs: list[str]) -> Iterator[bytes | str]:
         """:meth:`model_with_outputs` for the duration of a ``with`` block (its temporary file is removed)."""
-        model = self.model_with_outputs(outputs)
+        with self._temporary(self.model_with_outputs(outputs)) as model:
+            yield model
+
+    @contextmanager
+    def _temporary(self, model: bytes | str) -> Iterator[bytes | str]:
         try:
             yield model
         finally:
@@ -377,6 +418,10 @@ class OrtRunner:
             for k, v in feeds.items():
                 if not writer.has(k, "input"):
                     writer.add_input(k, v)
+        if writer is not None and self.plan is not None:
+            result = self._run_partitioned(feeds, writer)
+            self._finish(feeds, result, writer)
+            return result
         result: dict[str, np.ndarray] | None = None
         groups = self.groups() if writer is not None else [[]]
         for gi, group in enumerate(groups):
@@ -395,16 +440,52 @@ class OrtRunner:
                     del val
         assert result is not None
         if writer is not None:
-            site_names = {s.name for s in self.sites}
-            for name in self.output_names:
-                if name not in site_names:  # a QDQ graph output is already captured from its Q node
-                    i, node = self._producers.get(name, (len(self.model.graph.node), None))
-                    writer.add_tensor(name, result[name], op_type=node.op_type if node else "GraphOutput",
-                                      order=i, scope=scope_of(node) if node else None)
-            if self.verify and self._verified is None and self.sites:
-                self._verify(feeds, result)
-                writer.update_backend_info(exposure_check=self._verified)
+            self._finish(feeds, result, writer)
         return result
+
+    def _run_partitioned(self, feeds: dict[str, np.ndarray], writer: Any) -> dict[str, np.ndarray]:
+        """One forward through the plan's pieces; each piece's exposed tensors are written as it finishes."""
+        from ivq_debug.capture.partition import piece_model
+
+        assert self.plan is not None
+        self.sessions.clear()  # a whole-model session would hold a second copy of the weights
+        store: dict[str, np.ndarray] = {}  # boundary values still read by a later piece
+        result: dict[str, np.ndarray] = {}
+        outputs = set(self.output_names)
+        for k, piece in enumerate(self.plan.pieces):
+            pfeeds = {x: feeds[x] if x in feeds else store[x] for x in piece.inputs}
+            model = piece_model(self.model, piece, pfeeds, name=f"{self.model.graph.name}_part{k}")
+            with self._temporary(self.serialized(model)) as m:
+                sess = self._checked_session(m)
+            try:
+                values = dict(zip(piece.outputs, sess.run(piece.outputs, pfeeds), strict=True))
+            except Exception as e:
+                raise CaptureError(f"run failed in piece {k + 1}/{len(self.plan)}: "
+                                   f"{' '.join(str(e).split())[:400]}", self.model_path) from None
+            del sess, model, pfeeds
+            for site in piece.sites:
+                self._write_site(writer, site, values[site.output])
+            for name, v in values.items():
+                if name in outputs:
+                    result[name] = v
+                if self.plan.last_use.get(name, -1) > k:
+                    store[name] = v
+            for name in [x for x in store if self.plan.last_use[x] <= k]:
+                del store[name]
+            del values
+        return {name: result[name] for name in self.output_names}
+
+    def _finish(self, feeds: dict[str, np.ndarray], result: dict[str, np.ndarray], writer: Any) -> None:
+        """Write the model's own outputs into the record; run the exposure check once if asked."""
+        site_names = {s.name for s in self.sites}
+        for name in self.output_names:
+            if name not in site_names:  # a QDQ graph output is already captured from its Q node
+                i, node = self._producers.get(name, (len(self.model.graph.node), None))
+                writer.add_tensor(name, result[name], op_type=node.op_type if node else "GraphOutput",
+                                  order=i, scope=scope_of(node) if node else None)
+        if self.verify and self._verified is None and self.sites:
+            self._verify(feeds, result)
+            writer.update_backend_info(exposure_check=self._verified)
 
     def _write_site(self, writer: Any, site: TensorSite, val: np.ndarray) -> None:
         if site.encoding is not None:

@@ -89,6 +89,8 @@ class QnnHtpRunner(OrtRunner):
     """
 
     backend = "qnn-htp"
+    #: a cut graph would change what QNN compiles (the HTP partition and its boundary quantization)
+    can_partition = False
 
     def __init__(
         self,

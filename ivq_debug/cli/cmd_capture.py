@@ -26,7 +26,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--skip-views", action="store_true",
                    help="do not capture outputs of data-movement ops (Reshape, Transpose, ...): copies of their input")
     p.add_argument("--max-outputs-per-run", type=int, default=None, metavar="N",
-                   help="capture in several runs of at most N tensors (bounds memory)")
+                   help="capture in groups of at most N tensors (bounds memory); on the CPU EP each group is a "
+                        "consecutive subgraph, so the capture still costs one forward")
+    p.add_argument("--whole-model-runs", action="store_true",
+                   help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
                    help="ORT graph optimization level (default disable: exact reference)")
     p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
@@ -64,7 +67,8 @@ def make_runner(args: argparse.Namespace):
     if args.backend == "onnx":
         from ivq_debug.capture.onnxruntime import OrtRunner
 
-        return OrtRunner(args.model, optimization=args.optimization, **common)
+        return OrtRunner(args.model, optimization=args.optimization,
+                         partition=False if args.whole_model_runs else None, **common)
     from ivq_debug.capture.qnn_ep import QnnHtpRunner
 
     kw: dict[str, Any] = {"allow_cpu_fallback": args.allow_cpu_fallback, "overwrite": args.force}
