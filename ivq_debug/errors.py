@@ -28,6 +28,12 @@ EXIT_UNMATCHED = 4
 EXIT_TOOL = 5
 
 
+def one_line(e: BaseException | str, limit: int | None = None) -> str:
+    """An exception's (or a text's) message folded onto one line, cut to ``limit`` characters."""
+    text = " ".join(str(e).split())
+    return text[:limit] if limit is not None else text
+
+
 class IvqError(Exception):
     """Base class: a user-facing error with a one-line message and an exit code."""
 
@@ -40,7 +46,7 @@ class IvqError(Exception):
 
     def one_line(self) -> str:
         """The message folded onto a single line."""
-        return " ".join(str(self).split())
+        return one_line(self)
 
 
 class UsageError(IvqError):

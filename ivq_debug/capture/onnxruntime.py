@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.capture.base import Selection
-from ivq_debug.errors import CaptureError, InputError, UsageError
+from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
 
 QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 #: suffix the ORT quantizer gives a graph output's float tensor when it inserts Q/DQ after it
@@ -386,7 +386,7 @@ class OrtRunner:
         except CaptureError:
             raise
         except Exception as e:
-            raise CaptureError(f"session creation failed: {' '.join(str(e).split())[:400]}",
+            raise CaptureError(f"session creation failed: {one_line(e, 400)}",
                                self.model_path) from None
 
     @contextmanager
@@ -430,7 +430,7 @@ class OrtRunner:
             try:
                 values = sess.run(names, feeds)
             except Exception as e:
-                raise CaptureError(f"run failed: {' '.join(str(e).split())[:400]}", self.model_path) from None
+                raise CaptureError(f"run failed: {one_line(e, 400)}", self.model_path) from None
             out = dict(zip(self.output_names, values[: len(self.output_names)], strict=True))
             if result is None:
                 result = out
@@ -461,7 +461,7 @@ class OrtRunner:
                 values = dict(zip(piece.outputs, sess.run(piece.outputs, pfeeds), strict=True))
             except Exception as e:
                 raise CaptureError(f"run failed in piece {k + 1}/{len(self.plan)}: "
-                                   f"{' '.join(str(e).split())[:400]}", self.model_path) from None
+                                   f"{one_line(e, 400)}", self.model_path) from None
             del sess, model, pfeeds
             for site in piece.sites:
                 self._write_site(writer, site, values[site.output])

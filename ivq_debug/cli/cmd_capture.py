@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.errors import EXIT_OK, InputError, UsageError
+from ivq_debug.errors import EXIT_OK, InputError, UsageError, one_line
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -51,7 +51,7 @@ def load_npz(path: str | Path) -> dict[str, Any]:
         with np.load(p, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (ValueError, OSError) as e:
-        raise InputError(f"not a readable .npz ({' '.join(str(e).split())[:120]})", p) from None
+        raise InputError(f"not a readable .npz ({one_line(e, 120)})", p) from None
 
 
 def make_runner(args: argparse.Namespace):

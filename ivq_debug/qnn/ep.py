@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug import defaults
-from ivq_debug.errors import CaptureError, ToolNotFoundError, UsageError
+from ivq_debug.errors import CaptureError, ToolNotFoundError, UsageError, one_line
 
 EP_NAME = defaults.QNN_EP_NAME
 CPU_EP = "CPUExecutionProvider"
@@ -150,7 +150,7 @@ def register_qnn_ep() -> QnnEpStatus:
                 ort.register_execution_provider_library(EP_NAME, st.library_path)
             except Exception as e:  # registered by someone else in this process: fine
                 if "already registered" not in str(e):
-                    raise ToolNotFoundError(f"cannot register the QNN EP: {_one_line(e)}") from None
+                    raise ToolNotFoundError(f"cannot register the QNN EP: {one_line(e)}") from None
         if not any(d.ep_name == EP_NAME for d in ort.get_ep_devices()):
             raise ToolNotFoundError("QNN EP registered but it exposes no device")
         _REGISTERED[EP_NAME] = str(st.library_path)
@@ -420,7 +420,7 @@ def partition_of(session: Any, *, fallback_allowed: bool, model: Any = None,
     try:
         info = session.get_provider_graph_assignment_info()
     except Exception as e:
-        raise CaptureError(f"cannot read the EP graph assignment: {_one_line(e)}") from None
+        raise CaptureError(f"cannot read the EP graph assignment: {one_line(e)}") from None
     io = _io_offload_names(model)
     reasons = reasons or {}
     subgraphs = []
@@ -536,10 +536,6 @@ class QnnSession:
         }
 
 
-def _one_line(e: BaseException | str) -> str:
-    return " ".join(str(e).split())
-
-
 def _load_graph(model: bytes | str | os.PathLike) -> Any:
     import onnx
 
@@ -641,7 +637,7 @@ def _create(model: bytes | str | os.PathLike, config: QnnSessionConfig, eff: Qnn
     try:
         sess, native, seconds = _inference_session(model, so)
     except Exception as e:
-        msg = _one_line(e)
+        msg = one_line(e)
         if not config.allow_cpu_fallback:
             trace = read_op_trace(eff.op_trace_dir) if eff.op_trace_dir is not None else None
             unsupported = unsupported_from_trace(trace) if trace else []

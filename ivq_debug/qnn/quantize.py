@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.errors import InputError, IvqError, UsageError
+from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {
@@ -574,7 +574,7 @@ def quantize_for_qnn(
                 preprocessed = bool(qnn_preprocess_model(src, pre, save_as_external_data=big,
                                                          all_tensors_to_one_file=True))
             except Exception as e:
-                raise InputError(f"qnn_preprocess_model failed: {' '.join(str(e).split())[:300]}", src) from None
+                raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", src) from None
             if preprocessed:
                 source = pre
         reader = _reader(samples)
@@ -595,7 +595,7 @@ def quantize_for_qnn(
         except IvqError:
             raise
         except Exception as e:
-            raise InputError(f"quantization failed: {type(e).__name__}: {' '.join(str(e).split())[:400]}",
+            raise InputError(f"quantization failed: {type(e).__name__}: {one_line(e, 400)}",
                              src) from None
         served = reader.served
         qproto = _load_proto(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits

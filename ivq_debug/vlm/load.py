@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.errors import InputError
+from ivq_debug.errors import InputError, one_line
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
 
@@ -95,7 +95,7 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
         hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise in CLI and notebook output
         model = cls.from_pretrained(str(path), **kw)
     except Exception as e:  # safetensors / config / shape errors all mean: this folder does not load
-        raise InputError(f"cannot load the checkpoint: {' '.join(str(e).split())[:300]}", path) from e
+        raise InputError(f"cannot load the checkpoint: {one_line(e, 300)}", path) from e
     from ivq_debug.vlm.build import set_eager
 
     set_eager(model.config)
