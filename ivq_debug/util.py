@@ -65,3 +65,34 @@ def as_float(v: object) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(f) else f
+
+
+def read_arrays(path: str | os.PathLike, what: str = "inputs file") -> dict:
+    """Named arrays of an ``.npz`` (or one ``.npy``, named after the file), never unpickling anything.
+
+    Raises :class:`~ivq_debug.errors.InputError` with a one-line message naming the file when it is missing,
+    not a NumPy file, or holds object arrays.
+    """
+    import zipfile
+
+    import numpy as np
+
+    from ivq_debug.errors import InputError, one_line
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"no such {what}" if not p.exists() else f"{what} is not a file", p)
+    with open(p, "rb") as f:
+        magic = f.read(6)
+    try:
+        if magic == b"\x93NUMPY":
+            return {p.stem: np.load(p, allow_pickle=False)}
+        if not zipfile.is_zipfile(p):
+            raise InputError("not an .npz archive (a NumPy zip of named arrays) or an .npy array", p)
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except InputError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        kind = "object arrays (pickles are never loaded)" if "pickle" in str(e) else one_line(e, 160)
+        raise InputError(f"not a readable NumPy file: {kind}", p) from None

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.errors import EXIT_OK, InputError, UsageError, one_line
+from ivq_debug.errors import EXIT_OK, UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -42,16 +42,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def load_npz(path: str | Path) -> dict[str, Any]:
     """Load an ``.npz`` of named arrays without pickles (one-line error on a bad file)."""
-    import numpy as np
+    from ivq_debug.util import read_arrays
 
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such inputs file", p)
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, OSError) as e:
-        raise InputError(f"not a readable .npz ({one_line(e, 120)})", p) from None
+    return read_arrays(path)
 
 
 def make_runner(args: argparse.Namespace):

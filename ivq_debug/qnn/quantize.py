@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.util import read_arrays
 
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {
@@ -173,11 +174,7 @@ def _image_to_input(img: np.ndarray, spec: InputSpec, where: Path, mean: Sequenc
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except Exception as e:
-        raise InputError(f"not a readable .npz ({type(e).__name__}: {e})", path) from None
+    return read_arrays(path, "calibration file")
 
 
 def load_calibration(
@@ -283,10 +280,7 @@ def load_calibration(
 
 
 def _read_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except Exception as e:
-        raise InputError(f"not a readable .npy ({type(e).__name__}: {e})", path) from None
+    return next(iter(read_arrays(path, "calibration file").values()))
 
 
 def _read_image(path: Path) -> np.ndarray:
