@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="onnx: ONNX Runtime CPU EP (float or CPU-QDQ reference); qnn: QNN HTP via onnxruntime-qnn")
     p.add_argument("model", help="ONNX model (.onnx; a QDQ model for qnn)")
     p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
-                   help="model inputs, one .npz per sample (keys = input names); repeat for several samples")
+                   help="model inputs, one .npz per sample (keys = input names; a .npy is one input named after the "
+                        "file); repeat for several samples. Pickled (object) arrays are refused")
     p.add_argument("-o", "--output", required=True, help="dump to write (.h5)")
     p.add_argument("--part", default="model", help="record part name (vision, prefill, decode, model)")
     p.add_argument("--include", action="append", default=None, metavar="GLOB", help="tensor names to capture")
