@@ -454,6 +454,11 @@ class OrtRunner:
         outputs = set(self.output_names)
         for k, piece in enumerate(self.plan.pieces):
             pfeeds = {x: feeds[x] if x in feeds else store[x] for x in piece.inputs}
+            odd = [x for x, v in pfeeds.items() if not isinstance(v, np.ndarray) or v.dtype == object]
+            if odd:
+                raise CaptureError(f"cannot cut the graph before piece {k + 1}: {odd[0]!r} is a sequence, map or "
+                                   f"string value; capture with --whole-model-runs (partition=False)",
+                                   self.model_path)
             model = piece_model(self.model, piece, pfeeds, name=f"{self.model.graph.name}_part{k}")
             with self._temporary(self.serialized(model)) as m:
                 sess = self._checked_session(m)

@@ -21,8 +21,9 @@ from . import tiny
 QDQ_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "qnn" / "model.qdq.onnx"
 
 
-def capture(model: Path, feeds: dict[str, np.ndarray], out: Path, **kw) -> OrtRunner:
-    r = OrtRunner(model, selection=Selection(), **kw)
+def capture(model: Path, feeds: dict[str, np.ndarray], out: Path, selection: Selection | None = None,
+            **kw) -> OrtRunner:
+    r = OrtRunner(model, selection=selection or Selection(), **kw)
     with DumpWriter(out, backend=r.backend, backend_info=r.info) as w:
         w.begin_record()
         r.run(feeds, w)
@@ -152,3 +153,34 @@ def test_cli_capture_in_subsets(tmp_path: Path, extra: list[str], mode: str, run
     assert run("ivq", _main, argv) == 0
     assert open_dump(out).backend_info["capture_runs"] == {"mode": mode, "runs": runs}
     assert assert_same_dump(tmp_path / "full.h5", out) > 30
+
+
+def test_sequence_value_at_a_cut_is_a_clear_error(tmp_path: Path) -> None:
+    """x → Abs → SplitToSequence, Neg(x), SequenceAt(0) + Neg(x) → Sigmoid → y: one tensor per run cuts after
+    Neg, which hands the sequence to the last piece."""
+    from ivq_debug.errors import CaptureError
+
+    nodes = [helper.make_node("Abs", ["x"], ["a"], name="abs"),
+             helper.make_node("SplitToSequence", ["a"], ["seq"], name="split", axis=0),
+             helper.make_node("Neg", ["x"], ["n"], name="neg"),
+             helper.make_node("SequenceAt", ["seq", "zero"], ["first"], name="at"),
+             helper.make_node("Add", ["first", "n"], ["s"], name="add"),
+             helper.make_node("Sigmoid", ["s"], ["y"], name="sig")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[helper.make_tensor("zero", TensorProto.INT64, [], [0])])
+    path = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = {"x": np.array([[-1, 2, -3], [4, -5, 6]], np.float32)}
+    sel = Selection(op_types=["Abs", "Neg", "Add"])
+    r = OrtRunner(path, selection=sel, max_outputs_per_run=1)
+    assert r.plan is not None and "seq" in r.plan.pieces[-1].inputs
+    with pytest.raises(CaptureError, match="whole-model"), DumpWriter(tmp_path / "seq.h5", backend=r.backend) as w:
+        w.begin_record()
+        r.run(feeds, w)
+    assert not (tmp_path / "seq.h5").exists()  # the failed capture leaves no dump
+    whole = capture(path, feeds, tmp_path / "whole.h5", selection=sel, max_outputs_per_run=1, partition=False)
+    assert whole.plan is None and whole.info["capture_runs"]["mode"] == "whole-model"
+    d = open_dump(tmp_path / "whole.h5")
+    np.testing.assert_array_equal(d.read("s"), [[2, 0, 6], [-3, 7, -3]])  # abs(x)[0:1] - x
+    np.testing.assert_array_equal(d.read("n"), -feeds["x"])
