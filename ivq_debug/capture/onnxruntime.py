@@ -290,7 +290,8 @@ class OrtRunner:
         plan = plan_partitions(self.model, self.sites, self.max_outputs_per_run)
         if plan is None and partition:
             raise UsageError("this graph cannot be cut into consecutive subgraphs (control flow, sparse "
-                             "initializers or nodes out of topological order)", self.model_path)
+                             "initializers, nodes out of topological order, model outputs no node produces, or "
+                             "shape inference fails)", self.model_path)
         return plan
 
     # ---------------------------------------------------------------- sessions
@@ -353,9 +354,16 @@ class OrtRunner:
         # external data (> 2 GB models): ORT only reads data files inside the model's folder, so the
         # augmented graph is written there under a hidden temporary name and removed once the session
         # has loaded it (see _session); the weights themselves are never copied.
-        fd, tmp = tempfile.mkstemp(prefix=f".ivq-{os.getpid()}-", suffix=".onnx", dir=self.model_path.parent)
-        os.close(fd)
-        onnx.save(m, tmp, save_as_external_data=False)
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".ivq-{os.getpid()}-", suffix=".onnx", dir=self.model_path.parent)
+            os.close(fd)
+            onnx.save(m, tmp, save_as_external_data=False)
+        except OSError as e:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            raise CaptureError(f"cannot write the derived graph next to the model (external data must stay in "
+                               f"its folder): {one_line(e, 200)}", self.model_path.parent) from None
         return tmp
 
     def groups(self) -> list[list[TensorSite]]:
@@ -459,22 +467,24 @@ class OrtRunner:
                 raise CaptureError(f"cannot cut the graph before piece {k + 1}: {odd[0]!r} is a sequence, map or "
                                    f"string value; capture with --whole-model-runs (partition=False)",
                                    self.model_path)
-            model = piece_model(self.model, piece, pfeeds, name=f"{self.model.graph.name}_part{k}")
+            model = piece_model(self.model, piece, pfeeds, self.plan.elem_types,
+                                name=f"{self.model.graph.name}_part{k}")
             with self._temporary(self.serialized(model)) as m:
                 sess = self._checked_session(m)
+            del model, m  # (serialized bytes hold a copy of the piece's embedded weights)
             try:
                 values = dict(zip(piece.outputs, sess.run(piece.outputs, pfeeds), strict=True))
             except Exception as e:
                 raise CaptureError(f"run failed in piece {k + 1}/{len(self.plan)}: "
                                    f"{one_line(e, 400)}", self.model_path) from None
-            del sess, model, pfeeds
+            del sess, pfeeds
             for site in piece.sites:
                 self._write_site(writer, site, values[site.output])
-            for name, v in values.items():
+            for name in values:
                 if name in outputs:
-                    result[name] = v
+                    result[name] = values[name]
                 if self.plan.last_use.get(name, -1) > k:
-                    store[name] = v
+                    store[name] = values[name]
             for name in [x for x in store if self.plan.last_use[x] <= k]:
                 del store[name]
             del values

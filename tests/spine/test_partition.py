@@ -155,32 +155,88 @@ def test_cli_capture_in_subsets(tmp_path: Path, extra: list[str], mode: str, run
     assert assert_same_dump(tmp_path / "full.h5", out) > 30
 
 
-def test_sequence_value_at_a_cut_is_a_clear_error(tmp_path: Path) -> None:
-    """x → Abs → SplitToSequence, Neg(x), SequenceAt(0) + Neg(x) → Sigmoid → y: one tensor per run cuts after
-    Neg, which hands the sequence to the last piece."""
+def _save(path: Path, nodes: list, opset: int = 17, inits: tuple = ()) -> Path:
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=list(inits))
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def _whole_vs_partitioned(tmp_path: Path, path: Path, sel: Selection, x: np.ndarray) -> OrtRunner:
+    capture(path, {"x": x}, tmp_path / "whole.h5", selection=sel, max_outputs_per_run=1, partition=False)
+    r = capture(path, {"x": x}, tmp_path / "part.h5", selection=sel, max_outputs_per_run=1)
+    assert r.plan is not None
+    assert assert_same_dump(tmp_path / "whole.h5", tmp_path / "part.h5") >= 2
+    return r
+
+
+X = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+
+
+@pytest.mark.parametrize("kind", ["sequence", "float8", "bfloat16"])
+def test_values_numpy_cannot_carry_never_cross_a_cut(tmp_path: Path, kind: str) -> None:
+    """x → Abs → (a value numpy cannot carry) v, Neg(x), `back` to float, + Neg(x) → Sigmoid → y. One tensor
+    per run would cut after Neg, which v crosses: the cut moves past v's last reader instead."""
+    if kind == "sequence":
+        make = [helper.make_node("SplitToSequence", ["a"], ["v"], name="split", axis=0)]
+        back = [helper.make_node("SequenceAt", ["v", "zero"], ["f"], name="at")]
+    else:
+        to = TensorProto.FLOAT8E4M3FN if kind == "float8" else TensorProto.BFLOAT16
+        make = [helper.make_node("Cast", ["a"], ["v"], name="cast", to=to)]
+        back = [helper.make_node("Cast", ["v"], ["f"], name="back", to=TensorProto.FLOAT)]
+    nodes = [helper.make_node("Abs", ["x"], ["a"], name="abs"), *make,
+             helper.make_node("Neg", ["x"], ["n"], name="neg"), *back,
+             helper.make_node("Add", ["f", "n"], ["s"], name="add"),
+             helper.make_node("Sigmoid", ["s"], ["y"], name="sig")]
+    path = _save(tmp_path / f"{kind}.onnx", nodes, opset=19,
+                 inits=(helper.make_tensor("zero", TensorProto.INT64, [], [0]),))
+    r = _whole_vs_partitioned(tmp_path, path, Selection(op_types=["Abs", "Neg", "Add"]), X)
+    assert all("v" not in p.inputs for p in r.plan.pieces)
+    assert [(p.start, p.stop) for p in r.plan.pieces] == [(0, 1), (1, 4), (4, 6)]  # the Neg cut moved past `back`
+    first = np.abs(X)[:1] if kind == "sequence" else np.abs(X)  # (1, 3) row broadcast, or the whole tensor
+    np.testing.assert_array_equal(open_dump(tmp_path / "part.h5").read("s"), first - X)
+
+
+def test_constant_nodes_are_copied_into_the_pieces_that_read_them(tmp_path: Path) -> None:
+    """A Constant weight read after a cut: ORT prepacks a constant for MatMul (not a graph input), so it must
+    stay a constant in the consumer's piece to be bit-identical (and a piece must not hold others' weights)."""
+    w = np.random.default_rng(0).standard_normal((3, 257)).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["w"], value=onnx.numpy_helper.from_array(w, "w")),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Neg", ["r"], ["n"], name="neg"),
+             helper.make_node("Transpose", ["w"], ["wt"], name="wt", perm=[1, 0]),  # computed from the weight only
+             helper.make_node("Transpose", ["wt"], ["w2"], name="w2", perm=[1, 0]),
+             helper.make_node("MatMul", ["n", "w2"], ["y"], name="mm")]
+    r = _whole_vs_partitioned(tmp_path, _save(tmp_path / "c.onnx", nodes), Selection(), X)
+    assert [p.inputs for p in r.plan.pieces] == [["x"], ["r"]]
+    assert r.plan.pieces[1].nodes == [0, 2, 3, 4, 5]  # Constant and its Transposes pulled into the MatMul's piece
+
+
+def test_a_dead_tail_makes_no_empty_piece(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+             helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=0, num_outputs=2),
+             helper.make_node("Abs", ["a"], ["dead"], name="abs")]
+    r = _whole_vs_partitioned(tmp_path, _save(tmp_path / "d.onnx", nodes, opset=18),
+                              Selection(op_types=["Split", "Relu"]), X)
+    assert all(p.outputs for p in r.plan.pieces)
+
+
+def test_failed_derived_graph_write_leaves_nothing_in_the_model_folder(tmp_path: Path, monkeypatch) -> None:
     from ivq_debug.errors import CaptureError
 
-    nodes = [helper.make_node("Abs", ["x"], ["a"], name="abs"),
-             helper.make_node("SplitToSequence", ["a"], ["seq"], name="split", axis=0),
-             helper.make_node("Neg", ["x"], ["n"], name="neg"),
-             helper.make_node("SequenceAt", ["seq", "zero"], ["first"], name="at"),
-             helper.make_node("Add", ["first", "n"], ["s"], name="add"),
-             helper.make_node("Sigmoid", ["s"], ["y"], name="sig")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          initializer=[helper.make_tensor("zero", TensorProto.INT64, [], [0])])
-    path = tmp_path / "seq.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    feeds = {"x": np.array([[-1, 2, -3], [4, -5, 6]], np.float32)}
-    sel = Selection(op_types=["Abs", "Neg", "Add"])
-    r = OrtRunner(path, selection=sel, max_outputs_per_run=1)
-    assert r.plan is not None and "seq" in r.plan.pieces[-1].inputs
-    with pytest.raises(CaptureError, match="whole-model"), DumpWriter(tmp_path / "seq.h5", backend=r.backend) as w:
+    _m, x, path = tiny.build(tmp_path)
+    ext = tmp_path / "ext"
+    ext.mkdir()
+    onnx.save_model(onnx.load(str(path)), str(ext / "tiny.onnx"), save_as_external_data=True,
+                    location="tiny.data", size_threshold=0)
+
+    def full_disk(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(onnx, "save", full_disk)
+    r = OrtRunner(ext / "tiny.onnx", selection=Selection(), max_outputs_per_run=4)
+    with pytest.raises(CaptureError, match="No space left"), DumpWriter(tmp_path / "o.h5", backend=r.backend) as w:
         w.begin_record()
-        r.run(feeds, w)
-    assert not (tmp_path / "seq.h5").exists()  # the failed capture leaves no dump
-    whole = capture(path, feeds, tmp_path / "whole.h5", selection=sel, max_outputs_per_run=1, partition=False)
-    assert whole.plan is None and whole.info["capture_runs"]["mode"] == "whole-model"
-    d = open_dump(tmp_path / "whole.h5")
-    np.testing.assert_array_equal(d.read("s"), [[2, 0, 6], [-3, 7, -3]])  # abs(x)[0:1] - x
-    np.testing.assert_array_equal(d.read("n"), -feeds["x"])
+        r.run({"x": x}, w)
+    assert sorted(p.name for p in ext.iterdir()) == ["tiny.data", "tiny.onnx"]
+    assert not (tmp_path / "o.h5").exists()
