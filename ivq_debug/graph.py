@@ -16,6 +16,26 @@ import numpy as np
 
 #: do not materialize folded tensors larger than this (bytes)
 FOLD_MAX_BYTES = 64 << 20
+#: ops whose result changes from one evaluation to the next: never constant, even on constant inputs
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+
+
+def constant_nodes(nodes: Any, constants: set[str]) -> tuple[set[int], set[str]]:
+    """The nodes of a topologically sorted node list computed from ``constants`` (initializers) alone.
+
+    ``Constant`` nodes, weight ``Identity`` / ``Transpose`` / ``DequantizeLinear``, shape arithmetic: every
+    non-random node whose inputs are all constant. Returns their indices and every constant value name
+    (``constants`` included). Capture does not expose these values (they are not activations) and partitioned
+    capture copies these nodes into each piece that reads them.
+    """
+    values = set(constants)
+    idx: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op_type not in RANDOM_OPS and all((not x) or x in values for x in n.input):
+            idx.add(i)
+            values.update(o for o in n.output if o)
+    return idx, values
 
 
 def _static_shapes(model: Any) -> dict[str, list[int]]:

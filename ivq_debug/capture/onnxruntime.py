@@ -20,6 +20,7 @@ import numpy as np
 
 from ivq_debug.capture.base import Selection
 from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
+from ivq_debug.graph import constant_nodes
 
 QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 #: suffix the ORT quantizer gives a graph output's float tensor when it inserts Q/DQ after it
@@ -106,10 +107,7 @@ def list_sites(model: Any, mode: str = "auto", base_dir: str = "") -> list[Tenso
     initializers = {i.name for i in model.graph.initializer}
     sites: list[TensorSite] = []
     # values computed from initializers only (weight Identity copies, shape constants): not activations
-    const = set(initializers)
-    for n in nodes:
-        if n.op_type == "Constant" or all((not x) or x in const for x in n.input):
-            const.update(o for o in n.output if o)
+    _, const = constant_nodes(nodes, initializers)
     if mode == "float":
         for i, n in enumerate(nodes):
             if n.output and all((not o) or o in const for o in n.output):

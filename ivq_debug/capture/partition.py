@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.graph import constant_nodes
+
 #: ONNX tensor element types numpy holds bit for bit (what may cross a cut)
 SAFE_ELEM_TYPES = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13})  # float … uint64, bool, fp16, double
 #: element types numpy cannot carry faithfully: string, bfloat16, float8 ×4, uint4, int4, float4
@@ -39,9 +41,6 @@ EXOTIC_ELEM_TYPES = frozenset({8, 16, 17, 18, 19, 20, 21, 22, 23})
 #: ops whose outputs are sequences, maps or optionals (never tensors numpy can carry)
 NON_TENSOR_OPS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
                             "SequenceMap", "Optional", "ZipMap", "CastMap"})
-#: ops whose result changes from one evaluation to the next: never copied into several pieces
-RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                        "Bernoulli"})
 
 
 @dataclass
@@ -127,16 +126,10 @@ def plan_partitions(model: Any, sites: list[Any], max_outputs: int) -> Partition
     graph_inputs = {i.name for i in g.input}
     inits = {t.name for t in g.initializer} - graph_inputs  # an input with a default is fed, not folded
     producer: dict[str, int] = {}
-    const_nodes: set[int] = set()  # Constant nodes and nodes computed from initializers / constants only
-    const_values = set(inits)
     for i, n in enumerate(nodes):
-        ins = [x for x in n.input if x]
-        for x in ins:
-            if x not in producer and x not in inits and x not in graph_inputs:
+        for x in n.input:
+            if x and x not in producer and x not in inits and x not in graph_inputs:
                 return None  # not topologically sorted (or reads an undefined value)
-        if n.op_type == "Constant" or (ins and n.op_type not in RANDOM_OPS and all(x in const_values for x in ins)):
-            const_nodes.add(i)
-            const_values.update(o for o in n.output if o)
         for o in n.output:
             if o:
                 producer[o] = i
@@ -146,6 +139,7 @@ def plan_partitions(model: Any, sites: list[Any], max_outputs: int) -> Partition
     types = _value_types(model)
     if types is None:
         return None
+    const_nodes, _ = constant_nodes(nodes, inits)  # copied into the pieces that read them, never cut
 
     # cut positions a value numpy cannot carry would cross: (producer, last consumer]
     last_reader: dict[str, int] = {}
