@@ -41,12 +41,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--force", action="store_true", help="overwrite the output dump")
 
 
-def load_npz(path: str | Path) -> dict[str, Any]:
-    """Load an ``.npz`` of named arrays without pickles (one-line error on a bad file)."""
-    from ivq_debug.util import read_arrays
-
-    return read_arrays(path)
-
 
 def make_runner(args: argparse.Namespace):
     """The runner for ``args.backend``."""
@@ -80,10 +74,10 @@ def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
     from ivq_debug.console import console, track
     from ivq_debug.dump import DumpWriter, check_writable
-    from ivq_debug.util import sha256_file
+    from ivq_debug.util import read_arrays, sha256_file
 
     check_writable(args.output, args.force)
-    samples = [load_npz(p) for p in args.inputs]
+    samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")
     runner = make_runner(args)

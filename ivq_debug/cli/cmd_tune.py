@@ -29,18 +29,18 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the loop."""
-    from ivq_debug.cli.cmd_capture import load_npz
     from ivq_debug.cli.common import escape, fmt_num, write_json
     from ivq_debug.console import console, status
     from ivq_debug.errors import UsageError
     from ivq_debug.tune.suggest import from_encodings, suggest, write_suggestions
     from ivq_debug.tune.verify import Tuner, greedy, verify
+    from ivq_debug.util import read_arrays
 
     wd = Path(args.workdir)
     if wd.exists() and any(wd.iterdir()) and not args.force:
         raise UsageError("workdir is not empty; pass --force to reuse it", wd)
     wd.mkdir(parents=True, exist_ok=True)
-    feeds = [load_npz(p) for p in args.inputs]
+    feeds = [read_arrays(p) for p in args.inputs]
     ref = Path(args.reference) if args.reference else wd / "reference.h5"
     if not args.reference:
         from ivq_debug.capture.base import Selection
