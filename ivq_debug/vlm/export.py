@@ -2,8 +2,12 @@
 
 One call writes, into one folder:
 
-* ``vision_b{bucket}.onnx`` per resolution bucket: vision tower + projector (grid fixed),
-* ``prefill_b{bucket}.onnx`` per bucket: the LLM over the whole prompt (``S`` fixed per bucket),
+* ``vision_b{bucket}.onnx`` per resolution bucket: vision tower + projector (grid fixed); for Qwen3-VL
+  also the DeepStack mergers (outputs ``deepstack_features.{k}`` beside ``image_features``),
+* ``prefill_b{bucket}.onnx`` per bucket: the LLM over the whole prompt (``S`` fixed per bucket); for
+  Qwen3-VL with inputs ``deepstack_embeds.{k}``, added after LLM layer ``k`` inside the graph,
+* on request, fault variants: ``prefill_b{bucket}.mrope_sectioned.onnx`` (an interleaved M-RoPE model's
+  prefill with Qwen2-VL's sectioned layout, for the scheduler's ``mrope_layout`` knob),
 * ``decode.onnx``: one LLM step over a fixed ``max_cache``-slot KV cache (shared by all buckets),
 * ``embed_tokens.npy``: the token-embedding table (embedding and image scatter happen in numpy),
 * ``export.json``: the manifest (shapes, names, token ids, prompts, prefill ``position_ids``, checks).
@@ -51,6 +55,8 @@ MASK_ADD_NODE = "/language_model/layers.{layer}/self_attn/MaskAdd"
 MASK_ADD_OUTPUT = MASK_ADD_NODE + "_output_0"
 MASK_ADD_ROLE = "attention_mask_add"
 PARTS: tuple[str, ...] = ("vision", "prefill", "decode")
+#: fault-variant graphs :func:`export_parts` writes on request (variant -> what differs)
+VARIANTS: dict[str, str] = {"mrope_sectioned": "prefill with the sectioned M-RoPE layout (interleaved models)"}
 
 
 @dataclass
@@ -86,6 +92,7 @@ class ExportedPart:
     nodes: int
     seconds: float
     check: PartCheck | None = None
+    variant: str | None = None  # a fault variant (:data:`VARIANTS`), None for the deployment graph
 
 
 @dataclass
@@ -120,53 +127,28 @@ class ExportResult:
         ]
         return pd.DataFrame(rows)
 
-    def path(self, part: str, bucket: int | None = None) -> Path:
-        """Path of one part's graph (``bucket`` ignored for ``decode``)."""
+    def path(self, part: str, bucket: int | None = None, variant: str | None = None) -> Path:
+        """Path of one part's graph (``bucket`` ignored for ``decode``; ``variant`` None: the deployment graph)."""
         for p in self.parts:
-            if p.part == part and (part == "decode" or p.bucket == bucket):
+            if p.part == part and (part == "decode" or p.bucket == bucket) and p.variant == variant:
                 return Path(p.path)
-        raise KeyError(f"no exported {part} for bucket {bucket}")
+        raise KeyError(f"no exported {part} for bucket {bucket}" + (f" (variant {variant})" if variant else ""))
 
 
 # ------------------------------------------------------------------------------------- example data
 def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dict[str, np.ndarray]]:
-    """Realistic feeds of every part for one eval sample: vision, prefill, and the first decode step."""
-    import torch
+    """Realistic feeds of every part for one eval sample: vision, prefill, and the first decode step.
 
+    They are the feeds the torch scheduler gives its part wrappers (teacher-forced on the sample's
+    caption, so a decode step exists even for an untrained model), i.e. exactly what ORT will receive.
+    """
     from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import MAX_CACHE, family_of, num_image_tokens
-    from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
-    from ivq_debug.vlm.parts import PrefillPart, VisionPart, decode_mask, prefill_mask
+    from ivq_debug.vlm.scheduler import collect_feeds
+    from ivq_debug.vlm.torch_generate import torch_scheduler
 
-    family = family_of(model)
     sample = sample if sample is not None else task.eval_set(bucket, 1)[0]
-    vf = vision_feeds(family, sample.image)
-    with torch.no_grad():
-        feats = VisionPart(model, bucket)(torch.from_numpy(vf["pixel_values"])).numpy()
-    ids = np.array(task.prompt_ids(num_image_tokens(bucket)), dtype=np.int64)
-    table = model.get_input_embeddings().weight.detach().numpy()
-    emb = table[ids].copy()
-    emb[ids == model.config.image_token_id] = feats.reshape(-1, feats.shape[-1])
-    S = len(ids)
-    pos = prefill_positions(family, model, bucket)
-    pf = {"inputs_embeds": emb[None].astype(np.float32), "attention_mask": prefill_mask(S), "position_ids": pos}
-    with torch.no_grad():
-        outs = PrefillPart(model)(*[torch.from_numpy(v) for v in pf.values()])
-    tok = int(outs[0][0, -1].argmax())
-    dpos = np.array([[S]], dtype=np.int64) if family == "internvl" else np.full((3, 1, 1), pos.max() + 1, np.int64)
-    dec: dict[str, np.ndarray] = {
-        "inputs_embeds": table[[tok]][None].astype(np.float32),
-        "attention_mask": decode_mask(S, MAX_CACHE),
-        "position_ids": dpos,
-    }
-    n_layers = (len(outs) - 1) // 2
-    for i in range(n_layers):
-        for j, kind in enumerate(("key", "value")):
-            kv = outs[1 + 2 * i + j].numpy()
-            buf = np.zeros((*kv.shape[:2], MAX_CACHE, kv.shape[3]), np.float32)
-            buf[:, :, :S] = kv
-            dec[f"past.{i}.{kind}"] = buf
-    return {"vision": vf, "prefill": pf, "decode": dec}
+    feeds = collect_feeds(torch_scheduler(model, bucket), [sample], forced=True)
+    return {part: feeds[part][0] for part in PARTS}
 
 
 # ------------------------------------------------------------------------------------- export
@@ -316,11 +298,12 @@ def export_parts(
     overwrite: bool = False,
     model_id: str | None = None,
     verify_samples: int = 1,
+    variants: Sequence[str] = (),
 ) -> ExportResult:
     """Export the vision / prefill / decode graphs of ``model`` into ``folder`` (static shapes).
 
     Args:
-        model: a reference VLM (``InternVLForConditionalGeneration`` / ``Qwen2VLForConditionalGeneration``,
+        model: a VLM of a supported family (``InternVL``, ``Qwen2VL``, ``Qwen3VLForConditionalGeneration``,
             eager attention, eval mode), e.g. from :func:`ivq_debug.vlm.load.load_vlm`.
         folder: output folder (created).
         buckets: resolution buckets (square image sizes); default: the model's default bucket.
@@ -331,12 +314,22 @@ def export_parts(
         verify_samples: number of eval samples per bucket the verification runs (worst kept).
         overwrite: replace existing graphs in ``folder``.
         model_id: the model's name or path, recorded in the manifest.
+        variants: fault-variant graphs to add (:data:`VARIANTS`), e.g. ``("mrope_sectioned",)`` for the
+            scheduler's ``mrope_layout="sectioned"`` knob; verified like the others (against the torch
+            wrapper with the same fault).
     """
     import onnx
     import torch
 
     from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
+    from ivq_debug.vlm.build import (
+        DEFAULT_BUCKET,
+        MASK_VALUE,
+        MAX_CACHE,
+        deepstack_count,
+        family,
+        num_image_tokens,
+    )
     from ivq_debug.vlm.parts import (
         DecodePart,
         PrefillPart,
@@ -345,6 +338,7 @@ def export_parts(
         kv_shape,
         num_layers,
         static_vision,
+        vision_output_names,
     )
 
     if exporter not in EXPORTERS:
@@ -354,7 +348,12 @@ def export_parts(
     bad = set(parts) - set(PARTS)
     if bad:
         raise UsageError(f"unknown parts {sorted(bad)}; choose from {', '.join(PARTS)}")
-    family = family_of(model)
+    fam = family(model)
+    bad = set(variants) - set(VARIANTS)
+    if bad:
+        raise UsageError(f"unknown variants {sorted(bad)}; choose from {', '.join(VARIANTS)}")
+    if "mrope_sectioned" in variants and fam.mrope_layout != "interleaved":
+        raise UsageError(f"variant 'mrope_sectioned' needs an interleaved M-RoPE model ({fam.name} is not)")
     buckets = list(buckets) if buckets else [DEFAULT_BUCKET]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -362,26 +361,31 @@ def export_parts(
         raise UsageError("an export already exists here; pass overwrite=True", folder / MANIFEST)
     model.eval()
     L = num_layers(model)
-    result = ExportResult(folder, family, exporter, opset)
+    result = ExportResult(folder, fam.name, exporter, opset)
     table = model.get_input_embeddings().weight.detach().numpy().astype(np.float32)
     _save_npy(folder / EMBEDDING_FILE, table)
 
-    jobs: list[tuple[str, int | None, Any, list[dict[str, np.ndarray]], list[str]]] = []
+    jobs: list[tuple[str, int | None, Any, list[dict[str, np.ndarray]], list[str], str | None]] = []
     decode_feeds: list[dict[str, np.ndarray]] = []
     kv_out = ["logits", *kv_names("present", L)]
     for b in buckets:
         exs = [example_inputs(model, b, s) for s in task.eval_set(b, max(1, verify_samples))]
         decode_feeds += [ex["decode"] for ex in exs]
         if "vision" in parts:
-            jobs.append(("vision", b, VisionPart(model, b), [ex["vision"] for ex in exs], ["image_features"]))
+            jobs.append(("vision", b, VisionPart(model, b), [ex["vision"] for ex in exs], vision_output_names(model),
+                         None))
         if "prefill" in parts:
-            jobs.append(("prefill", b, PrefillPart(model), [ex["prefill"] for ex in exs], kv_out))
+            jobs.append(("prefill", b, PrefillPart(model), [ex["prefill"] for ex in exs], kv_out, None))
+            if "mrope_sectioned" in variants:
+                jobs.append(("prefill", b, PrefillPart(model, mrope_layout="sectioned"),
+                             [ex["prefill"] for ex in exs], kv_out, "mrope_sectioned"))
     if "decode" in parts and decode_feeds:
-        jobs.append(("decode", None, DecodePart(model), decode_feeds, kv_out))
+        jobs.append(("decode", None, DecodePart(model), decode_feeds, kv_out, None))
 
-    for part, b, module, feed_list, out_names in jobs:
+    for part, b, module, feed_list, out_names, variant in jobs:
         feeds = feed_list[0]
-        path = folder / (f"{part}_b{b}.onnx" if b is not None else f"{part}.onnx")
+        stem = f"{part}_b{b}" if b is not None else part
+        path = folder / (f"{stem}.{variant}.onnx" if variant else f"{stem}.onnx")
         tmp = path.with_name(f".{path.name}.tmp")
         t0 = time.perf_counter()
         with static_vision(model, b) if part == "vision" else contextlib.nullcontext():
@@ -391,12 +395,14 @@ def export_parts(
         fold_constants(proto)
         if part != "vision":
             mark_mask_adds(proto, L)
-        proto.doc_string = f"ivq-debug {family} {part} bucket={b} exporter={exporter}"
+        proto.doc_string = f"ivq-debug {fam.name} {part} bucket={b} exporter={exporter}" + (
+            f" variant={variant}" if variant else "")
         onnx.save(proto, str(tmp))
         os.replace(tmp, path)
         secs = time.perf_counter() - t0
         ep = ExportedPart(
-            part, b, str(path), _shapes(proto.graph.input), _shapes(proto.graph.output), len(proto.graph.node), secs
+            part, b, str(path), _shapes(proto.graph.input), _shapes(proto.graph.output), len(proto.graph.node), secs,
+            variant=variant,
         )
         if verify:
             with torch.no_grad():
@@ -407,7 +413,7 @@ def export_parts(
     manifest: dict[str, Any] = {
         "schema": "ivq-vlm-export/1",
         "model": model_id,
-        "family": family,
+        "family": fam.name,
         "exporter": exporter,
         "opset": opset,
         "buckets": buckets,
@@ -415,6 +421,9 @@ def export_parts(
         "mask_value": MASK_VALUE,
         "mask_add_node": MASK_ADD_NODE,
         "num_layers": L,
+        "deepstack": deepstack_count(model),
+        "mrope_layout": fam.mrope_layout,
+        "variants": list(variants),
         "kv_shape": list(kv_shape(model, MAX_CACHE)),
         "hidden_size": int(cfg.text_config.hidden_size),
         "vocab_size": int(cfg.text_config.vocab_size),
@@ -433,7 +442,7 @@ def export_parts(
     from ivq_debug.vlm.inputs import prefill_positions
 
     for b in buckets:
-        manifest["prefill_position_ids"][str(b)] = prefill_positions(family, model, b).tolist()
+        manifest["prefill_position_ids"][str(b)] = prefill_positions(fam.name, model, b).tolist()
     tmp = folder / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, folder / MANIFEST)

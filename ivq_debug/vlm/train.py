@@ -27,6 +27,7 @@ from ivq_debug.vlm.build import BUCKETS, MAX_NEW_TOKENS, build_model, family_of,
 RECIPES: dict[str, dict[str, Any]] = {
     "internvl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
     "qwen2vl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
+    "qwen3vl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
 }
 TRAIN_SEED = 7
 REFERENCE_JSON = "ivq_reference.json"
