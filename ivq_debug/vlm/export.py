@@ -18,6 +18,8 @@ Graph conventions (see ``docs/reference-models.md``):
 * the mask + scores addition of every decoder layer is an explicit ``Add`` node named
   ``/language_model/layers.{i}/self_attn/MaskAdd`` with output ``…/MaskAdd_output_0`` and node metadata
   ``ivq.role = attention_mask_add`` (both exporters);
+* Qwen3-VL: the DeepStack add of feature ``k`` is the ``Add`` ``/language_model/DeepStackAdd_{k}`` (output
+  ``…_output_0``, metadata ``ivq.role = deepstack_add``, ``ivq.deepstack = k``, ``ivq.after_layer``);
 * ``position_ids`` are inputs; GELU is the ``Gelu`` op (opset >= 20), not an ``Erf`` chain;
 * constant subgraphs (the exporter's ``Shape``/``ConstantOfShape``/``Where`` shape arithmetic) are folded
   into initializers (:func:`ivq_debug.graph.fold_constants`: exact, every other name kept), since QNN HTP
@@ -44,6 +46,7 @@ import numpy as np
 
 from ivq_debug.errors import UsageError
 from ivq_debug.graph import fold_constants
+from ivq_debug.util import atomic_write_text
 
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
 DEFAULT_EXPORTER = "legacy"
@@ -54,6 +57,10 @@ EMBEDDING_FILE = "embed_tokens.npy"
 MASK_ADD_NODE = "/language_model/layers.{layer}/self_attn/MaskAdd"
 MASK_ADD_OUTPUT = MASK_ADD_NODE + "_output_0"
 MASK_ADD_ROLE = "attention_mask_add"
+#: the DeepStack add of feature ``k`` in the prefill graph (after LLM layer ``k``)
+DEEPSTACK_ADD_NODE = "/language_model/DeepStackAdd_{k}"
+DEEPSTACK_ADD_OUTPUT = DEEPSTACK_ADD_NODE + "_output_0"
+DEEPSTACK_ADD_ROLE = "deepstack_add"
 PARTS: tuple[str, ...] = ("vision", "prefill", "decode")
 #: fault-variant graphs :func:`export_parts` writes on request (variant -> what differs)
 VARIANTS: dict[str, str] = {"mrope_sectioned": "prefill with the sectioned M-RoPE layout (interleaved models)"}
@@ -189,6 +196,14 @@ def _dynamo_translations(opset: int) -> dict[Any, Any]:
     return {torch.ops.aten.gelu.default: gelu}
 
 
+def _consumers(graph: Any) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            out.setdefault(name, []).append(node)
+    return out
+
+
 def mark_mask_adds(model_proto: Any, n_layers: int) -> list[str]:
     """Rename each layer's mask + scores ``Add`` to :data:`MASK_ADD_NODE` (and its output); returns names.
 
@@ -197,10 +212,7 @@ def mark_mask_adds(model_proto: Any, n_layers: int) -> list[str]:
     numbered in graph (topological) order, which is layer order.
     """
     g = model_proto.graph
-    consumers: dict[str, list[Any]] = {}
-    for node in g.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _consumers(g)
     passthrough = {"Slice", "Cast", "Expand", "Reshape", "Unsqueeze", "Identity", "Squeeze"}
     found: list[Any] = []
     frontier, seen = ["attention_mask"], set()
@@ -218,29 +230,66 @@ def mark_mask_adds(model_proto: Any, n_layers: int) -> list[str]:
     found.sort(key=lambda n: order[id(n)])
     if len(found) != n_layers:
         raise RuntimeError(f"expected {n_layers} mask Add nodes fed by attention_mask, found {len(found)}")
-    renamed = []
-    graph_outputs = {o.name for o in g.output}
     for layer, node in enumerate(found):
-        old_out = node.output[0]
-        new_out = MASK_ADD_OUTPUT.format(layer=layer)
-        node.name = MASK_ADD_NODE.format(layer=layer)
-        if old_out not in graph_outputs:
-            node.output[0] = new_out
-            for c in consumers.get(old_out, []):
-                for k, name in enumerate(c.input):
-                    if name == old_out:
-                        c.input[k] = new_out
-            for vi in g.value_info:
-                if vi.name == old_out:
-                    vi.name = new_out
-        props = {p.key: p for p in node.metadata_props}
-        for key, val in (("ivq.role", MASK_ADD_ROLE), ("ivq.layer", str(layer))):
-            if key in props:
-                props[key].value = val
-            else:
-                node.metadata_props.append(_prop(key, val))
-        renamed.append(node.name)
-    return renamed
+        _name_node(g, consumers, node, MASK_ADD_NODE.format(layer=layer), MASK_ADD_OUTPUT.format(layer=layer),
+                   {"ivq.role": MASK_ADD_ROLE, "ivq.layer": str(layer)})
+    return [n.name for n in found]
+
+
+def mark_deepstack_adds(model_proto: Any, n_deepstack: int) -> list[str]:
+    """Rename the ``Add`` consuming each ``deepstack_embeds.{k}`` input to :data:`DEEPSTACK_ADD_NODE`; returns names.
+
+    Metadata ``ivq.role = deepstack_add``, ``ivq.deepstack = k`` and, when the scope of the node producing
+    the other operand names it (legacy ``/language_model/layers.{i}/…``, dynamo ``name_scopes``),
+    ``ivq.after_layer``: the decoder layer whose output the add reads.
+    """
+    import re
+
+    from ivq_debug.vlm.build import DEEPSTACK_INPUT
+
+    g = model_proto.graph
+    consumers = _consumers(g)
+    producer = {o: n for n in g.node for o in n.output}
+    names = []
+    for k in range(n_deepstack):
+        adds = [n for n in consumers.get(DEEPSTACK_INPUT.format(k=k), []) if n.op_type == "Add"]
+        if len(adds) != 1:
+            raise RuntimeError(f"expected one Add consuming {DEEPSTACK_INPUT.format(k=k)}, found {len(adds)}")
+        node = adds[0]
+        other = next(i for i in node.input if i != DEEPSTACK_INPUT.format(k=k))
+        src = producer.get(other)
+        scopes = [src.name, *[q.value for q in src.metadata_props if q.key == "pkg.torch.onnx.name_scopes"]] if src else []
+        layer = next((m.group(1) for sc in scopes if (m := re.search(r"layers\.(\d+)", sc))), None)
+        props = {"ivq.role": DEEPSTACK_ADD_ROLE, "ivq.deepstack": str(k)}
+        if layer is not None:
+            props["ivq.after_layer"] = layer
+        _name_node(g, consumers, node, DEEPSTACK_ADD_NODE.format(k=k), DEEPSTACK_ADD_OUTPUT.format(k=k), props)
+        names.append(node.name)
+    return names
+
+
+def _name_node(
+    g: Any, consumers: dict[str, list[Any]], node: Any, name: str, output: str, props: dict[str, str]
+) -> None:
+    """Give ``node`` a stable name and first output (unless that output is a graph output) and metadata."""
+    old_out = node.output[0]
+    node.name = name
+    if old_out not in {o.name for o in g.output}:
+        node.output[0] = output
+        for c in consumers.get(old_out, []):
+            for k, inp in enumerate(c.input):
+                if inp == old_out:
+                    c.input[k] = output
+        consumers[output] = consumers.pop(old_out, [])
+        for vi in g.value_info:
+            if vi.name == old_out:
+                vi.name = output
+    existing = {p.key: p for p in node.metadata_props}
+    for key, val in props.items():
+        if key in existing:
+            existing[key].value = val
+        else:
+            node.metadata_props.append(_prop(key, val))
 
 
 def _prop(key: str, value: str) -> Any:
@@ -395,6 +444,8 @@ def export_parts(
         fold_constants(proto)
         if part != "vision":
             mark_mask_adds(proto, L)
+        if part == "prefill":
+            mark_deepstack_adds(proto, deepstack_count(model))
         proto.doc_string = f"ivq-debug {fam.name} {part} bucket={b} exporter={exporter}" + (
             f" variant={variant}" if variant else "")
         onnx.save(proto, str(tmp))
@@ -443,9 +494,7 @@ def export_parts(
 
     for b in buckets:
         manifest["prefill_position_ids"][str(b)] = prefill_positions(fam.name, model, b).tolist()
-    tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, folder / MANIFEST)
+    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1), overwrite=True)
     result.manifest = manifest
     return result
 

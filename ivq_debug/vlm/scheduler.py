@@ -42,7 +42,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -57,14 +57,24 @@ NEXT_LOGITS = "next_token_logits"
 
 
 @dataclass(frozen=True)
-class PositionsPolicy:
-    """How decode ``position_ids`` are chosen (``correct`` or a fault knob)."""
+class _Knob:
+    """A scheduler knob: ``correct`` or one of the fault modes of its ``MODES``."""
 
     mode: str = "correct"
+    KIND: ClassVar[str] = ""
+    MODES: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
-        if self.mode not in POSITION_MODES:
-            raise UsageError(f"unknown positions mode {self.mode!r}; choose from {', '.join(POSITION_MODES)}")
+        if self.mode not in self.MODES:
+            raise UsageError(f"unknown {self.KIND} mode {self.mode!r}; choose from {', '.join(self.MODES)}")
+
+
+@dataclass(frozen=True)
+class PositionsPolicy(_Knob):
+    """How decode ``position_ids`` are chosen (``correct`` or a fault knob)."""
+
+    KIND: ClassVar[str] = "positions"
+    MODES: ClassVar[tuple[str, ...]] = POSITION_MODES
 
     def decode_position(self, step: int, prefill_len: int, prefill_positions: np.ndarray, mrope: bool) -> int:
         """Scalar position of decode step ``step`` (>= 1), which feeds the token chosen at ``step - 1``.
@@ -89,14 +99,11 @@ class PositionsPolicy:
 
 
 @dataclass(frozen=True)
-class DeepStackPolicy:
+class DeepStackPolicy(_Knob):
     """How DeepStack features reach the prefill (``correct`` or a fault knob; see the module docstring)."""
 
-    mode: str = "correct"
-
-    def __post_init__(self) -> None:
-        if self.mode not in DEEPSTACK_MODES:
-            raise UsageError(f"unknown deepstack mode {self.mode!r}; choose from {', '.join(DEEPSTACK_MODES)}")
+    KIND: ClassVar[str] = "deepstack"
+    MODES: ClassVar[tuple[str, ...]] = DEEPSTACK_MODES
 
     def route(
         self, inputs_embeds: np.ndarray, features: Sequence[np.ndarray], rows: np.ndarray

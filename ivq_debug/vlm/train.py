@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.util import atomic_write_text
 from ivq_debug.vlm import task
 from ivq_debug.vlm.build import BUCKETS, MAX_NEW_TOKENS, build_model, family_of, param_count
 
@@ -208,9 +209,7 @@ def save_reference(result: TrainResult, folder: str | os.PathLike, overwrite: bo
     meta["training"] = result.as_dict()
     meta["prefill_len"] = {str(b): prefill_len(b) for b in BUCKETS}
     meta["max_cache"] = MAX_CACHE
-    tmp = folder / f".{REFERENCE_JSON}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    os.replace(tmp, folder / REFERENCE_JSON)
+    atomic_write_text(folder / REFERENCE_JSON, json.dumps(meta, indent=1, sort_keys=True), overwrite=True)
     return folder
 
 
