@@ -28,7 +28,7 @@ from ivq_debug.vlm.build import BUCKETS, MAX_NEW_TOKENS, build_model, family_of,
 RECIPES: dict[str, dict[str, Any]] = {
     "internvl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
     "qwen2vl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
-    "qwen3vl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
+    "qwen3vl-tiny": dict(steps=2000, batch_size=32, lr=3e-3, weight_decay=0.1, label_smoothing=0.1),
 }
 TRAIN_SEED = 7
 REFERENCE_JSON = "ivq_reference.json"
@@ -52,6 +52,7 @@ class TrainResult:
     min_margin: float  # smallest top-1/top-2 logit gap over the eval generations
     losses: list[float] = field(default_factory=list)
     model: Any = None  # the trained model (not serialised)
+    label_smoothing: float = 0.0
 
     @property
     def exact_match(self) -> float:
@@ -144,7 +145,7 @@ def train(
     acc, margin = evaluate_model(model, buckets, eval_size)
     return TrainResult(
         name, steps, batch_size, lr, weight_decay, seed, threads, param_count(model), wall, float(np.mean(losses[-20:])),
-        {b: a.as_dict() for b, a in acc.items()}, margin, losses, model,
+        {b: a.as_dict() for b, a in acc.items()}, margin, losses, model, label_smoothing,
     )
 
 
