@@ -16,7 +16,7 @@ Graph conventions (see ``docs/reference-models.md``):
   ``ivq.role = attention_mask_add`` (both exporters);
 * ``position_ids`` are inputs; GELU is the ``Gelu`` op (opset >= 20), not an ``Erf`` chain;
 * constant subgraphs (the exporter's ``Shape``/``ConstantOfShape``/``Where`` shape arithmetic) are folded
-  into initializers (:func:`ivq_debug.graph.fold_constants`: exact, every other name kept), since QNN HTP
+  into initializers (:func:`ivq_debug.onnxgraph.fold.fold_constants`: exact, every other name kept), since QNN HTP
   accepts no ``Shape``/``ConstantOfShape`` node;
 * legacy exporter scopes are left untouched, so node names map to HF module paths by suffix.
 
@@ -38,8 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.errors import UsageError
-from ivq_debug.graph import fold_constants
+from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
+from ivq_debug.errors import InputError, UsageError
+from ivq_debug.onnxgraph.fold import fold_constants
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
+from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
 
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
 DEFAULT_EXPORTER = "legacy"
@@ -133,9 +137,6 @@ def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dic
     """Realistic feeds of every part for one eval sample: vision, prefill, and the first decode step."""
     import torch
 
-    from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import MAX_CACHE, family_of, num_image_tokens
-    from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
     from ivq_debug.vlm.parts import PrefillPart, VisionPart, decode_mask, prefill_mask
 
     family = family_of(model)
@@ -282,7 +283,6 @@ def verify_part(
     import onnxruntime as ort
     import torch
 
-    from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
 
     tol = EXPORT_OUTPUT_MAX_ABS if tolerance is None else tolerance
     so = ort.SessionOptions()
@@ -335,8 +335,6 @@ def export_parts(
     import onnx
     import torch
 
-    from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
     from ivq_debug.vlm.parts import (
         DecodePart,
         PrefillPart,
@@ -430,7 +428,6 @@ def export_parts(
         "verify_samples": verify_samples if verify else 0,
         "checks": [asdict(c) | {"ok": c.ok} for c in result.checks],
     }
-    from ivq_debug.vlm.inputs import prefill_positions
 
     for b in buckets:
         manifest["prefill_position_ids"][str(b)] = prefill_positions(family, model, b).tolist()
@@ -450,7 +447,6 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
 
 def load_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     """Read ``export.json`` of an export folder (InputError when missing or malformed)."""
-    from ivq_debug.errors import InputError
 
     p = Path(folder) / MANIFEST
     if not p.is_file():

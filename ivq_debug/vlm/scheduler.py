@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.capture.base import runner_factory as runner_factory_for
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import MASK_VALUE, MAX_CACHE, MAX_NEW_TOKENS, family_of, num_image_tokens
+from ivq_debug.vlm.export import load_manifest
+from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
+from ivq_debug.vlm.task import caption_accuracy, caption_ids, decode_ids
 
 POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len")
 #: name of the per-step next-token logits tensor the scheduler stores in every record
@@ -98,7 +104,6 @@ class SplitSpec:
     @classmethod
     def from_export(cls, folder: str | os.PathLike, bucket: int | None = None) -> SplitSpec:
         """Read an export folder written by :func:`ivq_debug.vlm.export.export_parts`."""
-        from ivq_debug.vlm.export import load_manifest
 
         folder = Path(folder)
         m = load_manifest(folder)
@@ -124,9 +129,6 @@ class SplitSpec:
     @classmethod
     def from_model(cls, model: Any, bucket: int, max_cache: int | None = None) -> SplitSpec:
         """The same spec computed from a torch model (for the torch reference generation)."""
-        from ivq_debug.vlm import task
-        from ivq_debug.vlm.build import MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
-        from ivq_debug.vlm.inputs import prefill_positions
         from ivq_debug.vlm.parts import kv_shape, num_layers
 
         family = family_of(model)
@@ -160,9 +162,13 @@ class Generation:
     @property
     def text(self) -> str:
         """The caption from the argmax tokens (up to ``<eos>``)."""
-        from ivq_debug.vlm.task import decode_ids
 
         return decode_ids(self.tokens)
+
+
+#: runner facts a capture through a scheduler records per part (QNN target, emulation, exposure check, partition)
+PART_INFO_KEYS = ("soc_model", "htp_arch", "emulated", "qnn_sdk_version", "onnxruntime_qnn", "exposure_check",
+                  "partition")
 
 
 class Scheduler:
@@ -179,7 +185,6 @@ class Scheduler:
         self, spec: SplitSpec, runners: dict[str, Any], positions: PositionsPolicy | str = "correct",
         max_new_tokens: int | None = None,
     ) -> None:
-        from ivq_debug.vlm.build import MAX_NEW_TOKENS
 
         self.spec = spec
         self.runners = runners
@@ -199,10 +204,8 @@ class Scheduler:
         max_new_tokens: int | None = None,
     ) -> Scheduler:
         """Scheduler over an export folder; ``runner_factory(part, model_path)`` makes each runner."""
-        from ivq_debug.vlm.runner import default_runner_factory
-
         spec = SplitSpec.from_export(folder, bucket)
-        factory = runner_factory or default_runner_factory()
+        factory = runner_factory or runner_factory_for("onnx")
         missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
         if missing:
             raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
@@ -214,10 +217,19 @@ class Scheduler:
         """Backend name of the decode runner."""
         return str(getattr(self.runners["decode"], "backend", "unknown"))
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """The backend info of a capture through this scheduler: the decode runner's, plus each part's target
+        facts (:data:`PART_INFO_KEYS`) under the part's name."""
+        info = dict(getattr(self.runners["decode"], "info", {}))
+        for part, r in self.runners.items():
+            if hasattr(r, "info"):
+                info[part] = {k: v for k, v in r.info.items() if k in PART_INFO_KEYS}
+        return info
+
     # ---------------------------------------------------------------- pieces
     def vision_feeds(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """Vision graph feeds for one HWC image in [0, 1] of the bucket's size."""
-        from ivq_debug.vlm.inputs import vision_feeds
 
         if image.shape[:2] != (self.spec.bucket, self.spec.bucket):
             raise UsageError(f"image is {image.shape[:2]}, bucket needs {self.spec.bucket}x{self.spec.bucket}")
@@ -337,7 +349,6 @@ class Scheduler:
 
 def evaluate(scheduler: Scheduler, samples: Sequence[Any], writer: Any = None) -> Any:
     """Caption accuracy of ``scheduler`` on task samples (greedy); returns a ``CaptionAccuracy``."""
-    from ivq_debug.vlm.task import caption_accuracy
 
     preds = [scheduler.generate(s.image, sample=k, writer=writer).text for k, s in enumerate(samples)]
     return caption_accuracy(preds, [s.caption for s in samples])
@@ -370,8 +381,6 @@ def collect_feeds(
     saved = dict(scheduler.runners)
     scheduler.runners = {p: _FeedRecorder(r, out[p]) for p, r in saved.items()}
     try:
-        from ivq_debug.vlm.task import caption_ids
-
         for s in samples:
             scheduler.generate(s.image, forced_tokens=caption_ids(s.caption) if forced else None)
     finally:
