@@ -179,10 +179,11 @@ cmd_build() {
   if [ "$(cat "$ROOT/.ivq-base.stamp" 2>/dev/null)" != "$base_key" ]; then
     rm -f "$ROOT/.ivq-venv.stamp"
     build_base "$base_key"
+    say "base root in $(( $(date +%s) - t0 )) s"
   fi
   if [ "$(cat "$ROOT/.ivq-venv.stamp" 2>/dev/null)" != "$venv_key" ]; then
     build_venv "$venv_key" "$specs"
-    say "built in $(( $(date +%s) - t0 )) s, $(du -sh "$ROOT" | cut -f1) on disk"
+    say "built in $(( $(date +%s) - t0 )) s: $(du -sh "$ROOT" | cut -f1) on disk (+ $(du -sh "$ROOT.debs" 2>/dev/null | cut -f1) of cached .debs beside it)"
   else
     write_cpuinfo
     say "up to date: $ROOT ($specs)"
@@ -201,9 +202,15 @@ cmd_run() {
     done
     [[ "$prog" == */* ]] || die 2 "no $prog in $ROOT/{venv/bin,usr/bin,usr/sbin}"
   fi
+  [ -f "$prog" ] || die 2 "no such program: $prog"
+  local interp=()
+  if [ "$(head -c 2 "$prog")" = "#!" ]; then  # a script (venv/bin/ivq, pip): qemu runs ELF files only
+    read -r -a interp < <(head -n 1 "$prog" | cut -c3-)
+    [ ${#interp[@]} -gt 0 ] && [ -e "$ROOT${interp[0]}" ] && interp[0]="$ROOT${interp[0]}"
+  fi
   [ "$QCPU" = max ] && say "warning: QEMU_CPU=max takes ORT's SME kernels, which gave wrong dynamic-int8 MatMul results"
   write_cpuinfo
-  VIRTUAL_ENV="$ROOT/venv" QEMU_CPU="$QCPU" exec qemu-aarch64-static -L "$ROOT" "$prog" "$@"
+  VIRTUAL_ENV="$ROOT/venv" QEMU_CPU="$QCPU" exec qemu-aarch64-static -L "$ROOT" "${interp[@]}" "$prog" "$@"
 }
 
 mode=build
