@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # An arm64 Debian root with the capture-only Python stack, run under qemu-user on an x86_64 host.
 #
-#   scripts/arm64-root.sh [build] [--root DIR] [--install-tools]   build (or check) the root
-#   scripts/arm64-root.sh run CMD [ARG...]                          run CMD inside it (qemu-aarch64-static)
-#   scripts/arm64-root.sh path                                      print the root folder
+#   scripts/arm64-root.sh [--root DIR] [build] [--install-tools]   build (or check) the root
+#   scripts/arm64-root.sh [--root DIR] run CMD [ARG...]            run CMD inside it (qemu-aarch64-static)
+#   scripts/arm64-root.sh [--root DIR] path                        print the root folder
 #
 # build: `debootstrap --arch=arm64 --foreign --variant=minbase` (python3, python3-venv included), then every
 # downloaded .deb unpacked with dpkg-deb + tar instead of debootstrap's emulated second stage (no maintainer
@@ -173,7 +173,7 @@ cmd_build() {
   base_key="v$STAMP_VERSION suite=$SUITE mirror=$MIRROR root=$ROOT"
   venv_key="$base_key specs=$specs"
   mkdir -p "$(dirname "$ROOT")"
-  exec 9> "$ROOT.lock"
+  { exec 9> "$ROOT.lock"; } 2>/dev/null || die 1 "cannot write $ROOT.lock (is $(dirname "$ROOT") writable?)"
   flock 9 || die 1 "cannot lock $ROOT.lock"
   t0=$(date +%s)
   if [ "$(cat "$ROOT/.ivq-base.stamp" 2>/dev/null)" != "$base_key" ]; then
@@ -214,20 +214,29 @@ cmd_run() {
 }
 
 mode=build
-if [ $# -gt 0 ]; then
-  case "$1" in
-    build|run|path) mode=$1; shift ;;
-    -h|--help) usage ;;
-  esac
-fi
-if [ "$mode" = build ]; then
+install=0
+parse_opts() {  # options before the mode, and after `build`
   while [ $# -gt 0 ]; do
     case "$1" in
       --root) [ $# -ge 2 ] || usage; ROOT=$2; shift 2 ;;
-      --install-tools) install_tools; shift ;;
-      *) usage ;;
+      --install-tools) install=1; shift ;;
+      -h|--help) usage ;;
+      *) break ;;
     esac
   done
+  rest=("$@")
+}
+parse_opts "$@"; set -- "${rest[@]}"
+if [ $# -gt 0 ]; then
+  case "$1" in
+    build|run|path) mode=$1; shift ;;
+    *) usage ;;
+  esac
+fi
+if [ "$mode" = build ]; then
+  parse_opts "$@"; set -- "${rest[@]}"
+  [ $# -eq 0 ] || usage
+  [ "$install" -eq 0 ] || install_tools
 fi
 case "$ROOT" in /*) ;; *) ROOT="$PWD/$ROOT" ;; esac
 case "$mode" in
