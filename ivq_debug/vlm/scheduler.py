@@ -12,8 +12,9 @@ The scheduler does what an on-device LLM runtime does around the three graphs of
 
 Positions (the :class:`PositionsPolicy`): correct by default — InternVL decode step ``k`` at
 ``S + k - 1``; Qwen2-VL (M-RoPE) at ``max(prefill positions) + k`` on all three rows. Fault knobs
-reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``) and
-``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``).
+reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``),
+``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``) and
+``off_by_one`` (one past the correct position: the new token counted twice).
 
 Every part runs through a runner (``run(feeds, writer) -> outputs``) made by a
 ``runner_factory(part, model_path)``, so the same loop drives ONNX Runtime fp32, QDQ, QNN HTP, and
@@ -35,7 +36,7 @@ import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
 
-POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len")
+POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len", "off_by_one")
 #: name of the per-step next-token logits tensor the scheduler stores in every record
 NEXT_LOGITS = "next_token_logits"
 
@@ -56,9 +57,9 @@ class PositionsPolicy:
             raise ValueError("decode steps start at 1")
         if self.mode == "restart":
             return step - 1
-        if mrope and self.mode == "correct":
-            return int(prefill_positions.max()) + step
-        return prefill_len + step - 1  # correct 1-D RoPE, or the mrope_text_len fault
+        if mrope and self.mode != "mrope_text_len":
+            return int(prefill_positions.max()) + step + (self.mode == "off_by_one")
+        return prefill_len + step - 1 + (self.mode == "off_by_one")  # 1-D RoPE, or the mrope_text_len fault
 
     def decode_position_ids(
         self, step: int, prefill_len: int, prefill_positions: np.ndarray, mrope: bool
