@@ -13,6 +13,7 @@ Run: ``python scripts/make_device_sessions.py OUT [--force] [--only NAME ...]`` 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         return models[name]
 
     sessions = build_sessions(out / "sessions", parts_exporter(out / "parts", load), chosen)
+    for folder in sorted((out / "parts").iterdir()):
+        checks = json.loads((folder / "export.json").read_text())["checks"]
+        if checks:
+            print(f"parts {folder.name}: ORT vs torch max_abs " + ", ".join(
+                f"{c['part']} {max(c['max_abs'].values()):.1e}" for c in checks))
     for s in sessions.values():
         steps = len(s.tokens) - 1
         print(f"{s.name}: {steps} decode steps, expected offset {s.expected_offset} from step "

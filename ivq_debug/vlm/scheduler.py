@@ -200,15 +200,22 @@ class Scheduler:
         max_new_tokens: int | None = None,
     ) -> Scheduler:
         """Scheduler over an export folder; ``runner_factory(part, model_path)`` makes each runner."""
+        return cls.from_spec(SplitSpec.from_export(folder, bucket), folder, runner_factory, positions, max_new_tokens)
+
+    @classmethod
+    def from_spec(
+        cls, spec: SplitSpec, folder: str | os.PathLike, runner_factory: Callable[[str, Any], Any] | None = None,
+        positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None, **kwargs: Any,
+    ) -> Scheduler:
+        """Scheduler over the graphs of ``spec`` (read from ``folder``); ``kwargs`` go to the constructor."""
         from ivq_debug.vlm.runner import default_runner_factory
 
-        spec = SplitSpec.from_export(folder, bucket)
         factory = runner_factory or default_runner_factory()
         missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
         if missing:
             raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
         runners = {part: factory(part, path) for part, path in spec.part_paths.items()}
-        return cls(spec, runners, positions, max_new_tokens)
+        return cls(spec, runners, positions, max_new_tokens, **kwargs)
 
     @property
     def backend(self) -> str:

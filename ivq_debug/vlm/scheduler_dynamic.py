@@ -81,15 +81,9 @@ class DynamicScheduler(Scheduler):
         max_new_tokens: int | None = None,
     ) -> DynamicScheduler:
         """Scheduler over a dynamic-cache export folder; ``runner_factory(part, model_path)`` makes each runner."""
-        from ivq_debug.vlm.runner import default_runner_factory
-
         spec, m = dynamic_spec(folder, bucket)
-        missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
-        if missing:
-            raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
-        factory = runner_factory or default_runner_factory()
-        runners = {part: factory(part, path) for part, path in spec.part_paths.items()}
-        return cls(spec, runners, positions, max_new_tokens, bool(m.get("decode_position_input", True)))
+        return cls.from_spec(spec, folder, runner_factory, positions, max_new_tokens,  # type: ignore[return-value]
+                             decode_position_input=bool(m.get("decode_position_input", True)))
 
     def generate(
         self, image: np.ndarray, *, sample: int = 0, writer: Any = None,
