@@ -203,11 +203,15 @@ def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
 
 
 def rope_of_dumps(*dumps: Any) -> RopeSpec | None:
-    """The RoPE parameters stored in dump model attributes (an HF config dict ``config``, or ``rope_theta``)."""
+    """The RoPE parameters stored in dump model attributes (an HF config dict ``config``, or ``rope_theta``);
+    None when there are none (or only configs the check cannot use)."""
     for d in dumps:
         model = getattr(d, "model", None) or {}
         if isinstance(model.get("config"), Mapping):
-            spec = rope_from_config(model["config"])
+            try:
+                spec = rope_from_config(model["config"])
+            except (InputError, UsageError):  # a config the check cannot use: no inferred check from it
+                continue
             return RopeSpec(spec.theta, spec.head_dim, spec.rotary_dim, spec.factor, spec.mrope_section,
                             f"{Path(str(getattr(d, 'path', 'dump'))).name} model attributes")
     for d in dumps:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -130,3 +131,22 @@ def test_fixed_buffer_returned_whole_uses_the_written_slot(tmp_path):
         whole = estimate_rotation(r.read("present.0.key", (0, "decode", 3)),
                                   d.read("present.0.key", (0, "decode", 3))[:, :, S + 2 : S + 3], 10000.0)
         assert whole.offset == -S
+
+
+def test_rope_from_dump_attributes(tmp_path):
+    from ivq_debug.diagnose.positions import rope_of_dumps
+    from ivq_debug.vlm.load import reference_path
+
+    cfg = json.loads((reference_path("qwen2vl-tiny") / "config.json").read_text())
+    paths = {}
+    for name, model in (("cfg", {"config": cfg}), ("theta", {"rope_theta": 500.0}), ("none", {}),
+                        ("yarn", {"config": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0}}})):
+        paths[name] = tmp_path / f"{name}.h5"
+        with DumpWriter(paths[name], backend="test", model=model) as w:
+            w.begin_record()
+    with open_dump(paths["cfg"]) as a, open_dump(paths["theta"]) as b, open_dump(paths["none"]) as c, \
+            open_dump(paths["yarn"]) as y:
+        spec = rope_of_dumps(c, a, b)
+        assert (spec.theta, spec.mrope_section, spec.source) == (10000.0, (2, 3, 3), "cfg.h5 model attributes")
+        assert rope_of_dumps(c, b).theta == 500.0
+        assert rope_of_dumps(c) is None and rope_of_dumps(y) is None  # yarn: no inferred check, no error

@@ -83,3 +83,18 @@ def test_fault_offsets_match_the_fixture(device_sessions):
                     got = d.record_meta(rid)["position_ids"][0]
                     want = c.record_meta(c.record_keys()[(sample, part, step)])["position_ids"][0]
                     assert got - want == s.expected_offset, (name, step)
+
+
+def test_native_inputs_keep_the_graph_dtypes(device_sessions, tmp_path):
+    from tests.fixtures.device_sessions import make_session, session_image
+
+    s = device_sessions["qwen2vl-tiny-dynamic-correct"]
+    n = make_session("native", s.model, s.cache, s.fault, s.parts["decode"].parent, tmp_path / "native",
+                     session_image(), s.config, native_inputs=True)
+    _, rows = _input_list(n.folders["decode"])
+    pos = np.fromfile(n.folders["decode"] / rows[0]["position_ids"], dtype="<i8")
+    assert pos.tolist() == [8, 8, 8]  # M-RoPE: max(prefill positions) + 1 on all three rows, int64
+    mask = np.fromfile(n.folders["decode"] / rows[1]["attention_mask"], dtype="<i8")
+    assert mask.tolist() == [1] * (s.prefill_len + 2)
+    emb = np.fromfile(n.folders["decode"] / rows[0]["inputs_embeds"], dtype="<f4")
+    assert emb.size == 64  # float inputs stay float32
