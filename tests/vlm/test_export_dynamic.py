@@ -85,3 +85,18 @@ def test_dynamic_export_errors(session_parts, tmp_path):
         load_dynamic_manifest(session_parts("internvl-tiny", "fixed").folder)
     with pytest.raises(UsageError, match="needs a decode graph with a position_ids"):
         DynamicScheduler.from_export(session_parts("internvl-tiny", "dynamic", "restart").folder, positions="restart")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_dynamic_export_with_dynamo(name, tmp_path):
+    """torch.export + onnxscript with ``dynamic_shapes`` (about 30 s per model on 2 cores)."""
+    from ivq_debug.vlm.load import load_vlm
+    from ivq_debug.vlm.torch_generate import hf_generate
+
+    model = load_vlm(name).model
+    res = export_dynamic_parts(model, tmp_path, exporter="dynamo")
+    assert all(c.ok for c in res.checks) and len(res.checks) == 3, [(c.part, c.max_abs) for c in res.checks]
+    assert res.parts[-1].inputs["past_key_values.0.key"] == [1, 2, "past_sequence_length", 16]
+    s = task.eval_set(112, 1)[0]
+    assert DynamicScheduler.from_export(tmp_path).generate(s.image).tokens == hf_generate(model, s.image).tokens
