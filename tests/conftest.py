@@ -76,3 +76,28 @@ def qnn_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     erf_cal = [{"x": f["x"]} for f in cal]
     out["erf.a8w8"] = quantize_for_qnn(out["erf"], d / "erf.a8w8.onnx", erf_cal).model_path
     return out
+
+
+@pytest.fixture(scope="session")
+def session_parts(tmp_path_factory: pytest.TempPathFactory):
+    """``get(model, cache, fault) -> ExportResult``: the split exports device sessions run, built on first use
+    (``tests/support/device_sessions.py``; dynamic-cache exports verified against torch)."""
+    from ivq_debug.vlm.load import load_vlm
+    from tests.support.device_sessions import parts_exporter
+
+    models: dict = {}
+
+    def load(name: str):
+        if name not in models:
+            models[name] = load_vlm(name).model
+        return models[name]
+
+    return parts_exporter(tmp_path_factory.mktemp("session-parts"), load)
+
+
+@pytest.fixture(scope="session")
+def device_sessions(session_parts, tmp_path_factory: pytest.TempPathFactory):
+    """name -> DeviceSession: every fixture of ``tests/fixtures/device_sessions.SESSIONS``, written into tmp."""
+    from tests.support.device_sessions import build_sessions
+
+    return build_sessions(tmp_path_factory.mktemp("device-sessions"), session_parts)

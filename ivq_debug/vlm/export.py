@@ -85,8 +85,8 @@ class ExportedPart:
     part: str
     bucket: int | None
     path: str
-    inputs: dict[str, list[int]]
-    outputs: dict[str, list[int]]
+    inputs: dict[str, list[int | str]]  # a dynamic dimension by its name
+    outputs: dict[str, list[int | str]]
     nodes: int
     seconds: float
     check: PartCheck | None = None
@@ -173,8 +173,10 @@ def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dic
 # ------------------------------------------------------------------------------------- export
 def _export_one(
     module: Any, feeds: dict[str, np.ndarray], output_names: Sequence[str], path: Path, exporter: str,
-    opset: int,
+    opset: int, dynamic_axes: dict[str, dict[int, str]] | None = None, dynamic_shapes: Any = None,
 ) -> None:
+    """Export ``module`` called with ``feeds`` (in order); static shapes unless ``dynamic_axes`` (legacy)
+    or ``dynamic_shapes`` (dynamo, ``torch.export`` form) name the dynamic dimensions."""
     import torch
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in feeds.values())
@@ -184,13 +186,13 @@ def _export_one(
         if exporter == "legacy":
             torch.onnx.export(
                 module, args, str(path), dynamo=False, opset_version=opset, input_names=input_names,
-                output_names=list(output_names), do_constant_folding=True,
+                output_names=list(output_names), do_constant_folding=True, dynamic_axes=dynamic_axes,
             )
         else:
             prog = torch.onnx.export(
                 module, args, dynamo=True, opset_version=opset, input_names=input_names,
                 output_names=list(output_names), optimize=True, verbose=False,
-                custom_translation_table=_dynamo_translations(opset),
+                custom_translation_table=_dynamo_translations(opset), dynamic_shapes=dynamic_shapes,
             )
             prog.save(str(path))
 
@@ -268,8 +270,10 @@ def _prop(key: str, value: str) -> Any:
     return StringStringEntryProto(key=key, value=value)
 
 
-def _shapes(vis: Any) -> dict[str, list[int]]:
-    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in vis}
+def _shapes(vis: Any) -> dict[str, list[int | str]]:
+    """Graph I/O shapes; a symbolic (dynamic) dimension is given by its name."""
+    return {v.name: [d.dim_param if d.HasField("dim_param") else d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in vis}
 
 
 def verify_part(
@@ -445,8 +449,8 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def load_manifest(folder: str | os.PathLike) -> dict[str, Any]:
-    """Read ``export.json`` of an export folder (InputError when missing or malformed)."""
+def load_manifest(folder: str | os.PathLike, schema: str = "ivq-vlm-export/1") -> dict[str, Any]:
+    """Read ``export.json`` of an export folder (InputError when missing, malformed or of another ``schema``)."""
 
     p = Path(folder) / MANIFEST
     if not p.is_file():
@@ -455,6 +459,6 @@ def load_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         m = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"bad JSON: {e}", p) from e
-    if m.get("schema") != "ivq-vlm-export/1":
+    if m.get("schema") != schema:
         raise InputError(f"unknown export schema {m.get('schema')!r}", p)
     return m

@@ -12,8 +12,9 @@ The scheduler does what an on-device LLM runtime does around the three graphs of
 
 Positions (the :class:`PositionsPolicy`): correct by default — InternVL decode step ``k`` at
 ``S + k - 1``; Qwen2-VL (M-RoPE) at ``max(prefill positions) + k`` on all three rows. Fault knobs
-reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``) and
-``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``).
+reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``),
+``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``) and
+``off_by_one`` (one past the correct position: the new token counted twice).
 
 Every part runs through a runner (``run(feeds, writer) -> outputs``) made by a
 ``runner_factory(part, model_path)``, so the same loop drives ONNX Runtime fp32, QDQ, QNN HTP, and
@@ -41,7 +42,7 @@ from ivq_debug.vlm.export import load_manifest
 from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
 from ivq_debug.vlm.task import caption_accuracy, caption_ids, decode_ids
 
-POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len")
+POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len", "off_by_one")
 #: name of the per-step next-token logits tensor the scheduler stores in every record
 NEXT_LOGITS = "next_token_logits"
 
@@ -62,9 +63,9 @@ class PositionsPolicy:
             raise ValueError("decode steps start at 1")
         if self.mode == "restart":
             return step - 1
-        if mrope and self.mode == "correct":
-            return int(prefill_positions.max()) + step
-        return prefill_len + step - 1  # correct 1-D RoPE, or the mrope_text_len fault
+        if mrope and self.mode != "mrope_text_len":
+            return int(prefill_positions.max()) + step + (self.mode == "off_by_one")
+        return prefill_len + step - 1 + (self.mode == "off_by_one")  # 1-D RoPE, or the mrope_text_len fault
 
     def decode_position_ids(
         self, step: int, prefill_len: int, prefill_positions: np.ndarray, mrope: bool
@@ -204,13 +205,20 @@ class Scheduler:
         max_new_tokens: int | None = None,
     ) -> Scheduler:
         """Scheduler over an export folder; ``runner_factory(part, model_path)`` makes each runner."""
-        spec = SplitSpec.from_export(folder, bucket)
+        return cls.from_spec(SplitSpec.from_export(folder, bucket), folder, runner_factory, positions, max_new_tokens)
+
+    @classmethod
+    def from_spec(
+        cls, spec: SplitSpec, folder: str | os.PathLike, runner_factory: Callable[[str, Any], Any] | None = None,
+        positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None, **kwargs: Any,
+    ) -> Scheduler:
+        """Scheduler over the graphs of ``spec`` (read from ``folder``); ``kwargs`` go to the constructor."""
         factory = runner_factory or runner_factory_for("onnx")
         missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
         if missing:
             raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
         runners = {part: factory(part, path) for part, path in spec.part_paths.items()}
-        return cls(spec, runners, positions, max_new_tokens)
+        return cls(spec, runners, positions, max_new_tokens, **kwargs)
 
     @property
     def backend(self) -> str:
