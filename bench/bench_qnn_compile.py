@@ -438,8 +438,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sample = str(work / f"{name}.sample.npz")
             for preset, q in built["qdq"].items():
+                n_sites = None
                 for n in [x for x in a.exposed.split(",") if x]:
+                    if n != "all" and n_sites is not None and int(n) >= n_sites:
+                        continue  # the same session as "all"
                     r = run_step("session", {"qdq": q["path"], "n": n, "options": options}, a.timeout)
+                    n_sites = r.get("sites", n_sites)
                     rows.append({"model": name, "preset": preset, "n": n, **r})
                     print(json.dumps(rows[-1]), flush=True)
                 if not a.no_cache:
