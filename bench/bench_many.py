@@ -338,8 +338,9 @@ COMPRESSIONS: dict[str, dict[str, Any]] = {
 
 
 def step_compression(a: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite every dataset of a dump (tensors ``t/`` and raw integers ``q/``) with each filter setting,
-    with the writer's chunking; time the writes (data already in memory) and a full read back."""
+    """Rewrite the datasets of a dump (tensors ``t/`` and raw integers ``q/``; of its first ``records`` records)
+    with each filter setting and the writer's chunking; time the writes (data already in memory, to an
+    fsync'd file) and a full read back."""
     import h5py
     import numpy as np
 
@@ -350,8 +351,9 @@ def step_compression(a: dict[str, Any]) -> dict[str, Any]:
 
     src = open_dump(a["dump"])
     arrays: list[tuple[str, np.ndarray, bool]] = []  # (group, data, quantized)
+    first = src.records["rid"].tolist()[: a.get("records") or None]
     for e in src.entries:
-        if e.kind != "tensor" or e.stored != "full":
+        if e.kind != "tensor" or e.stored != "full" or e.rid not in first:
             continue
         arrays.append(("t", np.asarray(src.dataset(e)[()]), e.encoding is not None))
         if e.has_raw:
@@ -400,8 +402,8 @@ def run_compression(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
     out = {}
     for side, label in (("ref", "float"), ("test", "a8w8")):
         say(f"  compression: {label} dump")
-        m = run_measured(_self_cmd("compression", {"dump": str(work / "ivq-full" / f"{side}.h5"), "dir": str(d)}),
-                         log=d / side)
+        m = run_measured(_self_cmd("compression", {"dump": str(work / "ivq-full" / f"{side}.h5"), "dir": str(d),
+                                                    "records": opts.compression_records}), log=d / side)
         if not m.ok:
             raise SystemExit(f"compression study failed: {m.why()}")
         out[label] = step_result(m)
@@ -488,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                          "labelled 'ivq-debug (baseline)'")
     ap.add_argument("--profile", action="store_true", help="profile the QDQ capture and the diff (cProfile, py-spy)")
     ap.add_argument("--compression", action="store_true", help="measure dump size / time per HDF5 filter setting")
+    ap.add_argument("--compression-records", type=int, default=1,
+                    help="records (images) of each dump the compression study rewrites (default 1; 0 = all)")
     ap.add_argument("--guard-gib", type=float, default=None,
                     help="kill a step whose RSS exceeds this (default 80%% of MemAvailable at start)")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install Polygraphy when missing (skip it)")

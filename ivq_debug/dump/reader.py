@@ -331,9 +331,13 @@ class Dump:
         if 0 < n <= block_elems and entry.shape:  # one block: one HDF5 read of the whole dataset, no selection
             import h5py
 
+            ds = self.dataset(entry)
+            if tuple(ds.shape) != tuple(entry.shape):
+                raise InputError(f"{entry.name!r}: the manifest says shape {list(entry.shape)}, the data is "
+                                 f"{list(ds.shape)}", self.path)
             out = np.empty(entry.shape, dtype=dt)
             try:
-                self.dataset(entry).id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+                ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
             except OSError as err:
                 raise InputError(f"cannot read {entry.name!r} ({err})", self.path) from None
             yield logical(out.reshape(-1), entry.dtype)
