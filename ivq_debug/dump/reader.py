@@ -137,6 +137,7 @@ class Dump:
         self._datasets: dict[tuple[str, str, str], Any] = {}
         self._dtypes: dict[tuple[str, str, str], np.dtype] = {}
         self._groups: dict[tuple[str, str], Any] = {}
+        self._dapl: Any = None
         self._by_name: dict[tuple[str, str], list[Entry]] | None = None
 
     # ---------------------------------------------------------------- listing
@@ -230,7 +231,9 @@ class Dump:
     # ---------------------------------------------------------------- data
     def dataset(self, entry: Entry):
         """The h5py dataset behind an entry (for block-wise reads); opened once, relative to its record's
-        group (the groups are looked up once per record and kind)."""
+        group (the groups are looked up once per record and kind), without an HDF5 chunk cache: datasets stay
+        open for the life of the Dump, and with the default 1 MiB cache each compressed one kept its decoded
+        chunks (ivq-diff of an lzf QDQ dump of 2,080 tensors: peak RSS 0.92 GiB; raw reads never use it)."""
         k = (entry.rid, entry.kind, entry.key)
         ds = self._datasets.get(k)
         if ds is None:
@@ -241,7 +244,10 @@ class Dump:
             try:
                 if grp is None:
                     grp = self._groups[gk] = self._f[f"{fmt.RECORDS}/{entry.rid}/{fmt.KIND_GROUPS[entry.kind]}"]
-                ds = h5py.Dataset(h5py.h5d.open(grp.id, entry.key.encode()), readonly=True)
+                if self._dapl is None:  # no HDF5 chunk cache: an open dataset holds no decoded chunks
+                    self._dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+                    self._dapl.set_chunk_cache(521, 0, 1.0)
+                ds = h5py.Dataset(h5py.h5d.open(grp.id, entry.key.encode(), self._dapl), readonly=True)
             except (KeyError, ValueError):
                 raise InputError(f"manifest lists {entry.name!r} but its data is missing", self.path) from None
             self._datasets[k] = ds
