@@ -364,7 +364,7 @@ def step_compression(a: dict[str, Any]) -> dict[str, Any]:
                            "t_bytes": sum(x.nbytes for g, x, _ in arrays if g == "t"),
                            "q_bytes": sum(x.nbytes for g, x, _ in arrays if g == "q"), "settings": {}}
     settings = dict(COMPRESSIONS)
-    settings["auto (default)"] = {"auto": True}
+    settings["auto"] = {"auto": True}  # lzf on the tensors of a quantized capture only
     for label, kw in settings.items():
         p = Path(a["dir"]) / f"c-{label.split(' ')[0]}.h5"
         t0 = time.perf_counter()
@@ -393,6 +393,33 @@ def step_compression(a: dict[str, Any]) -> dict[str, Any]:
         res["settings"][label] = {"bytes": size, "ratio": size / raw_bytes, "write_s": t_write, "read_s": t_read}
         p.unlink()
     return res
+
+
+def step_replay(a: dict[str, Any]) -> dict[str, Any]:
+    """Write a dump again through ``DumpWriter`` from memory (what a capture does after each forward): the
+    writer's cost alone. ``compression``: as ``DumpWriter`` takes it (default: the current default)."""
+    from ivq_debug.dump import DumpWriter, open_dump
+
+    src = open_dump(a["dump"])
+    data = []
+    for r in src.records.to_dict("records"):
+        ins = [(e, src.read(e)) for e in src.tensors(r["rid"], kind="input")]
+        ts = [(e, src.read(e), src.read_raw(e)) for e in src.tensors(r["rid"])]
+        data.append((r, ins, ts))
+    backend = src.backend
+    src.close()
+    kw = {"compression": a["compression"]} if "compression" in a else {}
+    t0 = time.perf_counter()
+    with DumpWriter(a["out"], backend=backend, overwrite=True, **kw) as w:
+        for r, ins, ts in data:
+            w.begin_record(sample=r["sample"], part=r["part"], step=r["step"], **r["meta"])
+            for e, v in ins:
+                w.add_input(e.name, v)
+            for e, v, raw in ts:
+                w.add_tensor(e.name, v, op_type=e.op_type, order=e.order, scope=e.scope, layout=e.layout,
+                             encoding=e.encoding, raw=raw)
+    return {"seconds": time.perf_counter() - t0, "tensors": sum(len(t) for _, _, t in data),
+            "bytes": Path(a["out"]).stat().st_size}
 
 
 def run_compression(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
@@ -462,7 +489,10 @@ def goals(rows: list[Row], ivq_tool: str = "ivq-debug") -> tuple[list[str], bool
 
 def compression_table(study: dict[str, Any]) -> list[str]:
     """Size and time per filter setting, float and QDQ dumps side by side."""
-    lines = []
+    from ivq_debug import defaults
+
+    lines = [f"current default: DUMP_COMPRESSION = {defaults.DUMP_COMPRESSION!r} ('auto' = lzf on the dequantized "
+             f"tensors of a quantized capture, raw otherwise)"]
     for label, res in study.items():
         lines.append(f"{label} dump: {res['datasets']} datasets, {res['bytes'] / MiB:,.0f} MiB of data "
                      f"(tensors {res['t_bytes'] / MiB:,.0f} MiB, raw integers {res['q_bytes'] / MiB:,.0f} MiB)")
@@ -607,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
 STEP_FUNCS = {
     "build": step_build,
     "compression": step_compression,
+    "replay": step_replay,
 }
 
 

@@ -138,6 +138,7 @@ class Dump:
         self._dtypes: dict[tuple[str, str, str], np.dtype] = {}
         self._groups: dict[tuple[str, str], Any] = {}
         self._dapl: Any = None
+        self._sorted: dict[tuple[str, str], list[Entry]] | None = None
         self._by_name: dict[tuple[str, str], list[Entry]] | None = None
 
     # ---------------------------------------------------------------- listing
@@ -167,8 +168,12 @@ class Dump:
     def tensors(self, record: Any = None, kind: str = "tensor") -> list[Entry]:
         """Entries of one kind (``tensor`` or ``input``), optionally of one record, in execution order."""
         rid = self._rid(record) if record is not None else None
-        out = [e for e in self.entries if e.kind == kind and (rid is None or e.rid == rid)]
-        return sorted(out, key=lambda e: (e.rid, e.order))
+        if self._sorted is None:  # sorted once: callers list one record after the other
+            self._sorted = {}
+            for e in sorted(self.entries, key=lambda e: (e.rid, e.order)):
+                self._sorted.setdefault((e.kind, ""), []).append(e)
+                self._sorted.setdefault((e.kind, e.rid), []).append(e)
+        return list(self._sorted.get((kind, rid or ""), []))
 
     @property
     def manifest(self):
