@@ -9,7 +9,8 @@ Three modes:
   every metric of every pair, statuses, verdicts, findings, summary; the dumps' paths and creation times are
   ignored. Prints the number of pairs and values checked and the first differences; exit 1 on any.
 - ``dumps A.h5 B.h5``: two dumps of the same capture must hold the same manifest rows, record attributes and
-  the same bytes in every dataset (provenance attributes such as ``created`` and ``command`` are ignored).
+  the same bytes in every dataset (provenance attributes such as ``created`` and ``command``, and the QNN
+  profiling timings, are ignored).
 
     python bench/check_identity.py table golden/a.h5 golden/b.h5 -o /tmp/after.json
     python bench/check_identity.py compare /tmp/before.json /tmp/after.json
@@ -26,6 +27,8 @@ from typing import Any
 
 #: root attributes that differ between two captures of the same thing (provenance)
 PROVENANCE = {"created", "command", "host", "tool_version", "backend_info", "model"}
+#: datasets that hold measured timings (QNN profiling), which differ from run to run
+TIMINGS = {"tables/profiling"}
 #: keys of an ivq-diff/1 document's ref/test blocks that name the file rather than describe results
 DUMP_IDENTITY = {"path", "created", "backend_info", "model"}
 
@@ -132,7 +135,7 @@ def dumps_mode(a: str, b: str, show: int = 20) -> int:
                 diffs.append(f"{name}: attributes differ")
             if isinstance(oa, h5py.Dataset):
                 n += 1
-                if name == "manifest":
+                if name == "manifest" or name in TIMINGS:
                     continue
                 if oa.dtype != ob.dtype or oa.shape != ob.shape:
                     diffs.append(f"{name}: {oa.dtype}{oa.shape} vs {ob.dtype}{ob.shape}")
