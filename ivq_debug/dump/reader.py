@@ -352,7 +352,11 @@ class Dump:
                 raise InputError(f"cannot read {entry.name!r} ({err})", self.path) from None
             yield logical(out.reshape(-1), entry.dtype)
             return
-        yield from rebuffer(self.iter_blocks(entry, block_elems * dt.itemsize), block_elems)
+        # compressed: read at least a chunk per HDF5 call (no chunk cache: a smaller block would decompress
+        # the same chunk again for every block), then cut into blocks of the size asked
+        chunks = self.dataset(entry).chunks
+        chunk_bytes = math.prod(chunks) * dt.itemsize if chunks else 0
+        yield from rebuffer(self.iter_blocks(entry, max(block_elems * dt.itemsize, chunk_bytes)), block_elems)
 
     def table(self, name: str):
         """A stored table (e.g. ``profiling``) as a pandas DataFrame."""
