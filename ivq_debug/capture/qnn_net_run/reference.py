@@ -39,6 +39,7 @@ from ivq_debug.capture.qnn_net_run.io import GraphIO
 from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import sha256_file
+from ivq_debug.vlm.inputs import rope_index
 
 PARTS = ("vision", "prefill", "decode")
 POSITIONS = "position_ids"
@@ -201,8 +202,6 @@ class SessionReplay:
         if self.config is None:
             raise UsageError("the prefill graph takes M-RoPE position_ids [3, B, S]: the reference needs the "
                              "model's HF config.json (--config) for get_rope_index")
-        from ivq_debug.vlm.inputs import rope_index
-
         types = np.zeros((1, length), np.int32)
         if rows is None:
             return np.repeat(text_positions(mask, length)[None], 3, axis=0).astype(t.dtype)
