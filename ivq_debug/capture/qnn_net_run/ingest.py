@@ -43,7 +43,7 @@ from ivq_debug.dump.writer import DumpWriter, check_writable
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap
 from ivq_debug.qnn.profiling import join_tensors, read_profile
-from ivq_debug.util import sha256_file
+from ivq_debug.util import read_json, sha256_file
 
 BACKEND = "qnn-net-run"
 PARTS = ("vision", "prefill", "decode", "model")
@@ -288,12 +288,7 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | None,
         return None, None
     if path.is_dir():
         path = path / "config.json"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError("no such config.json", path) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"not a readable config.json ({type(e).__name__})", path) from None
+    doc = read_json(path, "config.json")
     if not isinstance(doc, dict):
         raise InputError("config.json is not a JSON object", path)
     return doc, str(path.resolve())
@@ -379,12 +374,7 @@ class SessionSpec:
             InputError: not JSON, another schema, an unknown field or a field of the wrong type (named).
         """
         p = Path(path)
-        try:
-            doc = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise InputError("no such session spec", p) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InputError(f"not a readable JSON session spec ({type(e).__name__})", p) from None
+        doc = read_json(p, "JSON session spec")
         _validate_spec(doc, p)
         base = p.parent
 
