@@ -68,7 +68,10 @@ def diagnosed(device_sessions, session_parts, tmp_path_factory):
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_diagnosed_from_the_cli(name, device_sessions, diagnosed):
     s = device_sessions[name]
-    _sess, ref, doc, codes = diagnosed(name)
+    sess, ref, doc, codes = diagnosed(name)
+    with open_dump(sess) as d, open_dump(ref) as r:  # the faults are in decode: the prefill rule must agree
+        assert np.array_equal(r.read("position_ids", (0, "prefill", 0), kind="input"),
+                              d.read("position_ids", (0, "prefill", 0), kind="input"))
     found = [f for f in doc["findings"] if f["kind"] == "position_id_offset"]
     if s.expected_offset is None:
         assert codes == (0, 0, 0) and found == [] and doc["verdict"]["passed"]
@@ -200,6 +203,16 @@ def test_reference_refuses_what_it_cannot_do(device_sessions, session_parts, dia
     capfd.readouterr()
     assert ivq("reference", qs, "--model-dir", q.parts["decode"].parent, "-o", tmp_path / "r.h5") == 2
     assert "--config" in capfd.readouterr().err and not (tmp_path / "r.h5").exists()
+    # nor without the vision record, which tells the image rows
+    nv = tmp_path / "nv.h5"
+    assert ivq("ingest", "session", "--prefill", q.folders["prefill"], "--decode", q.folders["decode"],
+               "--model-dir", q.parts["decode"].parent, "--config", q.config, "-o", nv) == 0
+    capfd.readouterr()
+    assert ivq("reference", nv, "--model-dir", q.parts["decode"].parent, "-o", tmp_path / "r.h5") == 2
+    assert "--vision" in capfd.readouterr().err
+    assert ivq("reference", qs, "--model-dir", q.parts["decode"].parent, "--config", q.config, "--grid-thw", "1,8",
+               "-o", tmp_path / "r.h5") == 2
+    assert not (tmp_path / "r.h5").exists()
     # an unreadable session dump: exit 3
     assert ivq("reference", tmp_path / "missing.h5", "--model-dir", s.parts["decode"].parent, "-o",
                tmp_path / "r.h5") == 3

@@ -4,7 +4,9 @@ Writing inputs and reading output folders work anywhere (no SDK needed). Output 
 (``docs/qnn-formats.md``): ``<output_dir>/Result_<i>/<qnn_name>.raw`` (float32; quantized tensors dequantized on
 the host) and / or ``<qnn_name>_native.raw`` (the graph's native dtype), one ``Result_<i>`` per
 ``input_list.txt`` line, with an extra ``<graph>/`` level when the run holds several graphs. Raw files carry no
-shape: dims and encodings come from the graph JSON (:mod:`ivq_debug.qnn.netjson`).
+shape: dims and encodings come from the graph JSON (:mod:`ivq_debug.qnn.netjson`, :func:`ingest_output`), or,
+without one, names, dtypes and shapes come from the ONNX graph the device ran, dynamic axes resolved from the
+byte sizes, and ``input_list.txt`` with its ``inputs/`` is read too (:func:`read_net_run_folder`).
 """
 
 from __future__ import annotations

@@ -199,6 +199,11 @@ class SessionReplay:
         length = int(ref.shape[1]) if ref.ndim >= 2 else int(ref.shape[-1])
         if not self.mrope:
             return text_positions(mask, length).astype(t.dtype)
+        if ref.shape[0] != 1:
+            raise UsageError(f"M-RoPE prefill positions are computed for batch 1 (the device fed batch {ref.shape[0]})")
+        if rows is None and vision_feeds is None:
+            raise UsageError("M-RoPE positions need the image rows: ingest the session with its vision folder "
+                             "(--vision DIR)")
         if self.config is None:
             raise UsageError("the prefill graph takes M-RoPE position_ids [3, B, S]: the reference needs the "
                              "model's HF config.json (--config) for get_rope_index")
@@ -225,19 +230,30 @@ class SessionReplay:
                              "step k >= 1)", self.session.path)
         feats = vision_feeds = dev_feats = None
         vis = keys.get((sample, "vision", 0))
-        if vis is not None and "vision" in self.runners:
-            vision_feeds = self._feeds("vision", self._device(vis, "input"), set(), (sample, "vision", 0))
-            out = self._run(writer, (sample, "vision", 0), vision_feeds)
-            name = "image_features" if "image_features" in out else self.graphs["vision"].outputs[0].name
-            feats = out[name]
-            dev_feats = self._device(vis, "tensor").get(name)
+        if vis is not None:
+            dev_out = self._device(vis, "tensor")
+            name = "image_features" if "image_features" in dev_out else (
+                self.graphs["vision"].outputs[0].name if "vision" in self.graphs else next(iter(dev_out), ""))
+            dev_feats = dev_out.get(name)
+            vision_feeds = self._device(vis, "input")
+            if "vision" in self.runners:
+                vision_feeds = self._feeds("vision", vision_feeds, set(), (sample, "vision", 0))
+                feats = self._run(writer, (sample, "vision", 0), vision_feeds)[name]
         # ---- prefill
         dev_in = self._device(pre, "input")
         has_pos = any(t.name == POSITIONS for t in self.graphs["prefill"].inputs)
         feeds = self._feeds("prefill", dev_in, {POSITIONS}, (sample, "prefill", 0))
         rows = None
-        if "inputs_embeds" in feeds and dev_feats is not None:
+        if "input_ids" in feeds and self.config and self.config.get("image_token_id") is not None:
+            rows = np.flatnonzero(feeds["input_ids"].reshape(-1) == int(self.config["image_token_id"])) if \
+                feeds["input_ids"].shape[0] == 1 else None
+            rows = rows if rows is not None and rows.size else None
+        elif "inputs_embeds" in feeds and dev_feats is not None:
             rows = locate_rows(feeds["inputs_embeds"], dev_feats)
+            if rows is None and self.mrope:
+                raise InputError(f"sample {sample}: the device's vision output is not among the prefill "
+                                 "inputs_embeds rows, so the image tokens (which M-RoPE positions need) cannot be "
+                                 "told", self.session.path)
             if rows is not None and feats is not None:
                 emb = feeds["inputs_embeds"].copy()
                 flat = emb.reshape(-1, emb.shape[-1])
