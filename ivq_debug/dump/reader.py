@@ -41,6 +41,8 @@ class Entry:
     encoding: dict[str, Any] | None
     has_raw: bool
     stats: dict[str, Any]
+    qnn_name: str | None = None  # ingests: the device's (sanitized QNN) name of the tensor
+    source_file: str | None = None  # ingests: the file it was read from
 
     @property
     def record(self) -> RecordKey:
@@ -160,6 +162,7 @@ class Dump:
                     dtype=r[c["dtype"]], layout=r[c["layout"]], stored=r[c["stored"]], nbytes=r[c["nbytes"]],
                     encoding=r[c["encoding"]], has_raw=bool(r[c["has_raw"]]),
                     stats={k: r[c[k]] for k in STAT_FIELDS},
+                    **{k: r[c[k]] for k in fmt.OPTIONAL_COLUMNS if k in c},
                 )
                 for r in self._rows
             ]
