@@ -9,11 +9,15 @@ from __future__ import annotations
 # --- golden dumps -----------------------------------------------------------------------------------
 DUMP_FORMAT = "ivq-dump"
 DUMP_FORMAT_VERSION = 1
-#: HDF5 compression filter for tensor datasets: "auto", "gzip", "lzf" or None.
-#: "auto" compresses (lzf) only tensors on a quantization grid (dequantized values: ratio ~0.6); float
-#: activations are stored chunked but raw, because they do not compress (measured on GELU activations:
-#: lzf ratio 1.00 at 144 MB/s, gzip-1+shuffle 0.85 at 46 MB/s, raw 1370 MB/s; docs/dump-format.md).
-DUMP_COMPRESSION: str | None = "auto"
+#: HDF5 compression filter for tensor datasets: None (default), "auto", "gzip" or "lzf".
+#: None stores every tensor raw, which keeps captures and diffs fast: readers take uncompressed tensors
+#: straight from their file offsets (``os.pread``, no HDF5 lock), while every compressed one is decoded under
+#: h5py's global lock, one thread at a time. "auto" compresses (lzf) only tensors on a quantization grid.
+#: Measured on the ViT-S float / QNN a8w8 dumps of ``bench/bench_many.py --compression`` (one image, 239 MiB
+#: each; docs/dump-format.md): float activations do not compress (lzf 1.00, gzip-1+shuffle 0.84 at 30× the
+#: write time); the a8w8 dump compresses to 0.61 with "auto" but writes 4.4× and reads 2.2× slower than
+#: raw, and ``ivq-diff`` of float vs a8w8 took 19–23 s raw against 24–35 s with "auto".
+DUMP_COMPRESSION: str | None = None
 #: gzip level when DUMP_COMPRESSION == "gzip".
 DUMP_COMPRESSION_LEVEL = 1
 #: target bytes per HDF5 chunk.
@@ -30,6 +34,8 @@ COMPARE_BLOCK_BYTES = 4 << 20
 MAX_UNMATCHED_FRACTION = 0.5
 #: number of worst layers printed by ivq-diff.
 TOP_N = 10
+#: ``ivq-diff --fail-on``: findings of this severity or worse fail the run (exit 1), like a broken budget
+DIFF_FAIL_ON = "error"
 
 #: Threshold presets (see docs/metrics.md). Each maps a metric to a (direction, value) budget:
 #: "min" means the metric must be >= value, "max" means <= value.
@@ -45,6 +51,14 @@ PRESETS: dict[str, dict[str, tuple[str, float]]] = {
 
 #: export verification of a model part's *outputs* against PyTorch, fp32 (seed: max_abs <= 1e-5)
 EXPORT_OUTPUT_MAX_ABS = 1e-5
+
+#: KV-cache position inference: a decode step's offset is reported only when the rotation fits the
+#: appended key slot this well (1 = exact rotation; identical pre-RoPE layer-0 keys give > 0.999 in fp32) and
+#: the best offset beats every other hypothesis by this confidence (``docs/findings.md``, Position ids)
+POSITION_MIN_FIT = 0.9
+POSITION_MIN_CONFIDENCE = 0.5
+#: offsets searched by the KV-cache inference: [-max, +max]
+POSITION_MAX_OFFSET = 4096
 
 #: projector output mean relative error above which the projector is said to drift (seed: 5 %).
 PROJECTOR_DRIFT_MEAN_REL = 0.05

@@ -1,13 +1,18 @@
-"""Small shared helpers: atomic file writes, file hashing."""
+"""Small shared helpers: atomic file writes, file hashing, user array files, JSON-safe values."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
+import zipfile
 from pathlib import Path
+from typing import Any
 
-from ivq_debug.errors import UsageError
+import numpy as np
+
+from ivq_debug.errors import InputError, UsageError, one_line
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False) -> Path:
@@ -56,8 +61,6 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def as_float(v: object) -> float | None:
     """``float(v)``, or None for None, NaN and values that are not numbers (table cells, JSON fields)."""
-    import math
-
     if v is None:
         return None
     try:
@@ -73,12 +76,6 @@ def read_arrays(path: str | os.PathLike, what: str = "inputs file") -> dict:
     Raises :class:`~ivq_debug.errors.InputError` with a one-line message naming the file when it is missing,
     not a NumPy file, or holds object arrays.
     """
-    import zipfile
-
-    import numpy as np
-
-    from ivq_debug.errors import InputError, one_line
-
     p = Path(path)
     if not p.is_file():
         raise InputError(f"no such {what}" if not p.exists() else f"{what} is not a file", p)
@@ -96,3 +93,38 @@ def read_arrays(path: str | os.PathLike, what: str = "inputs file") -> dict:
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
         kind = "object arrays (pickles are never loaded)" if "pickle" in str(e) else one_line(e, 160)
         raise InputError(f"not a readable NumPy file: {kind}", p) from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """A JSON document from a file; one-line :class:`~ivq_debug.errors.InputError` naming it when it is
+    missing, unreadable or not JSON (``what`` names the kind of file in the message)."""
+    import json
+
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"no such {what}", p) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"not a readable {what} ({type(e).__name__})", p) from None
+
+
+def json_safe(obj: Any) -> Any:
+    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, (np.floating,)):
+        return json_safe(float(obj))
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug.errors import EXIT_FAIL, IvqError
+from ivq_debug.errors import EXIT_FAIL, IvqError, UsageError
+from ivq_debug.util import atomic_write_text
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -32,6 +33,17 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         print(f"{prog}: internal error: {msg[:500]} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
         return EXIT_FAIL
+
+
+def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
+    """A ``--record`` value: a record id (``r000001``) or ``sample/part/step`` (``0/decode/3``)."""
+    if sel is None or sel.startswith("r"):
+        return sel
+    try:
+        s, part, step = sel.split("/")
+        return (int(s), part, int(step))
+    except ValueError:
+        raise UsageError(f"--record takes rNNNNNN or sample/part/step, got {sel!r}") from None
 
 
 def fmt_num(v: Any, digits: int = 4) -> str:
@@ -77,6 +89,5 @@ def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
-    from ivq_debug.util import atomic_write_text
 
     atomic_write_text(path, text + "\n", overwrite=overwrite)

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.qnn.names import NameMap
 from ivq_debug.util import atomic_write_text
 
 INT_BITWIDTHS = (4, 8, 16, 32)
@@ -232,7 +234,6 @@ class EncodingSet:
 
     def unknown_names(self, model: Any, allow_sanitized: bool = False) -> list[str]:
         """Names that are not tensors of ``model`` (a path or ``ModelProto``)."""
-        from ivq_debug.qnn.names import NameMap
 
         nm = NameMap.from_onnx(model)
         known = set(nm.tensors)
@@ -249,9 +250,8 @@ class EncodingSet:
         The axis is the unique dimension whose size equals the channel count; when several match,
         ``0`` for Conv weights, ``1`` for ConvTranspose, the last axis for MatMul / Gemm weights.
         """
-        from ivq_debug.qnn.names import load_onnx
 
-        m = load_onnx(model)
+        m = load_model(model)
         shapes = {i.name: tuple(i.dims) for i in m.graph.initializer}
         consumers: dict[str, Any] = {}
         for n in m.graph.node:
@@ -726,9 +726,8 @@ def from_ort_overrides(
     src = os.fspath(source) if source is not None else None
     inits: set[str] | None = None
     if model is not None:
-        from ivq_debug.qnn.names import load_onnx
 
-        inits = {i.name for i in load_onnx(model).graph.initializer}
+        inits = {i.name for i in load_model(model).graph.initializer}
     out = EncodingSet(format="ort", source=src)
     for name, lst in overrides.items():
         if not isinstance(lst, list) or not lst or not all(isinstance(x, dict) for x in lst):
@@ -814,9 +813,8 @@ def encodings_from_qdq_model(model: Any) -> EncodingSet:
     """
     from onnx import numpy_helper
 
-    from ivq_debug.qnn.names import load_onnx
 
-    m = load_onnx(model)
+    m = load_model(model)
     arrs: dict[str, np.ndarray] = {}
     for i in m.graph.initializer:
         arrs[i.name] = numpy_helper.to_array(i)

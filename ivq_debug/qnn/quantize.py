@@ -31,6 +31,10 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.sites import is_qdq_model
+from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides
+from ivq_debug.qnn.names import NameMap
 from ivq_debug.util import read_arrays
 
 #: preset -> (activation QuantType name, weight QuantType name)
@@ -108,17 +112,6 @@ def model_inputs(model: Any) -> list[InputSpec]:
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
         out.append(InputSpec(vi.name, dtype, shape))
     return out
-
-
-def _load_proto(path: Path) -> Any:
-    import onnx
-
-    if not path.exists():
-        raise InputError("no such ONNX model", path)
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as e:
-        raise InputError(f"not a readable ONNX model ({type(e).__name__})", path) from None
 
 
 def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
@@ -202,7 +195,7 @@ def load_calibration(
     ``fixed_feeds`` are added to every sample (e.g. position ids); a missing batch axis is added; dtypes
     are cast to the model's. Raises :class:`InputError` naming the file on any mismatch.
     """
-    proto = model if hasattr(model, "graph") else _load_proto(Path(model))
+    proto = model if hasattr(model, "graph") else load_model(Path(model))
     specs = {s.name: s for s in model_inputs(proto)}
     fixed = {k: np.asarray(v) for k, v in (fixed_feeds or {}).items()}
     unknown = [k for k in fixed if k not in specs]
@@ -344,12 +337,6 @@ def _from_qnn_encodings(data: Mapping[str, Any], where: str, model: Any,
     Per-channel axes missing from the file are inferred from the model's initializers; QNN-sanitized
     names that resolve uniquely to an ONNX tensor are renamed to it (the quantizer matches ONNX names).
     """
-    try:
-        from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides
-        from ivq_debug.qnn.names import NameMap
-    except ImportError:
-        raise UsageError(f"{where}: QNN encodings JSON needs ivq_debug.qnn.encodings, which is not available "
-                         "here; pass an ORT TensorQuantOverrides dict instead") from None
     encs = parse_encodings(dict(data), None if where == "overrides" else where)
     encs = encs.infer_axes(model)
     encs.validate()
@@ -529,8 +516,7 @@ def quantize_for_qnn(
         raise InputError("output path is a directory", out)
     if out.resolve() == src.resolve():
         raise UsageError("output would replace the float model", out)
-    proto = _load_proto(src)
-    from ivq_debug.capture.onnxruntime import is_qdq_model
+    proto = load_model(src)
 
     if is_qdq_model(proto):
         raise UsageError("the model already holds QuantizeLinear nodes (give the float model)", src)
@@ -592,7 +578,7 @@ def quantize_for_qnn(
             raise InputError(f"quantization failed: {type(e).__name__}: {one_line(e, 400)}",
                              src) from None
         served = reader.served
-        qproto = _load_proto(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
+        qproto = load_model(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
         externals = sorted({e.value for t in qproto.graph.initializer for e in t.external_data
                             if e.key == "location"})
         for loc in externals:  # data files first, the model last: it appears only when complete

@@ -22,7 +22,7 @@ Graph conventions (see ``docs/reference-models.md``):
   ``…_output_0``, metadata ``ivq.role = deepstack_add``, ``ivq.deepstack = k``, ``ivq.after_layer``);
 * ``position_ids`` are inputs; GELU is the ``Gelu`` op (opset >= 20), not an ``Erf`` chain;
 * constant subgraphs (the exporter's ``Shape``/``ConstantOfShape``/``Where`` shape arithmetic) are folded
-  into initializers (:func:`ivq_debug.graph.fold_constants`: exact, every other name kept), since QNN HTP
+  into initializers (:func:`ivq_debug.onnxgraph.fold.fold_constants`: exact, every other name kept), since QNN HTP
   accepts no ``Shape``/``ConstantOfShape`` node;
 * legacy exporter scopes are left untouched, so node names map to HF module paths by suffix.
 
@@ -44,15 +44,29 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
 from ivq_debug.errors import UsageError
-from ivq_debug.graph import fold_constants
+from ivq_debug.onnxgraph.fold import fold_constants
 from ivq_debug.util import atomic_write_text
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import (
+    DEEPSTACK_INPUT,
+    DEFAULT_BUCKET,
+    MASK_VALUE,
+    MAX_CACHE,
+    deepstack_count,
+    family,
+    num_image_tokens,
+)
+from ivq_debug.vlm.inputs import prefill_positions
+from ivq_debug.vlm.manifest import MANIFEST, SCHEMA
+from ivq_debug.vlm.scheduler import collect_feeds
+from ivq_debug.vlm.torch_generate import torch_scheduler
 
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
 DEFAULT_EXPORTER = "legacy"
 #: opset 20 for the ``Gelu`` op (QNN HTP runs it; the Erf chain falls back to the CPU when quantized)
 DEFAULT_OPSET = 20
-MANIFEST = "export.json"
 EMBEDDING_FILE = "embed_tokens.npy"
 MASK_ADD_NODE = "/language_model/layers.{layer}/self_attn/MaskAdd"
 MASK_ADD_OUTPUT = MASK_ADD_NODE + "_output_0"
@@ -94,8 +108,8 @@ class ExportedPart:
     part: str
     bucket: int | None
     path: str
-    inputs: dict[str, list[int]]
-    outputs: dict[str, list[int]]
+    inputs: dict[str, list[int | str]]  # a dynamic dimension by its name
+    outputs: dict[str, list[int | str]]
     nodes: int
     seconds: float
     check: PartCheck | None = None
@@ -149,9 +163,6 @@ def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dic
     They are the feeds the torch scheduler gives its part wrappers (teacher-forced on the sample's
     caption, so a decode step exists even for an untrained model), i.e. exactly what ORT will receive.
     """
-    from ivq_debug.vlm import task
-    from ivq_debug.vlm.scheduler import collect_feeds
-    from ivq_debug.vlm.torch_generate import torch_scheduler
 
     sample = sample if sample is not None else task.eval_set(bucket, 1)[0]
     feeds = collect_feeds(torch_scheduler(model, bucket), [sample], forced=True)
@@ -161,8 +172,10 @@ def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dic
 # ------------------------------------------------------------------------------------- export
 def _export_one(
     module: Any, feeds: dict[str, np.ndarray], output_names: Sequence[str], path: Path, exporter: str,
-    opset: int,
+    opset: int, dynamic_axes: dict[str, dict[int, str]] | None = None, dynamic_shapes: Any = None,
 ) -> None:
+    """Export ``module`` called with ``feeds`` (in order); static shapes unless ``dynamic_axes`` (legacy)
+    or ``dynamic_shapes`` (dynamo, ``torch.export`` form) name the dynamic dimensions."""
     import torch
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in feeds.values())
@@ -172,13 +185,13 @@ def _export_one(
         if exporter == "legacy":
             torch.onnx.export(
                 module, args, str(path), dynamo=False, opset_version=opset, input_names=input_names,
-                output_names=list(output_names), do_constant_folding=True,
+                output_names=list(output_names), do_constant_folding=True, dynamic_axes=dynamic_axes,
             )
         else:
             prog = torch.onnx.export(
                 module, args, dynamo=True, opset_version=opset, input_names=input_names,
                 output_names=list(output_names), optimize=True, verbose=False,
-                custom_translation_table=_dynamo_translations(opset),
+                custom_translation_table=_dynamo_translations(opset), dynamic_shapes=dynamic_shapes,
             )
             prog.save(str(path))
 
@@ -245,7 +258,6 @@ def mark_deepstack_adds(model_proto: Any, n_deepstack: int) -> list[str]:
     """
     import re
 
-    from ivq_debug.vlm.build import DEEPSTACK_INPUT
 
     g = model_proto.graph
     consumers = _consumers(g)
@@ -298,8 +310,10 @@ def _prop(key: str, value: str) -> Any:
     return StringStringEntryProto(key=key, value=value)
 
 
-def _shapes(vis: Any) -> dict[str, list[int]]:
-    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in vis}
+def _shapes(vis: Any) -> dict[str, list[int | str]]:
+    """Graph I/O shapes; a symbolic (dynamic) dimension is given by its name."""
+    return {v.name: [d.dim_param if d.HasField("dim_param") else d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in vis}
 
 
 def verify_part(
@@ -313,7 +327,6 @@ def verify_part(
     import onnxruntime as ort
     import torch
 
-    from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
 
     tol = EXPORT_OUTPUT_MAX_ABS if tolerance is None else tolerance
     so = ort.SessionOptions()
@@ -370,15 +383,6 @@ def export_parts(
     import onnx
     import torch
 
-    from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import (
-        DEFAULT_BUCKET,
-        MASK_VALUE,
-        MAX_CACHE,
-        deepstack_count,
-        family,
-        num_image_tokens,
-    )
     from ivq_debug.vlm.parts import (
         DecodePart,
         PrefillPart,
@@ -462,7 +466,7 @@ def export_parts(
 
     cfg = model.config
     manifest: dict[str, Any] = {
-        "schema": "ivq-vlm-export/1",
+        "schema": SCHEMA,
         "model": model_id,
         "family": fam.name,
         "exporter": exporter,
@@ -490,7 +494,6 @@ def export_parts(
         "verify_samples": verify_samples if verify else 0,
         "checks": [asdict(c) | {"ok": c.ok} for c in result.checks],
     }
-    from ivq_debug.vlm.inputs import prefill_positions
 
     for b in buckets:
         manifest["prefill_position_ids"][str(b)] = prefill_positions(fam.name, model, b).tolist()
@@ -504,19 +507,3 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
     with open(tmp, "wb") as f:
         np.save(f, arr, allow_pickle=False)
     os.replace(tmp, path)
-
-
-def load_manifest(folder: str | os.PathLike) -> dict[str, Any]:
-    """Read ``export.json`` of an export folder (InputError when missing or malformed)."""
-    from ivq_debug.errors import InputError
-
-    p = Path(folder) / MANIFEST
-    if not p.is_file():
-        raise InputError("not an ivq VLM export folder (no export.json)", folder)
-    try:
-        m = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"bad JSON: {e}", p) from e
-    if m.get("schema") != "ivq-vlm-export/1":
-        raise InputError(f"unknown export schema {m.get('schema')!r}", p)
-    return m

@@ -13,8 +13,9 @@ The scheduler does what an on-device LLM runtime does around the three graphs of
 Positions (the :class:`PositionsPolicy`) follow the model's own rule by default: decode step ``k``
 (cache position ``c = S + k - 1``) at ``c + rope_delta`` — for 1-D RoPE the delta is 0; for M-RoPE
 (Qwen2-/Qwen3-VL) it is ``max(prefill positions) + 1 - S`` (HF's ``get_rope_index``), on all three rows.
-Fault knobs reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``) and
-``mrope_text_len`` (the rope delta dropped at decode: ``c``, i.e. the text length instead of ``max(pos) + 1``).
+Fault knobs reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``),
+``mrope_text_len`` (the rope delta dropped at decode: ``c``, i.e. the text length instead of ``max(pos) + 1``)
+and ``off_by_one`` (one past the correct position: the new token counted twice).
 
 Qwen3-VL adds two more knobs, recorded in every record's meta like ``positions_policy``:
 
@@ -46,11 +47,26 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ivq_debug.capture.base import runner_factory as runner_factory_for
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.vlm.build import DEEPSTACK_INPUT, DEEPSTACK_OUTPUT, IMAGE_FEATURES, MROPE_LAYOUTS
-from ivq_debug.vlm.inputs import rope_delta
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import (
+    DEEPSTACK_INPUT,
+    DEEPSTACK_OUTPUT,
+    IMAGE_FEATURES,
+    MASK_VALUE,
+    MAX_CACHE,
+    MAX_NEW_TOKENS,
+    MROPE_LAYOUTS,
+    deepstack_count,
+    family,
+    num_image_tokens,
+)
+from ivq_debug.vlm.inputs import prefill_positions, rope_delta, vision_feeds
+from ivq_debug.vlm.manifest import load_manifest
+from ivq_debug.vlm.task import caption_accuracy, caption_ids, decode_ids
 
-POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len")
+POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len", "off_by_one")
 DEEPSTACK_MODES: tuple[str, ...] = ("correct", "dropped", "before_layer")
 #: name of the per-step next-token logits tensor the scheduler stores in every record
 NEXT_LOGITS = "next_token_logits"
@@ -85,7 +101,7 @@ class PositionsPolicy(_Knob):
             raise ValueError("decode steps start at 1")
         if self.mode == "restart":
             return step - 1
-        cache_position = prefill_len + step - 1
+        cache_position = prefill_len + step - 1 + (self.mode == "off_by_one")
         if self.mode == "mrope_text_len":  # the rope delta dropped
             return cache_position
         return cache_position + (rope_delta(prefill_positions) if mrope else 0)
@@ -167,7 +183,6 @@ class SplitSpec:
     @classmethod
     def from_export(cls, folder: str | os.PathLike, bucket: int | None = None) -> SplitSpec:
         """Read an export folder written by :func:`ivq_debug.vlm.export.export_parts`."""
-        from ivq_debug.vlm.export import load_manifest
 
         folder = Path(folder)
         m = load_manifest(folder)
@@ -198,9 +213,6 @@ class SplitSpec:
     @classmethod
     def from_model(cls, model: Any, bucket: int, max_cache: int | None = None) -> SplitSpec:
         """The same spec computed from a torch model (for the torch reference generation)."""
-        from ivq_debug.vlm import task
-        from ivq_debug.vlm.build import MASK_VALUE, MAX_CACHE, deepstack_count, family, num_image_tokens
-        from ivq_debug.vlm.inputs import prefill_positions
         from ivq_debug.vlm.parts import kv_shape, num_layers
 
         fam = family(model)
@@ -236,9 +248,13 @@ class Generation:
     @property
     def text(self) -> str:
         """The caption from the argmax tokens (up to ``<eos>``)."""
-        from ivq_debug.vlm.task import decode_ids
 
         return decode_ids(self.tokens)
+
+
+#: runner facts a capture through a scheduler records per part (QNN target, emulation, exposure check, partition)
+PART_INFO_KEYS = ("soc_model", "htp_arch", "emulated", "qnn_sdk_version", "onnxruntime_qnn", "exposure_check",
+                  "partition")
 
 
 class Scheduler:
@@ -259,7 +275,6 @@ class Scheduler:
         max_new_tokens: int | None = None, *, deepstack: DeepStackPolicy | str = "correct",
         mrope_layout: str | None = None,
     ) -> None:
-        from ivq_debug.vlm.build import MAX_NEW_TOKENS
 
         self.spec = spec
         self.runners = runners
@@ -288,14 +303,21 @@ class Scheduler:
         ``mrope_layout="sectioned"`` on an interleaved model runs the export's ``mrope_sectioned`` prefill
         variant (``export_parts(..., variants=("mrope_sectioned",))``).
         """
-        from ivq_debug.vlm.runner import default_runner_factory
+        return cls.from_spec(SplitSpec.from_export(folder, bucket), folder, runner_factory, positions,
+                             max_new_tokens, deepstack=deepstack, mrope_layout=mrope_layout)
 
-        spec = SplitSpec.from_export(folder, bucket)
-        factory = runner_factory or default_runner_factory()
+    @classmethod
+    def from_spec(
+        cls, spec: SplitSpec, folder: str | os.PathLike, runner_factory: Callable[[str, Any], Any] | None = None,
+        positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None, **kwargs: Any,
+    ) -> Scheduler:
+        """Scheduler over the graphs of ``spec`` (read from ``folder``); ``kwargs`` go to the constructor."""
+        factory = runner_factory or runner_factory_for("onnx")
         missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
         if missing:
             raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
         paths = dict(spec.part_paths)
+        mrope_layout = kwargs.get("mrope_layout")
         if _check_layout(spec, mrope_layout) != spec.mrope_layout:
             variant = f"mrope_{mrope_layout}"
             if variant not in spec.variant_paths:
@@ -305,17 +327,26 @@ class Scheduler:
                 )
             paths.update(spec.variant_paths[variant])
         runners = {part: factory(part, path) for part, path in paths.items()}
-        return cls(spec, runners, positions, max_new_tokens, deepstack=deepstack, mrope_layout=mrope_layout)
+        return cls(spec, runners, positions, max_new_tokens, **kwargs)
 
     @property
     def backend(self) -> str:
         """Backend name of the decode runner."""
         return str(getattr(self.runners["decode"], "backend", "unknown"))
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """The backend info of a capture through this scheduler: the decode runner's, plus each part's target
+        facts (:data:`PART_INFO_KEYS`) under the part's name."""
+        info = dict(getattr(self.runners["decode"], "info", {}))
+        for part, r in self.runners.items():
+            if hasattr(r, "info"):
+                info[part] = {k: v for k, v in r.info.items() if k in PART_INFO_KEYS}
+        return info
+
     # ---------------------------------------------------------------- pieces
     def vision_feeds(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """Vision graph feeds for one HWC image in [0, 1] of the bucket's size."""
-        from ivq_debug.vlm.inputs import vision_feeds
 
         if image.shape[:2] != (self.spec.bucket, self.spec.bucket):
             raise UsageError(f"image is {image.shape[:2]}, bucket needs {self.spec.bucket}x{self.spec.bucket}")
@@ -471,7 +502,6 @@ def _check_layout(spec: SplitSpec, layout: str | None) -> str | None:
 
 def evaluate(scheduler: Scheduler, samples: Sequence[Any], writer: Any = None) -> Any:
     """Caption accuracy of ``scheduler`` on task samples (greedy); returns a ``CaptionAccuracy``."""
-    from ivq_debug.vlm.task import caption_accuracy
 
     preds = [scheduler.generate(s.image, sample=k, writer=writer).text for k, s in enumerate(samples)]
     return caption_accuracy(preds, [s.caption for s in samples])
@@ -504,8 +534,6 @@ def collect_feeds(
     saved = dict(scheduler.runners)
     scheduler.runners = {p: _FeedRecorder(r, out[p]) for p, r in saved.items()}
     try:
-        from ivq_debug.vlm.task import caption_ids
-
         for s in samples:
             scheduler.generate(s.image, forced_tokens=caption_ids(s.caption) if forced else None)
     finally:

@@ -9,7 +9,8 @@ import pytest
 
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.vlm.build import BUCKETS, DEFAULT_BUCKET, MAX_CACHE, num_image_tokens, prefill_len
-from ivq_debug.vlm.export import MASK_ADD_NODE, MASK_ADD_OUTPUT, MASK_ADD_ROLE, export_parts, load_manifest
+from ivq_debug.vlm.export import MASK_ADD_NODE, MASK_ADD_OUTPUT, MASK_ADD_ROLE, export_parts
+from ivq_debug.vlm.manifest import load_manifest
 
 from .conftest import MODELS, TEST_BUCKETS
 

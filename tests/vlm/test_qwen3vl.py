@@ -117,7 +117,8 @@ def test_split_export_carries_deepstack_and_the_sectioned_variant(exported):
     import onnx
 
     from ivq_debug.vlm.build import num_image_tokens
-    from ivq_debug.vlm.export import DEEPSTACK_ADD_NODE, DEEPSTACK_ADD_ROLE, load_manifest
+    from ivq_debug.vlm.export import DEEPSTACK_ADD_NODE, DEEPSTACK_ADD_ROLE
+    from ivq_debug.vlm.manifest import load_manifest
 
     from .conftest import TEST_BUCKETS
 
@@ -207,7 +208,8 @@ def test_sectioned_knob_needs_the_variant_graphs(loaded, exported, tmp_path):
     import json
     import shutil
 
-    from ivq_debug.vlm.export import MANIFEST, export_parts
+    from ivq_debug.vlm.export import export_parts
+    from ivq_debug.vlm.manifest import MANIFEST
 
     plain = tmp_path / "plain"  # the same export without its variant graphs
     shutil.copytree(exported(NAME).folder, plain)
