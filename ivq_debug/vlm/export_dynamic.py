@@ -118,7 +118,8 @@ def _dynamic_spec(part: str, feeds: dict[str, np.ndarray], kv_out: list[str], ex
     if part == "prefill":
         seq = Dim("sequence_length", min=2, max=max_positions)
         deepstack = tuple({1: seq} for n in feeds if n.startswith(DEEPSTACK_PREFIX))  # *deepstack_embeds
-        return ({1: seq}, {1: seq}, {feeds["position_ids"].ndim - 1: seq}, deepstack)
+        # torch.export counts the varargs as one input only when they are given
+        return ({1: seq}, {1: seq}, {feeds["position_ids"].ndim - 1: seq}, *([deepstack] if deepstack else []))
     past = Dim("past_sequence_length", min=1, max=max_positions - 1)
     rest = [{} if n == "position_ids" else {2: past} for n in list(feeds)[2:]]  # *rest is one entry
     return ({}, {1: past + 1}, tuple(rest))
