@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("ivq_debug.cli.cmd_diff", "compare two dumps (same as ivq-diff)"),
     "capture": ("ivq_debug.cli.cmd_capture", "capture per-layer tensors (onnx, qnn)"),
     "ingest": ("ivq_debug.cli.cmd_ingest", "ingest a qnn-net-run output folder into a dump"),
-    "quantize": ("ivq_debug.cli.cmd_quantize", "quantize an ONNX model for QNN (QDQ)"),
+    "quantize": ("ivq_debug.cli.cmd_quantize", "quantize an ONNX model: QDQ for QNN, or dynamic INT8 for ORT CPU"),
     "diagnose": ("ivq_debug.cli.cmd_diagnose", "introduced vs inherited error: replay QDQ units on reference inputs"),
     "tune": ("ivq_debug.cli.cmd_tune", "suggest quantization overrides and verify them on QNN HTP"),
     "report": ("ivq_debug.cli.cmd_report", "write the HTML report and exports (Perfetto, Model Explorer, JUnit)"),
