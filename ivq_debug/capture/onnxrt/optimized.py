@@ -68,12 +68,13 @@ def graph_kernels(model: Any, level: str) -> dict[str, Any]:
     inits = {i.name for i in model.graph.initializer}
     dims = {i.name: list(i.dims) for i in model.graph.initializer}
     _, const = constant_nodes(nodes, inits)
+    computed = {o for n in nodes for o in n.output if o} - const  # (graph inputs are the capture's feeds)
     tensors: dict[str, Any] = {}
     for n in nodes:
         if all((not o) or o in const for o in n.output):
             continue
         op = op_name(n)
-        entry: dict[str, Any] = {"op": op, "inputs": [x for x in n.input if x and x not in const]}
+        entry: dict[str, Any] = {"op": op, "inputs": [x for x in n.input if x in computed]}
         k = _accumulation(n, op, dims)
         if k is not None:
             entry["k"] = k
