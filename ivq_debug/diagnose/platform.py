@@ -23,8 +23,8 @@ A differing kernel gets one verdict (``evidence["verdict"]``):
 
 Each verdict is one ``platform_kernel`` finding naming the ops (as run), their tensors, the largest error in ulps
 or integer steps and the accumulation lengths, with the fix that applies to the two platforms: ``reduce_range``
-(7-bit weights), ``session.x64quantprecision=1`` (u8u8 kernels on x86 without VNNI) or u8u8 weights for
-saturation; ``session.qdqisint8allowed=1`` when the two platforms fused the graph differently (s8s8 QDQ); an
+(7-bit weights), u8u8 weights or ``session.x64quantprecision=1`` (ONNX Runtime converts s8 weights to u8 on x86
+without VNNI, above ``ORT_DISABLE_ALL`` only) for saturation; ``session.qdqisint8allowed=1`` when the two platforms fused the graph differently (s8s8 QDQ); an
 ulp-scaled tolerance for noise.
 """
 
@@ -156,9 +156,11 @@ def _suggestion(verdict: str, ref: dict[str, Any], test: dict[str, Any], diffs: 
         side = [p for p in (ref, test) if _no_vnni_x86(p)]
         where = f"{platform_label(side[0])}: its" if side else "one platform's"
         return (f"{where} u8s8 kernel sums pairs of u8·s8 products into int16 with saturation. Re-quantize with "
-                "7-bit weights (`ivq quantize --dynamic --reduce-range`, quantize_dynamic(reduce_range=True)), or "
-                "run with `--session-option session.x64quantprecision=1` (u8u8 kernels on x86 without VNNI, "
-                "slower), or quantize the weights u8 (`--weight-type QUInt8`: u8u8)")
+                "7-bit weights (`ivq quantize --dynamic --reduce-range`, quantize_dynamic(reduce_range=True)) or "
+                "with u8 weights (`--weight-type QUInt8`: u8u8 kernels), or run the s8 model with "
+                "`--session-option session.x64quantprecision=1` (ONNX Runtime converts the weights to u8 on x86 "
+                "without VNNI; a graph optimization, so not at --optimization disable). Each was measured "
+                "bit-identical with a VNNI host (docs/arm64.md)")
     if verdict == "kernel_error":
         return ("a float kernel differs beyond rounding: capture both platforms at `--optimization disable` to see "
                 "which unfused op differs, and compare ONNX Runtime versions")
