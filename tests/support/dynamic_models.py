@@ -99,9 +99,11 @@ def avx2_u8s8_matmul(a: np.ndarray, w: np.ndarray, a_zp: Any, w_zp: Any) -> np.n
     return out.reshape(*a.shape[:-1], w.shape[-1]).astype(np.int32)
 
 
-def as_platform(src: Path, dst: Path, platform: dict[str, Any], values: dict[str, np.ndarray] | None = None) -> Path:
-    """A copy of dump ``src`` whose recorded platform is ``platform`` (merged) and whose tensors ``values`` are
-    replaced: what another machine's capture of the same model would hold (an injected platform fault)."""
+def as_platform(src: Path, dst: Path, platform: dict[str, Any], values: dict[str, np.ndarray] | None = None,
+                kernels: dict[str, Any] | None = None) -> Path:
+    """A copy of dump ``src`` whose recorded platform is ``platform`` (merged), whose tensors ``values`` are
+    replaced (and ``/meta/kernels``, when given): what another machine's capture of the same model would hold
+    (an injected platform fault)."""
     values = values or {}
     with open_dump(src) as d:
         info = dict(d.backend_info)
@@ -114,7 +116,7 @@ def as_platform(src: Path, dst: Path, platform: dict[str, Any], values: dict[str
                 for e in d.tensors(rid):
                     w.add_tensor(e.name, values.get(e.name, d.read(e)), op_type=e.op_type, order=e.order,
                                  scope=e.scope, encoding=e.encoding)
-            kernels = d.meta("kernels")
+            kernels = kernels if kernels is not None else d.meta("kernels")
             if kernels is not None:
                 w.set_meta("kernels", kernels)
     return dst
