@@ -4,6 +4,7 @@
 #   scripts/arm64-root.sh [--root DIR] [build] [--install-tools]   build (or check) the root
 #   scripts/arm64-root.sh [--root DIR] run CMD [ARG...]            run CMD inside it (qemu-aarch64-static)
 #   scripts/arm64-root.sh [--root DIR] path                        print the root folder
+#   scripts/arm64-root.sh tools                                    only install qemu-user-static, debootstrap (apt)
 #
 # build: `debootstrap --arch=arm64 --foreign --variant=minbase` (python3, python3-venv included), then every
 # downloaded .deb unpacked with dpkg-deb + tar instead of debootstrap's emulated second stage (no maintainer
@@ -40,7 +41,7 @@ STAMP_VERSION=1  # bump when the build steps change
 die() { local code=$1; shift; echo "arm64-root: $*" >&2; exit "$code"; }
 say() { echo "arm64-root: $*" >&2; }
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 need_qemu() {
   command -v qemu-aarch64-static >/dev/null 2>&1 \
@@ -222,7 +223,7 @@ parse_opts() {  # options before the mode, and after `build`
 parse_opts "$@"; set -- "${rest[@]}"
 if [ $# -gt 0 ]; then
   case "$1" in
-    build|run|path) mode=$1; shift ;;
+    build|run|path|tools) mode=$1; shift ;;
     *) usage ;;
   esac
 fi
@@ -236,4 +237,5 @@ case "$mode" in
   build) cmd_build ;;
   run) cmd_run "$@" ;;
   path) echo "$ROOT" ;;
+  tools) [ $# -eq 0 ] || usage; install_tools ;;
 esac
