@@ -1,8 +1,9 @@
 """Platform findings: two captures of one model on two machines, and the kernels that make them differ.
 
 The same ONNX Runtime build picks different kernels per CPU (x86_64 AVX-512 VNNI / AMX, AVX2 only, ARM64
-dotprod). Comparing two captures of the same model (same SHA-256) whose recorded platforms differ
-(``backend_info["platform"]``, :mod:`ivq_debug.capture.onnxrt.platform`), each tensor is
+dotprod). Comparing two captures of the same model (same SHA-256) on the same backend whose recorded platforms differ
+(machine, CPU features or ONNX Runtime version in ``backend_info["platform"]``,
+:mod:`ivq_debug.capture.onnxrt.platform`), each tensor is
 
 * **bit-identical**;
 * **inherited**: it differs, but so does one of its inputs (or an input was not captured);
@@ -45,8 +46,11 @@ INTEGER_ACCUMULATING = frozenset({
     "com.microsoft.DynamicQuantizeMatMul", "com.microsoft.MatMulIntegerToFloat", "com.microsoft.QAttention",
     "com.microsoft.DynamicQuantizeLSTM", "com.microsoft.QLinearConv", "com.microsoft.NhwcQLinearConv",
 })
-#: platform facts compared (``backend_info["platform"]`` keys)
-FACTS = ("machine", "cpu_features", "onnxruntime", "intra_op_threads", "graph_optimization_level", "session_options")
+#: what makes two captures *platforms* apart (``backend_info["platform"]`` keys): one of these must differ
+PLATFORM_FACTS = ("machine", "cpu_features", "onnxruntime")
+#: settings reported beside them when they differ too (they change kernels on one machine as well)
+SETTINGS = ("intra_op_threads", "graph_optimization_level", "session_options")
+FACTS = PLATFORM_FACTS + SETTINGS
 _VNNI = ("AVX512VNNI", "AVX512_VNNI", "AVXVNNI", "AVX_VNNI")
 
 
@@ -178,8 +182,8 @@ def platform_findings(cmp: Any) -> list[Finding]:
     if not sha_r or sha_r != sha_t:
         return []
     diffs = differences(pr, pt)
-    if not diffs:
-        return []
+    if cmp.ref.backend != cmp.test.backend or not any(k in diffs for k in PLATFORM_FACTS):
+        return []  # another backend (CPU-QDQ vs HTP) or the same machine with other settings: not a platform
     kd = kernel_differences(cmp)
     labels = {"ref": platform_label(pr), "test": platform_label(pt)}
     base = {"platforms": labels, "differences": diffs, "compared": kd["compared"], "bit_identical": kd["identical"],

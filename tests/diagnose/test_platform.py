@@ -93,6 +93,10 @@ def test_same_platform_or_another_model_raises_nothing(host: dict[str, Path], tm
     ln = open_dump(host["host"]).read(LN)
     same = as_platform(host["host"], tmp_path / "same.h5", {}, {LN: ulps_off(ln, 3)})
     assert kernels_of(ivq.compare(host["host"], same).findings) == []
+    # other settings on the same machine (threads, level, session options) are not another platform
+    settings = as_platform(host["host"], tmp_path / "settings.h5", {"intra_op_threads": 2, "session_options": {
+        "session.x64quantprecision": "1"}}, {LN: ulps_off(ln, 3)})
+    assert kernels_of(ivq.compare(host["host"], settings).findings) == []
     other = tmp_path / "other.h5"
     capture(make_runner("onnx", host["model"], selection=Selection()), [mlp_input()], other,
             model={"sha256": "another-model"}, progress=None)

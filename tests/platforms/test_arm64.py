@@ -148,7 +148,14 @@ def write_artifacts(name: str, rows: list[dict[str, Any]], findings: list[Any], 
               f"{r['verdict']} |" for r in rows]
     lines += ["", *[f"- {f.severity} {f.kind}: {f.message}" for f in findings]]
     (d / f"{name}.md").write_text("\n".join(lines) + "\n")
-    (d / "times.json").write_text(json.dumps(TIMES, indent=1) + "\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def wall_times(artifacts_dir: Path) -> Any:
+    """Every timed step of this module, in test-artifacts/arm64/times.json (docs/arm64.md quotes them)."""
+    yield
+    (artifacts_dir / "arm64").mkdir(exist_ok=True)
+    (artifacts_dir / "arm64" / "times.json").write_text(json.dumps(TIMES, indent=1) + "\n")
 
 
 def platform_findings(cmp: Any) -> list[Any]:
