@@ -164,7 +164,8 @@ class OrtRunner(Closing):
         self._kernels_for: Any = None  # weak reference to the writer that has /meta/kernels
         self.kernels: dict[str, Any] | None = None
         optimized = None
-        if self.optimization != "disable" and getattr(self.factory, "knows_optimized_graph", False):
+        if (selection is not None and self.optimization != "disable"
+                and getattr(self.factory, "knows_optimized_graph", False)):  # (a plain run exposes nothing)
             optimized = self._optimized_graph()
         self.plan = self._partition_plan(partition)
         self.info: dict[str, Any] = self.base_info()
@@ -406,7 +407,9 @@ class OrtRunner(Closing):
     def _finish(self, feeds: dict[str, np.ndarray], result: dict[str, np.ndarray], writer: Any) -> None:
         """Write the model's own outputs into the record; run the exposure check once if asked."""
         site_names = {s.name for s in self.sites}
-        known = getattr(self.factory, "knows_optimized_graph", False)  # (QNN compiles a graph of its own)
+        # the kernels as run: the file's graph at disable, the optimized one above (QNN compiles a graph of its own)
+        known = getattr(self.factory, "knows_optimized_graph", False) and (
+            self.kernels is not None or self.optimization == "disable")
         if known and (self._kernels_for is None or self._kernels_for() is not writer):  # once per dump
             if self.kernels is None:
                 self.kernels = graph_kernels(self.model, OPT_LEVELS[self.optimization])
