@@ -229,8 +229,9 @@ def platform_findings(cmp: Any) -> list[Finding]:
                    f"{worst['max_abs']:.3g} ({worst['ulps']:.0f} ulps)")
         else:
             worst = max(items, key=lambda x: x["ulps"] if not x["integer"] else 0.0)
+            most = max((x["ulps"] for x in items if not x["integer"]), default=0)
             msg = (f"kernels round differently between {labels['ref']} and {labels['test']} (ulp-level noise): "
-                   f"{names}; at most {max((x['ulps'] for x in items if not x['integer']), default=0):.0f} ulps")
+                   f"{names}; at most {most:.0f} ulp{'' if round(most) == 1 else 's'}")
         out.append(Finding(
             "platform_kernel", _SEVERITY[verdict], msg,
             where={"record": first["record"], "tensor": first["tensor"], "op": first["op"]},
