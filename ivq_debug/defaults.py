@@ -39,6 +39,8 @@ TOP_N = 10
 #: x86 AVX-512 VNNI vs ARM64 cortex-a76 on dynamic INT8 (docs/arm64.md): LayerNorm 4, Softmax 12, fused
 #: MatMulIntegerToFloat 3 ulps; AVX2-only x86 saturation moved DynamicQuantizeMatMul outputs by ~1e5 ulps.
 PLATFORM_ULP_NOISE = 64.0
+#: ``ivq-diff --fail-on``: findings of this severity or worse fail the run (exit 1), like a broken budget
+DIFF_FAIL_ON = "error"
 
 #: Threshold presets (see docs/metrics.md). Each maps a metric to a (direction, value) budget:
 #: "min" means the metric must be >= value, "max" means <= value.
