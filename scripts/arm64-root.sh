@@ -4,7 +4,7 @@
 #   scripts/arm64-root.sh [--root DIR] [build] [--install-tools]   build (or check) the root
 #   scripts/arm64-root.sh [--root DIR] run CMD [ARG...]            run CMD inside it (qemu-aarch64-static)
 #   scripts/arm64-root.sh [--root DIR] path                        print the root folder
-#   scripts/arm64-root.sh tools                                    only install qemu-user-static, debootstrap (apt)
+#   scripts/arm64-root.sh tools                                    only install qemu-user-static, debootstrap, the keyring, CA certs (apt)
 #
 # build: `debootstrap --arch=arm64 --foreign --variant=minbase` (python3, python3-venv included), then every
 # downloaded .deb unpacked with dpkg-deb + tar instead of debootstrap's emulated second stage (no maintainer
@@ -53,6 +53,8 @@ install_tools() {
   command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
   command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || missing+=(debian-archive-keyring)
+  # the CA bundle `build` copies into the root: Debian's pip there reads it for PyPI over HTTPS
+  [ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null 2>&1 || die 5 "no apt-get here: install ${missing[*]} yourself"
   [ "$(id -u)" -eq 0 ] || die 5 "installing ${missing[*]} needs root: sudo apt-get install ${missing[*]}"
