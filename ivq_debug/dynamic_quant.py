@@ -18,7 +18,6 @@ Needs only the core install (onnx, onnxruntime). The output appears under its fi
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -32,6 +31,7 @@ from typing import Any
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
+from ivq_debug.util import publish_staged, root_warnings
 
 WEIGHT_TYPES = ("QInt8", "QUInt8")
 #: the ops a dynamic model computes in integers (as written by quantize_dynamic, and as fused by ONNX Runtime)
@@ -61,19 +61,6 @@ class DynamicQuantizeResult:
         d = asdict(self)
         d["model_path"], d["source_path"] = str(self.model_path), str(self.source_path)
         return d
-
-
-class _Messages(logging.Handler):
-    """The quantizer's root-logger warnings, kept off the console and returned with the result."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = " ".join(record.getMessage().split())
-        if msg not in self.messages:
-            self.messages.append(msg)
 
 
 def quantize_dynamic_model(
@@ -123,35 +110,21 @@ def quantize_dynamic_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     staged = work / out.name
-    cap = _Messages()
-    root = logging.getLogger()
-    others = list(root.handlers)
-    for h in others:  # the quantizer logs through the root logger: keep it off the console
-        root.removeHandler(h)
-    root.addHandler(cap)
     try:
-        try:
-            quantize_dynamic(src, staged, weight_type=getattr(QuantType, weight_type), per_channel=per_channel,
-                             reduce_range=reduce_range, op_types_to_quantize=list(op_types) if op_types else None,
-                             nodes_to_exclude=list(nodes_to_exclude) or None, use_external_data_format=big)
-        except IvqError:
-            raise
-        except Exception as e:
-            raise InputError(f"quantize_dynamic failed: {type(e).__name__}: {one_line(e, 400)}", src) from None
+        with root_warnings() as warnings:
+            try:
+                quantize_dynamic(src, staged, weight_type=getattr(QuantType, weight_type), per_channel=per_channel,
+                                 reduce_range=reduce_range,
+                                 op_types_to_quantize=list(op_types) if op_types else None,
+                                 nodes_to_exclude=list(nodes_to_exclude) or None, use_external_data_format=big)
+            except IvqError:
+                raise
+            except Exception as e:
+                raise InputError(f"quantize_dynamic failed: {type(e).__name__}: {one_line(e, 400)}", src) from None
         qproto = load_model(staged, in_place=False)
         externals = sorted(p.name for p in work.iterdir() if p != staged)
-        for name in externals:  # data files first, the model last: it appears only when complete
-            dst = out.parent / name
-            if dst.exists() and not overwrite:
-                raise UsageError("external data file exists; pass overwrite=True", dst)
-            os.replace(work / name, dst)
-        if out.exists() and not overwrite:
-            raise UsageError("output appeared while quantizing; not overwritten", out)
-        os.replace(staged, out)
+        publish_staged(staged, out, externals, overwrite=overwrite)
     finally:
-        root.removeHandler(cap)
-        for h in others:
-            root.addHandler(h)
         shutil.rmtree(work, ignore_errors=True)
     ops = Counter(n.op_type for n in qproto.graph.node)
     return DynamicQuantizeResult(
@@ -159,5 +132,5 @@ def quantize_dynamic_model(
         reduce_range=reduce_range, integer_ops={k: ops[k] for k in INTEGER_OPS if ops[k]},
         dynamic_quantizers=ops["DynamicQuantizeLinear"],
         float_left={k: ops[k] for k in ("MatMul", "Conv", "Gemm") if ops[k]},
-        seconds=round(time.perf_counter() - t0, 3), external_data=externals, warnings=cap.messages,
+        seconds=round(time.perf_counter() - t0, 3), external_data=externals, warnings=warnings,
     )
