@@ -71,17 +71,20 @@ class MetricAccumulator:
     top1_agree: int = 0
     kl_sum: float = 0.0
 
-    def update(self, r: np.ndarray, t: np.ndarray) -> None:
+    def update(self, r: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Add one block; ``r`` and ``t`` must have the same shape.
 
         Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums use BLAS dot
-        products, and the non-finite check runs only when the sums say one is there.
+        products, and the non-finite check runs only when the sums say one is there. Returns the block of
+        ``r`` as float64, flat (a view of this thread's buffer, valid until the thread's next update), so
+        that other statistics of the same block need not cast it again.
         """
         r, t = np.asarray(r), np.asarray(t)
         n = r.size
         r64, t64, d = _buffers(n)
         np.copyto(r64, r.reshape(-1), casting="unsafe")
         np.copyto(t64, t.reshape(-1), casting="unsafe")
+        ref64 = r64
         s_rr, s_tt, s_tr = float(r64 @ r64), float(t64 @ t64), float(t64 @ r64)
         bad_r = bad_t = 0
         if not (math.isfinite(s_rr) and math.isfinite(s_tt) and math.isfinite(s_tr)):
@@ -112,6 +115,7 @@ class MetricAccumulator:
             lp = _log_softmax(rr2)
             lq = _log_softmax(tt2)
             self.kl_sum += float(np.sum(np.exp(lp) * (lp - lq)))
+        return ref64
 
     def result(self, encoding: dict[str, Any] | None = None) -> dict[str, Any]:
         """The metrics and their status."""
