@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.metrics import dot
+
 
 def encoding_range(enc: dict[str, Any]) -> tuple[float, float, float] | None:
     """``(min, max, step)`` representable by a per-tensor encoding (None for per-channel)."""
@@ -81,10 +83,10 @@ class EncodingAccumulator:
         kept, so selecting once equals selecting twice); no selection at all when every value is kept.
         """
         x = np.asarray(r, dtype=np.float64).reshape(-1)
-        sig = float(np.einsum("i,i->", x, x))
+        sig = dot(x, x)
         if not math.isfinite(sig):  # a non-finite value, or one whose square overflows: filter
             x = x[np.isfinite(x)]
-            sig = float(np.einsum("i,i->", x, x))
+            sig = dot(x, x)
         n = x.size
         if not n:
             return
@@ -97,7 +99,7 @@ class EncodingAccumulator:
         self.sig_sq += sig
         if self.clipped:
             c = x - np.clip(x, self.lo, self.hi)
-            self.clip_sq += float(np.einsum("i,i->", c, c))
+            self.clip_sq += dot(c, c)
         # resolution is judged on the in-range values (clipping is the saturation check's business)
         q = _scratch(n)
         np.divide(x, self.step, out=q)
@@ -119,8 +121,8 @@ class EncodingAccumulator:
         d = np.subtract(fq, inf, out=fq)
         self.n_inf += kept
         self.s1 += float(inf.sum())
-        self.s2 += float(np.einsum("i,i->", inf, inf))
-        self.noise += float(np.einsum("i,i->", d, d))
+        self.s2 += dot(inf, inf)
+        self.noise += dot(d, d)
 
     def result(self) -> dict[str, Any]:
         """``clipped_fraction``, ``grid_snr_db``, ``step`` and the encoding range."""
