@@ -65,6 +65,20 @@ POSITION_MIN_CONFIDENCE = 0.5
 #: offsets searched by the KV-cache inference: [-max, +max]
 POSITION_MAX_OFFSET = 4096
 
+#: ``mrope_layout``: a layout matches the test's post-RoPE prefill keys at the image tokens when its
+#: relative residual is at most this (fp32 ORT: ~1e-7; the wrong layout on qwen3vl-tiny: ~0.4) ...
+MROPE_MAX_RESIDUAL = 0.1
+#: ... and the model's own layout's residual is at least this many times larger
+MROPE_MIN_RATIO = 4.0
+
+#: DeepStack: a residual-stream jump between two LLM layers counts when it is at least this share of the
+#: stream's norm at the image rows (qwen3vl-tiny: 0.3-1.3; HF's own forward checked > 5 %,
+#: ``tests/vlm/test_qwen3vl.py``) ...
+DEEPSTACK_MIN_JUMP = 0.05
+#: ... and a test jump carries a reference jump when their relative difference is at most this
+#: (fp32: ~1e-7; a jump moved by one layer carries another feature: ~1.4 on qwen3vl-tiny)
+DEEPSTACK_MAX_ERROR = 0.5
+
 #: projector output mean relative error above which the projector is said to drift (seed: 5 %).
 PROJECTOR_DRIFT_MEAN_REL = 0.05
 #: the drift is the projector's own (an error) when it amplifies the vision tower's relative error this much,
