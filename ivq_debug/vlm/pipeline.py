@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.vlm.build import DEFAULT_BUCKET
 from ivq_debug.vlm.export import DEFAULT_EXPORTER, ExportResult, export_parts
 from ivq_debug.vlm.load import load_vlm
+from ivq_debug.vlm.manifest import model_attrs
 from ivq_debug.vlm.scheduler import PositionsPolicy, Scheduler, collect_feeds, evaluate
 from ivq_debug.vlm.task import CaptionAccuracy, Sample, eval_set, make_samples
 from ivq_debug.vlm.torch_generate import torch_scheduler
 
-__all__ = ["Prepared", "calibration_feeds", "evaluate", "prepare", "scheduler", "torch_reference"]
+__all__ = ["Prepared", "calibration_feeds", "capture_run", "evaluate", "prepare", "scheduler", "torch_reference"]
 
 
 @dataclass
@@ -100,3 +102,27 @@ def calibration_feeds(
 def evaluate_samples(sched: Scheduler, samples: Sequence[Sample], writer: Any = None) -> CaptionAccuracy:
     """Alias of :func:`ivq_debug.vlm.scheduler.evaluate`."""
     return evaluate(sched, samples, writer)
+
+
+def capture_run(
+    folder: str | os.PathLike, bucket: int, images: Sequence[Any], path: str | os.PathLike, *,
+    forced: Sequence[Sequence[int]] | None = None, runner_factory: Callable[[str, Any], Any] | None = None,
+    overwrite: bool = False, **knobs: Any,
+) -> Path:
+    """Capture every tensor of a scheduled generation per image (ORT CPU by default) into the dump ``path``.
+
+    ``forced``: per image, the tokens to teacher-force (e.g. a clean run's, so the steps of a faulty run
+    compare with it); ``knobs``: the scheduler's fault knobs (``positions=``, ``deepstack=``,
+    ``mrope_layout=``). The dump's model attributes are the export's (:func:`~ivq_debug.vlm.manifest.model_attrs`:
+    the HF config the diagnostics read).
+    """
+    def ort(part: str, p: Any) -> Any:
+        return make_runner("onnx", p, selection=Selection())
+
+    sched = Scheduler.from_export(folder, bucket, runner_factory or ort, **knobs)
+
+    def record(w: Any, i: int, image: Any) -> None:
+        sched.generate(image, sample=i, writer=w, forced_tokens=forced[i] if forced is not None else None)
+
+    return capture(sched, list(images), path, model=model_attrs(folder), record=record, overwrite=overwrite,
+                   progress=None)

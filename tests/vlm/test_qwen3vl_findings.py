@@ -21,6 +21,7 @@ from ivq_debug.dump import DumpWriter, open_dump
 from ivq_debug.vlm import task
 from ivq_debug.vlm.build import num_image_tokens
 from ivq_debug.vlm.manifest import model_attrs
+from ivq_debug.vlm.pipeline import capture_run
 from ivq_debug.vlm.scheduler import Scheduler
 
 NAME = "qwen3vl-tiny"
@@ -46,10 +47,8 @@ def runs(exported, tmp_path_factory):
 
     def get(label: str) -> Path:
         if label not in cache:
-            sched = Scheduler.from_export(folder, BUCKET, _ort, **KNOBS[label])
-            cache[label] = capture(sched, [image], tmp / f"{label}.h5", model=model_attrs(folder), progress=None,
-                                   record=lambda w, i, _: sched.generate(image, sample=i, writer=w,
-                                                                         forced_tokens=forced))
+            cache[label] = capture_run(folder, BUCKET, [image], tmp / f"{label}.h5", forced=[forced],
+                                       **KNOBS[label])
         return cache[label]
 
     get.folder, get.image, get.forced, get.tmp = folder, image, forced, tmp
