@@ -23,7 +23,7 @@ from typing import Any
 KNOBS = {"deepstack=dropped": {"deepstack": "dropped"}, "deepstack=before_layer": {"deepstack": "before_layer"},
          "mrope_layout=sectioned": {"mrope_layout": "sectioned"}, "positions=mrope_text_len": {"positions": "mrope_text_len"}}
 SHOWN = ("feature", "boundary", "after_layer", "found_after_layer", "ref_jump", "test_jump", "error_by_boundary",
-         "positions", "layout", "model_layout", "residual", "residual_other_tokens", "layer", "offset", "cause",
+         "positions", "layout", "model_layout", "shift", "residual", "residual_other_tokens", "layer", "offset", "cause",
          "method", "first_wrong_step", "rope_delta")
 
 

@@ -10,9 +10,12 @@ The check recomputes the rotary embedding from the captured 3-D positions: the r
 of the first layer both dumps hold (``present.{i}.key`` of the prefill; layer 0 by default, whose pre-RoPE
 keys depend on the input embeddings alone) are rotated back with the model's own layout, giving the pre-RoPE
 keys, then rotated forward under each layout and compared with the test's keys on the tokens where the
-layouts differ. The relative residual ``‖k_test − R_L k_pre‖ / ‖k_test‖`` of each layout is the evidence;
-the layout whose residual is at most ``MROPE_MAX_RESIDUAL`` and ``MROPE_MIN_RATIO`` times below the model
-layout's is named. A record whose positions have t = h = w everywhere (a text-only prompt) cannot tell the
+layouts differ. The evidence is the relative residual ``‖k_test − R_L k_pre‖ / ‖k_test‖`` of each layout and
+the *shift*: the test's keys projected on the line from the model layout's rotation (0) to the other's (1),
+``⟨k_test − R_own k_pre, R_other k_pre − R_own k_pre⟩ / ‖R_other k_pre − R_own k_pre‖²``, one direction, so
+noise in the pre-RoPE keys (a quantized vision tower) averages out where the residuals do not. The other
+layout is named when the shift is within ``MROPE_SHIFT_TOLERANCE`` of 1 and its residual is at most
+``MROPE_MAX_RESIDUAL`` and below the model layout's. A record whose positions have t = h = w everywhere (a text-only prompt) cannot tell the
 layouts apart and gives nothing, as does a test whose keys differ by more than a rotation (neither fits).
 
 The model's layout and sections come from the HF config stored in a dump's model attributes
@@ -106,10 +109,16 @@ def layout_residuals(ref: Any, test: Any, rid_ref: str, rid_test: str, rope: Rop
     same = np.setdiff1d(np.arange(pos.shape[-1]), tokens)
     out: dict[str, Any] = {"layer": li, "tensor": names_t[li], "tokens": tokens.tolist(), "residual": {},
                            "per_token": {}}
-    for lay, ang in angles.items():
-        pred = rotate(pre, ang)
-        out["residual"][lay] = _rel(kt[..., tokens, :], pred[..., tokens, :])
-        out["per_token"][lay] = [round(_rel(kt[..., t, :], pred[..., t, :]), 6) for t in tokens]
+    preds = {lay: rotate(pre, ang)[..., tokens, :] for lay, ang in angles.items()}
+    kt_tok = kt[..., tokens, :]
+    for lay, pred in preds.items():
+        out["residual"][lay] = _rel(kt_tok, pred)
+        out["per_token"][lay] = [round(_rel(kt_tok[..., i, :], pred[..., i, :]), 6) for i in range(tokens.size)]
+    # how far the test's keys moved from the model layout's rotation towards the other one (0 = none, 1 = all the
+    # way): a projection on one direction, so noise in the pre-RoPE keys averages out
+    other = next(lay for lay in preds if lay != own)
+    step = preds[other] - preds[own]
+    out["shift"] = float(np.sum((kt_tok - preds[own]) * step) / max(float(np.sum(step * step)), 1e-30))
     out["residual_other_tokens"] = (_rel(kt[..., same, :], rotate(pre, angles[own])[..., same, :])
                                     if same.size else None)
     return out
@@ -117,7 +126,7 @@ def layout_residuals(ref: Any, test: Any, rid_ref: str, rid_test: str, rope: Rop
 
 def mrope_layout_findings(ref: Any, test: Any, *, config: Mapping[str, Any] | str | os.PathLike | None = None,
                           max_residual: float = defaults.MROPE_MAX_RESIDUAL,
-                          min_ratio: float = defaults.MROPE_MIN_RATIO) -> list[Finding]:
+                          shift_tolerance: float = defaults.MROPE_SHIFT_TOLERANCE) -> list[Finding]:
     """``mrope_layout`` findings: prefill records whose keys fit another M-RoPE layout than the model's."""
     rope = rope_from_config(config) if config is not None else rope_of_dumps(ref, test)
     if rope is None or rope.mrope_layout is None:
@@ -132,18 +141,19 @@ def mrope_layout_findings(ref: Any, test: Any, *, config: Mapping[str, Any] | st
             continue
         own = rope.mrope_layout
         r = res["residual"]
-        best = min(r, key=r.get)
-        if best == own or r[best] > max_residual or r[own] < min_ratio * max(r[best], 1e-30):
+        best = next(lay for lay in r if lay != own)
+        if abs(res["shift"] - 1.0) > shift_tolerance or r[best] > max_residual or r[best] >= r[own]:
             continue
         toks = res["tokens"]
         out.append(Finding(
             "mrope_layout", "error",
             f"prefill keys are rotated with the {best} M-RoPE layout, the model's is {own}: at the {len(toks)} "
-            f"image tokens whose t/h/w positions differ the {best} rotation leaves a residual of {r[best]:.1e}, "
-            f"the {own} one {r[own]:.2f} (layer {res['layer']}, first token {toks[0]})",
+            f"image tokens whose t/h/w positions differ they lie {res['shift']:.2f} of the way from the {own} "
+            f"rotation to the {best} one, residual {r[best]:.1e} against {r[own]:.2f} (layer {res['layer']}, "
+            f"first token {toks[0]})",
             where={"record": {"sample": key[0], "part": "prefill", "step": key[2]}, "tensor": res["tensor"],
                    "positions": toks},
-            evidence={"layout": best, "model_layout": own, "residual": r, "layer": res["layer"],
+            evidence={"layout": best, "model_layout": own, "shift": res["shift"], "residual": r, "layer": res["layer"],
                       "first_position": toks[0], "positions": toks, "per_token": res["per_token"],
                       "residual_other_tokens": res["residual_other_tokens"], "rope": rope.to_dict()},
             suggestion=f"the rotary kernel must map the t/h/w axes to frequencies in the {own} layout "

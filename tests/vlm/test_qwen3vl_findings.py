@@ -123,6 +123,7 @@ def test_sectioned_mrope_is_named_at_the_image_tokens(runs):
     assert f["where"]["tensor"] == "present.0.key"
     assert set(ev["positions"]) <= set(IMAGE_ROWS) and ev["first_position"] == ev["positions"][0]
     assert ev["residual"]["sectioned"] < 1e-5 and ev["residual"]["interleaved"] > 0.05
+    assert abs(ev["shift"] - 1.0) < 1e-4  # all the way from the interleaved rotation to the sectioned one
     assert ev["residual_other_tokens"] < 1e-5  # text tokens: no layout tells them apart
     assert not _of(found, "deepstack_missing") and not _of(found, "deepstack_misrouted")
 
@@ -182,3 +183,34 @@ def test_text_only_prompt_does_not_trigger_mrope_layout(runs, tmp_path):
         assert np.abs(a.read("present.0.key", k) - b.read("present.0.key", k)).max() <= 1e-6
     code, found = _diff(dumps["clean"], dumps["sectioned"], tmp_path)
     assert code == 0 and not _of(found, "mrope_layout"), found
+
+
+@pytest.mark.slow
+def test_findings_hold_on_a_quantized_test(runs):
+    """CPU-QDQ a8w8 parts (ORT's exact fake-quant) as the test: the clean quantized run gives none of the
+    Qwen3-VL findings, each knob still its own (the quantized vision tower perturbs the image-row keys by ~8 %,
+    which the M-RoPE shift statistic averages out)."""
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from ivq_debug.vlm.scheduler import collect_feeds
+
+    sched = Scheduler.from_export(runs.folder, BUCKET)
+    feeds = collect_feeds(sched, task.make_samples(8, BUCKET, 99))
+    graphs = dict(sched.spec.part_paths) | {"sectioned": sched.spec.variant_paths["mrope_sectioned"]["prefill"]}
+    qdq = {}
+    for part, path in graphs.items():
+        qdq[part] = runs.tmp / f"{part}.a8w8.qdq.onnx"
+        quantize_for_qnn(path, qdq[part], feeds["prefill" if part == "sectioned" else part], preset="a8w8",
+                         overwrite=True)
+    expected = {"clean": set(), "dropped": {"deepstack_missing"}, "before_layer": {"deepstack_misrouted"},
+                "sectioned": {"mrope_layout"}}
+    for label, kinds in expected.items():
+        paths = dict(qdq, prefill=qdq["sectioned"]) if label == "sectioned" else qdq
+        knobs = {k: v for k, v in KNOBS[label].items() if k != "mrope_layout"}  # the graph is the knob here
+
+        def factory(part: str, _path: Path, paths=paths):
+            return make_runner("onnx", paths[part], selection=Selection())
+
+        test = capture_run(runs.folder, BUCKET, [runs.image], runs.tmp / f"a8w8-{label}.h5", forced=[runs.forced],
+                           runner_factory=factory, overwrite=True, **knobs)
+        _, found = _diff(runs("clean"), test, runs.tmp)
+        assert {f["kind"] for f in found} & set(NEW_KINDS[:3]) == kinds, (label, found)
