@@ -19,7 +19,7 @@ stream's norm. For each, the relative difference ``‖J_test(b') − J_ref(b)‖
 computed at every test boundary ``b'``: at ``b`` within ``DEEPSTACK_MAX_ERROR`` is correct; at another
 boundary only is ``deepstack_misrouted`` (layer); at ``b`` but on other rows is ``deepstack_misrouted``
 (positions); nowhere is ``deepstack_missing``. The evidence holds the per image token and boundary table
-(the report's heatmap): the reference's relative jump, the test's, and their relative difference.
+(the report's heatmap): the reference's jump, the test's and their difference, each relative to the stream.
 """
 
 from __future__ import annotations
@@ -102,9 +102,10 @@ def boundary_label(b: int) -> str:
 
 
 def deepstack_table(ref: Stream, test: Stream, min_jump: float = defaults.DEEPSTACK_MIN_JUMP) -> dict[str, Any]:
-    """Jumps per boundary: the reference's and the test's (relative to the stream), their difference.
+    """Jumps per boundary and image row, each relative to the stream's norm there: the reference's, the test's and
+    their difference.
 
-    Returns ``{"boundaries": [0..L-1], "rows": image rows, "ref": {b: [per row]}, "test": …, "error": …,
+    Returns ``{"boundaries": [0..L-1], "rows": image rows, "ref": {b: [per row]}, "test": …, "difference": …,
     "ref_jumps": {b: rows where the reference jumps}}`` (floats rounded to 4 significant digits).
     """
     L = min(ref.layers, test.layers)
@@ -119,7 +120,7 @@ def deepstack_table(ref: Stream, test: Stream, min_jump: float = defaults.DEEPST
         "boundaries": list(jr), "rows": image,
         "ref": {b: rnd((_norm(jr[b], 1) / scale[b])[image]) for b in jr},
         "test": {b: rnd((_norm(jt[b], 1) / scale[b])[image]) for b in jr},
-        "error": {b: rnd((_norm(jt[b] - jr[b], 1) / np.maximum(_norm(jr[b], 1), 1e-30))[image]) for b in jr},
+        "difference": {b: rnd((_norm(jt[b] - jr[b], 1) / scale[b])[image]) for b in jr},
         "ref_jumps": {b: r.tolist() for b, r in ref_rows.items() if r.size},
         "_jr": jr, "_jt": jt, "_scale": scale,
     }

@@ -85,7 +85,8 @@ def test_clean_run_has_no_error_finding(runs, loaded):
 
 
 def test_deepstack_dropped_is_missing_after_layers_0_and_1(runs):
-    code, found = _diff(runs("clean"), runs("dropped"), runs.tmp)
+    page = runs.tmp / "dropped.html"
+    code, found = _diff(runs("clean"), runs("dropped"), runs.tmp, "--report", str(page))
     assert code == 1
     missing = _of(found, "deepstack_missing")
     assert [(f["where"]["layer"], f["evidence"]["feature"]) for f in missing] == [(0, 0), (1, 1)]
@@ -97,6 +98,13 @@ def test_deepstack_dropped_is_missing_after_layers_0_and_1(runs):
         assert ev["ref_jump"] > 0.3 and ev["test_jump"] == 0.0  # a real jump in the reference, none in the test
     assert not _of(found, "deepstack_misrouted") and not _of(found, "mrope_layout")
     assert not _of(found, "position_id_offset")
+    # the report's heatmap: per boundary a reference / test / difference row, one cell per image row
+    table = missing[0]["evidence"]["table"]
+    assert table["rows"] == IMAGE_ROWS and all(v == 0.0 for b in ("1", "2") for v in table["test"][b])
+    html = page.read_text()
+    section = html[html.index('id="deepstack"'):]
+    section = section[:section.index("</section>")]
+    assert section.count("after layer 1 · reference jump") == 1 and section.count("<td title=") == 9 * len(IMAGE_ROWS)
 
 
 def test_deepstack_before_layer_is_misrouted_one_layer_early(runs):
