@@ -74,6 +74,12 @@ MROPE_SHIFT_TOLERANCE = 0.25
 #: layer 0: 0.36-0.66)
 MROPE_MAX_RESIDUAL = 0.25
 
+#: ``preprocess_mismatch``: vision inputs whose relative L2 difference is at most this are the same preprocessing
+PREPROCESS_MAX_REL = 1e-4
+#: an affine map of the reference's pixel values explains the test's when R² is at least this (a range or
+#: normalization mismatch is exact: R² = 1 to float rounding)
+PREPROCESS_AFFINE_R2 = 0.9999
+
 #: DeepStack: a residual-stream jump between two LLM layers counts when it is at least this share of the
 #: stream's norm at the image rows (qwen3vl-tiny: 0.52 and 1.23 at bucket 112; HF's own forward checked > 5 %,
 #: ``tests/vlm/test_qwen3vl.py``) ...

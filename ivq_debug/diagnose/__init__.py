@@ -26,6 +26,7 @@ from ivq_debug.diagnose.findings import Finding, severity_rank
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.platform import platform_findings
 from ivq_debug.diagnose.positions import position_findings
+from ivq_debug.diagnose.preprocess import preprocess_findings
 from ivq_debug.diagnose.projector import projector_findings
 from ivq_debug.diagnose.rope_layout import mrope_layout_findings
 
@@ -47,6 +48,11 @@ def positions(cmp: Any) -> list[Finding]:
     return [f for s in samples for f in position_findings(cmp.ref, cmp.test, sample=s)]
 
 
+def preprocess_findings_of(cmp: Any) -> list[Finding]:
+    """Vision inputs that differ: range, normalization or resize."""
+    return preprocess_findings(cmp.ref, cmp.test)
+
+
 def deepstack(cmp: Any) -> list[Finding]:
     """DeepStack residual-stream jumps of the reference missing from the test or at another layer / rows."""
     return deepstack_findings(cmp.ref, cmp.test)
@@ -59,6 +65,7 @@ def mrope_layout(cmp: Any) -> list[Finding]:
 
 #: every diagnostic, most telling first (``rank``)
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
+    Diagnostic("preprocess_mismatch", 0, preprocess_findings_of, "pixel values differ before the vision tower"),
     Diagnostic("projector_drift", 0, projector_findings, "the projector's error grows out of the vision tower's"),
     Diagnostic("position_id_offset", 1, positions, "decode positions differ from the model's rule"),
     Diagnostic("mrope_layout", 1, mrope_layout, "prefill keys rotated with another M-RoPE layout"),

@@ -13,6 +13,7 @@ KINDS = (
     "first_divergence",
     "introduced_error",
     "projector_drift",
+    "preprocess_mismatch",
     "position_id_offset",
     "mrope_layout",
     "deepstack_missing",

@@ -222,3 +222,39 @@ def test_findings_hold_on_a_quantized_test(runs):
                            runner_factory=factory, overwrite=True, **knobs)
         _, found = _diff(runs("clean"), test, runs.tmp)
         assert {f["kind"] for f in found} & set(NEW_KINDS[:3]) == kinds, (label, found)
+
+
+def _patch_channels(patches: np.ndarray, fn) -> np.ndarray:
+    """Apply ``fn(block, channel)`` to each colour channel's third of Qwen-VL patch vectors."""
+    k = patches.shape[-1] // 3
+    return np.concatenate([fn(patches[:, c * k:(c + 1) * k], c) for c in range(3)], axis=-1).astype(np.float32)
+
+
+def test_preprocess_mismatch_tells_range_normalization_and_resize(runs, tmp_path):
+    """The vision graph run on the pixels of other preprocessing pipelines: each named by its statistic."""
+    from ivq_debug.vlm.inputs import qwen_patches
+
+    spec = Scheduler.from_export(runs.folder, BUCKET).spec
+    sample = task.eval_set(BUCKET, 1)[0]
+    big = task.render(sample.scene, 2 * BUCKET)  # one picture, resampled two ways
+    area = big.reshape(BUCKET, 2, BUCKET, 2, 3).mean(axis=(1, 3))
+    ref_px = qwen_patches(area)[0]
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, not the model's 0.5 / 0.5
+    variants = {
+        "ref": ref_px,
+        "range": qwen_patches(area * 255.0)[0],  # a 0-255 image where 0-1 is expected
+        "normalization": _patch_channels(ref_px, lambda b, c: ((b * 0.5 + 0.5) - mean[c]) / std[c]),
+        "resize": qwen_patches(big[::2, ::2])[0],  # nearest instead of area averaging
+    }
+    dumps = {label: capture(_ort("vision", spec.part_paths["vision"]), [{"pixel_values": px}],
+                            tmp_path / f"px-{label}.h5", part="vision", progress=None)
+             for label, px in variants.items()}
+    for label in ("range", "normalization", "resize"):
+        code, found = _diff(dumps["ref"], dumps[label], tmp_path)
+        (f,) = _of(found, "preprocess_mismatch")
+        assert code == 1 and f["evidence"]["verdict"] == label, (label, f)
+        assert f["where"] == {"record": {"sample": 0, "part": "vision", "step": 0}, "tensor": "pixel_values"}
+        r2 = [a["r2"] for a in f["evidence"]["affine"]]
+        assert (min(r2) > 0.9999) is (label != "resize"), (label, r2)
+    code, found = _diff(dumps["ref"], dumps["ref"], tmp_path)
+    assert not _of(found, "preprocess_mismatch")
