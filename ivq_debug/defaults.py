@@ -32,6 +32,9 @@ RANK_METRIC = "sqnr_db"
 COMPARE_BLOCK_BYTES = 4 << 20
 #: fraction of tensors that may stay unmatched before ivq-diff exits 4 (per side, of the smaller dump).
 MAX_UNMATCHED_FRACTION = 0.5
+#: input names whose role is ``carried`` unless the producer says otherwise (``docs/dump-format.md``, Contract): the
+#: KV cache an earlier step of the same backend wrote, which differs whenever the backends do
+CONTRACT_CARRIED_INPUTS = ("past*",)
 #: number of worst layers printed by ivq-diff.
 TOP_N = 10
 #: ``ivq-diff --fail-on``: findings of this severity or worse fail the run (exit 1), like a broken budget

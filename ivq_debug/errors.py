@@ -13,6 +13,7 @@ Exit codes (contract, see ``docs/cli.md``):
 3    an input is unreadable or corrupt (missing file, not HDF5, truncated, wrong byte size, bad JSON)
 4    alignment left more unmatched tensors than allowed
 5    a required external tool or backend is absent (QAIRT SDK, adb, QNN EP)
+6    contract: the dumps compared were not fed the same inputs (``ivq-diff --allow-input-mismatch``)
 ==== =====================================================================
 """
 
@@ -26,6 +27,7 @@ EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_UNMATCHED = 4
 EXIT_TOOL = 5
+EXIT_CONTRACT = 6
 
 
 def one_line(e: BaseException | str, limit: int | None = None) -> str:
@@ -71,6 +73,16 @@ class ToolNotFoundError(IvqError):
     """A required external tool or backend is absent (exit 5)."""
 
     exit_code = EXIT_TOOL
+
+
+class ContractError(IvqError):
+    """The dumps compared were not fed the same inputs (exit 6); see :mod:`ivq_debug.comparator.contract`."""
+
+    exit_code = EXIT_CONTRACT
+
+    def one_line(self) -> str:
+        """``contract: <the first differing input and record>``."""
+        return f"contract: {super().one_line()}"
 
 
 class CaptureError(IvqError):

@@ -21,6 +21,7 @@ import numpy as np
 
 from ivq_debug import __version__, defaults
 from ivq_debug.dump import format as fmt
+from ivq_debug.dump.contract import INPUTS_META, input_fact
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import _umask
@@ -234,12 +235,19 @@ class DumpWriter:
         rec = self._cur
         return rec is not None and name in self._names.get((rec["rid"], kind), set())
 
-    def add_input(self, name: str, value: Any, **kw: Any) -> None:
-        """Store one model input of the current record (always stored whole).
+    def add_input(self, name: str, value: Any, *, role: str | None = None, reason: str | None = None,
+                  **kw: Any) -> None:
+        """Store one model input of the current record (always stored whole) and its contract fact.
 
-        Keywords are those of :meth:`add_tensor` (an ingest passes ``qnn_name`` and ``source_file``).
+        ``role`` (``external``, ``derived``, ``carried``, ``recomputed``; default by name,
+        :func:`ivq_debug.dump.contract.default_role`) and ``reason`` go with the input's SHA-256 into the
+        record's ``meta["inputs"]`` (:mod:`ivq_debug.dump.contract`). Other keywords are those of
+        :meth:`add_tensor` (an ingest passes ``qnn_name`` and ``source_file``).
         """
-        self._add("input", name, value, **kw)
+        arr, dtype_name = self._add("input", name, value, **kw)
+        rec = self._require_record()
+        rec["meta"].setdefault(INPUTS_META, {})[name] = input_fact(name, arr, dtype_name, role, reason)
+        self._group(rec["rid"]).attrs["meta"] = fmt.to_json(rec["meta"])
 
     def add_tensor(
         self,
@@ -289,7 +297,7 @@ class DumpWriter:
         raw: Any | None = None,
         qnn_name: str | None = None,
         source_file: str | None = None,
-    ) -> None:
+    ) -> tuple[np.ndarray, str]:
         rec = self._require_record()
         rid = rec["rid"]
         seen = self._names.setdefault((rid, kind), set())
@@ -333,6 +341,7 @@ class DumpWriter:
                 stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file,
             ]
         )
+        return arr, dtype_name
 
     @staticmethod
     def _logical(arr: np.ndarray, dtype_name: str) -> np.ndarray:

@@ -244,6 +244,21 @@ def decode_cache_len(call: NetRunCall) -> int | None:
     return attended - 1
 
 
+#: inputs a device runtime computes by its own rules (contract role ``derived``, :mod:`ivq_debug.dump.contract`)
+DERIVED_INPUTS = ("position_ids", "attention_mask", "cache_position")
+
+
+def session_role(part: str, name: str) -> str | None:
+    """The contract role of a device session's input: positions and masks are the device runtime's (``derived``),
+    prefill ``inputs_embeds`` hold the device's own vision output (``carried``); the rest take the default role
+    (``past*`` carried, token embeddings and pixels external: a teacher-forced reference must be fed the same)."""
+    if name in DERIVED_INPUTS:
+        return "derived"
+    if part == "prefill" and name == "inputs_embeds":
+        return "carried"
+    return None
+
+
 def _record_rows(writer: Any, call: NetRunCall, key: tuple[int, str, int],
                  meta: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
     """Write one inference as one record (inputs, then outputs); returns its mapping rows and tensor count."""
@@ -253,7 +268,7 @@ def _record_rows(writer: Any, call: NetRunCall, key: tuple[int, str, int],
                         input_list_line=call.line, **meta)
     rows = []
     for t in call.inputs:
-        writer.add_input(t.name, t.load(), qnn_name=t.qnn_name, source_file=str(t.path))
+        writer.add_input(t.name, t.load(), qnn_name=t.qnn_name, source_file=str(t.path), role=session_role(part, t.name))
     token = None
     for t in call.outputs:
         v = t.load()
