@@ -26,8 +26,10 @@ DUMP_CHUNK_BYTES = 1 << 20
 DUMP_MIN_CHUNKED_BYTES = 64 << 10
 
 # --- comparison -------------------------------------------------------------------------------------
-#: metric used to rank layers (worst first) when none is given.
+#: metric used to rank layers (worst first) when none is given: scale-invariant when a side is float, error in
+#: quantization steps when both sides are quantized (comparator/ranking.py, docs/metrics.md Ranking)
 RANK_METRIC = "sqnr_db"
+RANK_METRIC_QUANTIZED = "lsb_rmse"
 #: bytes per block when metrics stream through a tensor.
 COMPARE_BLOCK_BYTES = 4 << 20
 #: fraction of tensors that may stay unmatched before ivq-diff exits 4 (per side, of the smaller dump).
@@ -84,6 +86,14 @@ DIVERGENCE_SQNR_DB = 40.0
 #: otherwise a relative change)
 REGRESSION_TOL_DB = 1.0
 REGRESSION_TOL_REL = 0.10
+
+#: three-way verdict (``ivq-diff --expected CPUQDQ.h5``, docs/findings.md backend_divergence): a tensor departs from
+#: what quantization explains when the backend's relative L2 error against fp32 exceeds K times CPU-QDQ's (the
+#: 1.5x of AWS Neuron's vLLM accuracy debugger); an error finding from ERROR_RATIO times on
+BACKEND_DIVERGENCE_K = 1.5
+BACKEND_DIVERGENCE_ERROR_RATIO = 4.0
+#: ... unless the backend's own relative L2 error is below this (60 dB SQNR): float rounding, whatever the ratio
+BACKEND_DIVERGENCE_MIN_REL_L2 = 1e-3
 
 #: introduced-error replay: maximum bytes of reference inputs per replay batch (one session + one run)
 REPLAY_BATCH_BYTES = 256 << 20
