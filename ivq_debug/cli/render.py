@@ -96,6 +96,12 @@ def comparison_report(cmp: Any, top: int) -> list[Any]:
             + (f" · budgets: {', '.join(s['budgets'])}" if s["budgets"] else " · no thresholds")
         )
     )
+    contract = getattr(cmp, "contract", None)
+    broken = contract is not None and contract.status == "broken"
+    if contract is not None:
+        style = {"ok": "green", "unknown": "yellow"}.get(contract.status, "bold red")
+        out.append(Text(contract.line() + (" — compared anyway (--allow-input-mismatch)" if broken else ""),
+                        style=style))
     worst = cmp.worst(top)
     t = Table(title=f"worst {len(worst)} by {cmp.rank_by}", title_justify="left", header_style="bold")
     for col, just in (("rank", "right"), ("record", "left"), ("tensor", "left"), ("op", "left"),
@@ -105,10 +111,15 @@ def comparison_report(cmp: Any, top: int) -> list[Any]:
                      overflow="fold")
     for i, (_, r) in enumerate(worst.iterrows(), 1):
         name = escape(r["ref_name"]) + ("" if r["test_name"] == r["ref_name"] else f"\n→ {escape(r['test_name'])}")
-        status = r["status"] if r["passed"] else f"[red]FAIL[/red] {escape(', '.join(r['violations']))}"
+        status = escape(r["status"]) if r["passed"] else f"[red]FAIL[/red] {escape(', '.join(r['violations']))}"
+        if broken:
+            status += " [red]· inputs differ[/red]"
         t.add_row(str(i), _rec(r), name, escape(r["op_type"] or ""), fmt_num(r["sqnr_db"]), fmt_num(r["cosine"], 6),
                   fmt_num(r["max_abs"]), fmt_num(r["rel_l2"]), status)
     out.append(t)
+    tw = getattr(cmp, "three_way", None)
+    if tw is not None:
+        out.append(three_way_table(tw, top))
     fd = cmp.first_divergence
     if fd is None:
         out.append(Text("first divergence: none", style="green"))
@@ -136,3 +147,25 @@ def comparison_report(cmp: Any, top: int) -> list[Any]:
             shown = ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
             out.append(Text(f"unmatched in {side} ({len(names)}): {shown}", style="dim"))
     return out
+
+
+def three_way_table(tw: Any, top: int) -> Any:
+    """The layers with the largest backend / CPU-QDQ error ratios (pooled over records) as a rich Table."""
+    from rich.table import Table
+
+    layers = tw.layers()
+    keyed = layers.assign(_r=layers[["ratio_l2", "ratio_linf"]].max(axis=1).fillna(-1.0))
+    rows = keyed.sort_values("_r", ascending=False, kind="stable").head(top)
+    t = Table(title=f"backend vs quantization (expected {escape(tw.expected.path)}, k {tw.k:g}): largest error "
+                    "ratios per layer", title_justify="left", header_style="bold")
+    for col, just in (("part", "left"), ("tensor", "left"), ("rel-L2 test", "right"), ("rel-L2 CPU-QDQ", "right"),
+                      ("ratio L2", "right"), ("ratio L∞", "right"), ("BC", "right"), ("records", "right")):
+        t.add_column(col, justify=just, no_wrap=col != "tensor", overflow="fold",
+                     min_width=24 if col == "tensor" else None)
+    for _, r in rows.iterrows():
+        hot = max(r["ratio_l2"] if r["ratio_l2"] == r["ratio_l2"] else 0, 0) > tw.k
+        ratio = fmt_num(r["ratio_l2"], 3)
+        t.add_row(escape(r["part"]), escape(r["ref_name"]), fmt_num(r["rel_l2_test"]), fmt_num(r["rel_l2_expected"]),
+                  f"[red]{ratio}[/red]" if hot else ratio, fmt_num(r["ratio_linf"], 3), fmt_num(r["bc"], 3),
+                  str(int(r["records"])))
+    return t

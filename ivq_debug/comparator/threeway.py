@@ -224,15 +224,17 @@ class ThreeWay:
 
     @property
     def summary(self) -> dict[str, Any]:
-        """Counts and the largest ratios."""
-        t = self.table
-        fin = t[np.isfinite(t["ratio_l2"].astype(float))] if len(t) else t
+        """Counts and the largest ratios (per layer pooled over records, and per single record)."""
+        t, lay = self.table, self.layers()
+
+        def top(df: Any, col: str, fn: str = "max") -> float | None:
+            v = df[col][np.isfinite(df[col].astype(float))] if len(df) else df.get(col, [])
+            return as_float(getattr(v, fn)()) if len(v) else None
+
         return {"expected": str(self.expected.path), "expected_backend": self.expected.backend, "pairs": len(t),
-                "missing": len(self.missing),
-                "max_ratio_l2": as_float(fin["ratio_l2"].max()) if len(fin) else None,
-                "max_ratio_linf": as_float(fin["ratio_linf"].max()) if len(fin) else None,
-                "min_bc": as_float(t["bc"].min()) if len(t) else None,
-                "k": self.k}
+                "layers": len(lay), "missing": len(self.missing),
+                "max_ratio_l2": top(lay, "ratio_l2"), "max_ratio_linf": top(lay, "ratio_linf"),
+                "min_bc": top(lay, "bc", "min"), "max_record_ratio_l2": top(t, "ratio_l2"), "k": self.k}
 
     def to_json(self) -> dict[str, Any]:
         """The ``three_way`` block of ``ivq-diff/1``: summary and one row per tensor (execution order)."""
