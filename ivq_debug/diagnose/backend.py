@@ -87,7 +87,7 @@ def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
                       "rel_linf_test": _num(first["rel_linf_test"]),
                       "rel_linf_expected": _num(first["rel_linf_expected"]), "records": int(first["records"]),
                       "k": k, "error_ratio": defaults.BACKEND_DIVERGENCE_ERROR_RATIO,
-                      "departing_layers": len(hits), "layers": int(len(rows)),
+                      "departing_layers": len(hits), "layers": len(rows),
                       "worst": {"tensor": worst[0]["ref_name"], "ratio": worst[1]},
                       "expected": str(tw.expected.path)},
             suggestion="the CPU-QDQ run of the same QDQ model does not show this error: compare this op's precision, "
@@ -100,5 +100,8 @@ def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
 
 def _ratio_text(r: dict[str, Any]) -> str:
     l2, li = _num(r.get("ratio_l2")), _num(r.get("ratio_linf"))
-    fmt = (lambda v: "inf" if v is not None and math.isinf(v) else f"{v:.3g}" if v is not None else "?")
+
+    def fmt(v: float | None) -> str:
+        return "inf" if v is not None and math.isinf(v) else f"{v:.3g}" if v is not None else "?"
+
     return f"{fmt(l2)}x (rel-L2) / {fmt(li)}x (rel-L∞)"

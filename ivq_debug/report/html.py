@@ -34,6 +34,7 @@ from ivq_debug import __version__, defaults
 from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
 from ivq_debug.dump.stats import sample_indices
 from ivq_debug.errors import UsageError
+from ivq_debug.report import threeway as threeway_report
 from ivq_debug.report.charts import (
     NODATA_COLOR,
     Bar,
@@ -52,7 +53,6 @@ from ivq_debug.report.charts import (
     timeline_chart,
 )
 from ivq_debug.report.exports import write_text
-from ivq_debug.report import threeway as threeway_report
 from ivq_debug.report.layers import Labeled, LayerView, build_layers
 from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
 from ivq_debug.report.timeline import build_timeline
