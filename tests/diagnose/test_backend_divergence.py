@@ -7,6 +7,7 @@ the CPU-QDQ side stays clean there. API and the ``ivq-diff --expected`` path a C
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from ivq_debug.capture.base import Selection
 from ivq_debug.capture.onnxrt.runner import OrtRunner
 from ivq_debug.cli.common import run
 from ivq_debug.cli.diff import _main as diff_main
+from ivq_debug.diagnose.backend import departure
 from ivq_debug.dump import DumpWriter
 from ivq_debug.errors import EXIT_FAIL
 from tests.support import qnn_models as models
@@ -108,3 +110,42 @@ def test_cli_expected_names_the_layer(dumps, capfd) -> None:
     assert doc["verdict"]["passed"] is False
     html = rep.read_text()
     assert 'id="threeway"' in html and "Backend vs quantization" in html
+
+
+def _diff(dumps, out: Path, *args: object) -> tuple[int, dict]:
+    code = run("ivq-diff", diff_main, [str(dumps["fp32"]), str(dumps["htp"]), "--json", str(out), "--force", "-q",
+                                       "--fail-on", "never", *map(str, args)])
+    return code, json.loads(out.read_text())
+
+
+def test_declared_thresholds_flip_the_verdict_exactly_at_their_value(dumps, tmp_path: Path) -> None:
+    """A borderline case for every declared threshold: the measured worst value itself passes, the next float
+    beyond it fails, and the JSON echoes the threshold as applied (source, value) -- no hidden default."""
+    _, doc = _diff(dumps, tmp_path / "base.json")
+    assert doc["verdict"]["passed"] and doc["verdict"]["applied"]["budgets"] == []
+    metrics = [layer["metrics"] for layer in doc["layers"] if layer["status"] == "ok"]
+    worst = {"sqnr_db": min(m["sqnr_db"] for m in metrics), "cosine": min(m["cosine"] for m in metrics),
+             "max_abs": max(m["max_abs"] for m in metrics)}
+    cases = [("--min-sqnr", "sqnr_db", ">=", math.inf), ("--min-cosine", "cosine", ">=", math.inf),
+             ("--max-abs", "max_abs", "<=", 0.0)]
+    for flag, metric, op, beyond in cases:
+        v = worst[metric]
+        for value, passed in ((v, True), (math.nextafter(v, beyond), False)):
+            code, doc = _diff(dumps, tmp_path / "t.json", flag, repr(value))
+            assert (code == 0) is passed and doc["verdict"]["passed"] is passed, (flag, value)
+            (applied,) = doc["verdict"]["applied"]["budgets"]
+            assert applied == {**applied, "metric": metric, "op": op, "value": value, "source": flag}
+            if not passed:
+                assert "threshold" in doc["verdict"]["sentence"] and metric in doc["verdict"]["sentence"]
+    v = worst["sqnr_db"]  # a pattern budget, declared with --budget
+    for value, passed in ((v, True), (math.nextafter(v, math.inf), False)):
+        code, doc = _diff(dumps, tmp_path / "b.json", "--budget", f"*:sqnr_db>={value!r}")
+        assert (code == 0) is passed, value
+        assert doc["verdict"]["applied"]["budgets"][0]["source"] == "--budget"
+    # the three-way k (--max-ratio): the largest counted ratio itself is not a departure, the float below it is
+    cmp = api.compare(dumps["fp32"], dumps["htp"], expected=dumps["qdq"], progress=False)
+    k = max(x for r in cmp.three_way.layers().to_dict("records") for x in [departure(r, 0.0)] if x is not None)
+    for value, found in ((k, False), (math.nextafter(k, 0.0), True)):
+        _, doc = _diff(dumps, tmp_path / "k.json", "--expected", dumps["qdq"], "--max-ratio", repr(value))
+        assert any(f["kind"] == "backend_divergence" for f in doc["findings"]) is found, value
+        assert doc["verdict"]["applied"]["three_way"]["k"] == value
