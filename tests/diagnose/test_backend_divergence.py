@@ -19,11 +19,10 @@ from ivq_debug.capture.onnxrt.runner import OrtRunner
 from ivq_debug.cli.common import run
 from ivq_debug.cli.diff import _main as diff_main
 from ivq_debug.diagnose.backend import departure
-from ivq_debug.dump import DumpWriter
 from ivq_debug.errors import EXIT_FAIL
 from tests.support import qnn_models as models
 from tests.support.faults import corrupt_encoding
-from tests.support.qnn_models import FEED_SEED, needs_qnn
+from tests.support.qnn_models import FEED_SEED, capture_feeds, needs_qnn
 
 pytestmark = [pytest.mark.qnn, needs_qnn]
 
@@ -31,12 +30,7 @@ FAULT = "v"  # the V projection's output: its encoding is corrupted on the HTP s
 
 
 def _capture(runner, feeds: dict[str, np.ndarray], path: Path) -> Path:
-    with DumpWriter(path, backend=runner.backend, backend_info=runner.info,
-                    model={"path": str(runner.model_path)}) as w:
-        w.begin_record(sample=0, part="model", step=0)
-        for k, v in feeds.items():
-            w.add_input(k, v)
-        runner.run(feeds, w)
+    capture_feeds(runner, feeds, path)
     return path
 
 
