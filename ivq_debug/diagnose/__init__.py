@@ -24,6 +24,7 @@ from ivq_debug.diagnose.basic import (
 )
 from ivq_debug.diagnose.findings import Finding, severity_rank
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
+from ivq_debug.diagnose.platform import platform_findings
 from ivq_debug.diagnose.positions import position_findings
 from ivq_debug.diagnose.projector import projector_findings
 
@@ -50,6 +51,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("position_id_offset", 1, positions, "decode positions differ from the model's rule"),
     Diagnostic("resolution_collapse", 2, resolution_collapse, "an encoding's step is coarser than the signal"),
     Diagnostic("cpu_fallback", 3, cpu_fallback, "QNN nodes that ran on the CPU"),
+    Diagnostic("platform_kernel", 3, platform_findings, "kernels that differ between two platforms (same model)"),
     Diagnostic("backend_divergence", 4, backend_divergence,
                "layers where the backend departs from CPU-QDQ (ivq-diff --expected)"),
     Diagnostic("introduced_error", 5, None, "units that introduce the error (ivq diagnose: replay)"),
