@@ -78,6 +78,19 @@ REGRESSION_TOL_REL = 0.10
 
 #: introduced-error replay: maximum bytes of reference inputs per replay batch (one session + one run)
 REPLAY_BATCH_BYTES = 256 << 20
+#: replay self-check: a unit whose isolated backend output differs from the full-graph output (fed the same
+#: upstream integers) by more than this many quantization steps is computed differently in the full graph
+REPLAY_SELFCHECK_STEPS = 1.0
+#: introduced-error budget (dB, local attribution) by the model's activation bitwidth: the quantization preset.
+#: One 8-bit encoding of a well-spread tensor gives about 40 dB and a unit stacks its weight, arithmetic and
+#: output encoding, so clean a8w8 units sit at 25-40 dB (the clean models of tests/diagnose: minimum 28 dB);
+#: a 16-bit unit sits above 60 dB.
+INTRO_BUDGET_DB = {8: 20.0, 16: 40.0}
+#: weight_range_spread: a per-tensor weight whose output-channel ranges spread this much (largest / smallest)
+#: loses log2(spread) bits on its smallest channel: a warning at 100x (about one bit left at 8 bits), an error
+#: at 1000x
+WEIGHT_SPREAD_WARN = 100.0
+WEIGHT_SPREAD_ERROR = 1000.0
 
 #: quantization hazards (docs/findings.md): share of reference values outside the encoding range (warning),
 #: and the clipping SNR (signal power over the power clipped away, dB) below which saturation is an error

@@ -29,7 +29,7 @@ def _matches(al) -> dict[tuple[str, str], str]:
 
 
 def test_strategy_names_and_order() -> None:
-    assert [s.name for s in STRATEGIES] == ["map", "exact", "input", "qdq", "qnn", "qnn", "scope"]
+    assert [s.name for s in STRATEGIES] == ["map", "exact", "input", "qdq", "qnn", "qnn", "scope", "reshape", "fused"]
 
 
 def test_map_wins_over_exact_names(tmp_path: Path) -> None:
