@@ -44,7 +44,7 @@ def _channel_axis(node: Any, ndim: int) -> int:
 
 
 def weight_spreads(model: Any, base_dir: str = "") -> Any:
-    """One row per weight (module docstring): ``weight, node, op_type, channels, spread, min_bits,
+    """One row per weight (module docstring): ``weight, node, op_type, axis, channels, spread, min_bits,
     zero_channels, per_channel, worst_channels``, largest spread first (a pandas DataFrame)."""
     import pandas as pd
 
@@ -90,12 +90,12 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
         min_bits = math.log2(max(float(nz.min()) / step, 1e-30)) + 1.0 if step > 0 else None
         order = np.argsort(ranges)
         rows.append({
-            "weight": name.removesuffix("_quantized"), "node": node.name, "op_type": node.op_type,
+            "weight": name.removesuffix("_quantized"), "node": node.name, "op_type": node.op_type, "axis": axis,
             "channels": int(ranges.size), "spread": spread, "min_bits": min_bits,
             "zero_channels": int(ranges.size - nz.size), "per_channel": bool(qp is not None and qp.axis is not None),
             "worst_channels": [int(i) for i in order[:5]],
         })
-    cols = ["weight", "node", "op_type", "channels", "spread", "min_bits", "zero_channels", "per_channel",
+    cols = ["weight", "node", "op_type", "axis", "channels", "spread", "min_bits", "zero_channels", "per_channel",
             "worst_channels"]
     return pd.DataFrame(rows, columns=cols).sort_values("spread", ascending=False, kind="stable").reset_index(
         drop=True)
