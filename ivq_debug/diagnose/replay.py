@@ -732,11 +732,12 @@ def _cum_rows(cumulative: Any, ref: Any, rid: str) -> dict[str, Any]:
 
 def activation_bits(model: Any) -> int:
     """The most common activation bitwidth of a QDQ model (8 when it has none)."""
-    arrays = constant_arrays(model, {n.input[2] for _, n in activation_quantizers(model) if len(n.input) > 2})
+    quantizers = [n for _, n in activation_quantizers(model)]
+    arrays = constant_arrays(model, {x for n in quantizers for x in n.input[1:3] if x})
     bits: dict[int, int] = {}
-    for _, n in activation_quantizers(model):
-        qp = quant_params(n, arrays) if len(n.input) > 2 else None
-        b = qp.bitwidth if qp is not None and len(n.input) > 2 and n.input[2] in arrays else 8
+    for n in quantizers:
+        qp = quant_params(n, arrays)
+        b = qp.bitwidth if qp is not None else 8
         bits[b] = bits.get(b, 0) + 1
     return max(bits, key=lambda b: (bits[b], -b)) if bits else 8
 

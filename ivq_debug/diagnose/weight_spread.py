@@ -10,6 +10,7 @@ QDQ model), the per-output-channel range ``max |w_c|`` gives:
 - ``spread``: the largest channel range over the smallest non-zero one;
 - ``min_bits``: the bits the smallest channel keeps under the tensor's encoding (``log2`` of its range over
   the step; the step is the model's scale in a QDQ model, else ``max |w| / 127``);
+- ``zero_channels``: channels that are all zero (in a QDQ model: rounded away by the per-tensor scale);
 - ``per_channel``: the weight is already quantized per channel (no finding then).
 
 A weight with ``spread ≥ defaults.WEIGHT_SPREAD_WARN`` is a warning, ``≥ defaults.WEIGHT_SPREAD_ERROR`` an error.
@@ -113,11 +114,13 @@ def weight_range_spread(model: Any, warn: float = defaults.WEIGHT_SPREAD_WARN,
     t = weight_spreads(model)
     out = []
     for r in t.to_dict("records"):
-        if r["per_channel"] or r["spread"] < warn:
+        if r["per_channel"] or (r["spread"] < warn and not r["zero_channels"]):
             continue
         bits = f"; its smallest channel keeps {r['min_bits']:.1f} bits" if r["min_bits"] is not None else ""
+        if r["zero_channels"]:
+            bits += f"; {r['zero_channels']} channel(s) are all zero (rounded away, or dead)"
         out.append(Finding(
-            "weight_range_spread", "error" if r["spread"] >= error else "warning",
+            "weight_range_spread", "error" if (r["spread"] >= error or r["zero_channels"]) else "warning",
             f"{r['weight']} ({r['op_type']} {r['node']}): output-channel ranges spread {r['spread']:.0f}× under one "
             f"per-tensor scale{bits}",
             where={"tensor": r["weight"], "node": r["node"]},

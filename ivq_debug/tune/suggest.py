@@ -353,6 +353,9 @@ def read_overrides(path: str | os.PathLike, model: Any) -> tuple[EncodingSet, li
     """An overrides file written by :func:`write_suggestions` (any format) and the nodes it leaves float."""
     p = Path(path)
     encs = read_encodings(p, model=model)
+    inits = {i.name for i in model.graph.initializer}
+    for name in [n for n in encs.activations if n in inits]:  # ORT files do not say which entries are weights
+        encs.params[name] = encs.activations.pop(name)
     side = p.with_name(p.name + EXCLUDE_SUFFIX)
     nodes: list[str] = []
     if side.exists():
