@@ -31,13 +31,13 @@ class _Pixels(torch.nn.Module):
 
 
 def build(tmp: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4, mlp: int = 128, opset: int = 14,
-          outliers: bool = False, seed: int = 0, name: str = "vit") -> Path:
-    """Export the model to ``tmp/<name>.onnx`` (input ``x`` [1, 3, 32, 32], output ``y``)."""
+          outliers: bool = False, seed: int = 0, name: str = "vit", size: int = IMAGE, patch: int = 8) -> Path:
+    """Export the model to ``tmp/<name>.onnx`` (input ``x`` [1, 3, size, size], output ``y``)."""
     from transformers import ViTConfig, ViTModel
 
     torch.manual_seed(seed)
     cfg = ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=mlp,
-                    image_size=IMAGE, patch_size=8, num_channels=3)
+                    image_size=size, patch_size=patch, num_channels=3)
     m = ViTModel(cfg, add_pooling_layer=False).eval()
     with torch.no_grad():  # trained-looking weights: non-trivial biases and norms
         for p in m.parameters():
@@ -49,22 +49,22 @@ def build(tmp: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4, mlp: 
         if outliers:
             m.embeddings.patch_embeddings.projection.weight[list(OUTLIER_CHANNELS)] = 0.1
     path = tmp / f"{name}.onnx"
-    x = torch.zeros(1, 3, IMAGE, IMAGE)
+    x = torch.zeros(1, 3, size, size)
     torch.onnx.export(_Pixels(m), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=opset,
                       dynamo=False)
     return path
 
 
-def image(seed: int, bright: float = 0.0) -> dict[str, np.ndarray]:
+def image(seed: int, bright: float = 0.0, size: int = IMAGE) -> dict[str, np.ndarray]:
     """A noise image (one feed); ``bright`` is added to one 8x8 patch."""
-    a = np.random.RandomState(seed).randn(1, 3, IMAGE, IMAGE).astype(np.float32)
+    a = np.random.RandomState(seed).randn(1, 3, size, size).astype(np.float32)
     a[..., 8:16, 8:16] += bright
     return {"x": a}
 
 
-def calibration(n: int = 8, bright: float = 0.0) -> list[dict[str, np.ndarray]]:
+def calibration(n: int = 8, bright: float = 0.0, size: int = IMAGE) -> list[dict[str, np.ndarray]]:
     """Calibration feeds; every second image has a bright patch of ``bright``."""
-    return [image(100 + i, bright if i % 2 else 0.0) for i in range(n)]
+    return [image(100 + i, bright if i % 2 else 0.0, size) for i in range(n)]
 
 
 def scale_activation(src: Path, dst: Path, tensor: str, factor: float) -> None:

@@ -1,0 +1,109 @@
+"""The introduced-error replay on transformers' ViT: its cost against one capture, and the x² pattern figures.
+
+``speed``: a 12-block ViT at ViT-S widths (hidden 384, 6 heads, MLP 1536, 224² image, 16² patches: 197 tokens;
+an 85 MB single-file float model, above the 64 MiB in-place loading threshold), quantized a8w8 with ORT's QNN flow.
+Each step runs in its own process and is timed: ``ivq capture onnx`` of the float model and of the QDQ model
+(CPU-QDQ), and ``ivq diagnose`` (compare + replay of every unit under both attributions + the patterns' output
+share) against the user's float model. It prints the ratio ``diagnose / capture(QDQ)``.
+
+``x2``: the 4-block ViT of ``tests/support/vit.py`` whose x² encodings are set by outlier channels: the headline
+pattern under ``local`` and ``iso``, the worst SQNR of each, and the output share of lifting each (CPU-QDQ).
+
+    python bench/bench_replay.py speed [--workdir DIR] [--layers 12]
+    python bench/bench_replay.py x2 [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def _ivq(*args: object) -> float:
+    """Run ``ivq ARGS`` in its own process; its wall time (s)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), IVQ_NO_PROGRESS="1")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "ivq_debug", *map(str, args)], env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"ivq {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr[-600:]}")
+    return dt
+
+
+def speed(wd: Path, layers: int) -> dict:
+    import numpy as np
+
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from tests.support import vit
+
+    wd.mkdir(parents=True, exist_ok=True)
+    fm = wd / "vit.onnx"
+    if not fm.exists():
+        vit.build(wd, layers=layers, hidden=384, heads=6, mlp=1536, size=224, patch=16)
+    q = wd / "vit.qdq.onnx"
+    if not q.exists():
+        quantize_for_qnn(fm, q, vit.calibration(4, size=224))
+    np.savez(wd / "eval.npz", **vit.image(7, size=224))
+    t_ref = _ivq("capture", "onnx", fm, "--inputs", wd / "eval.npz", "-o", wd / "ref.h5", "--force")
+    t_cap = _ivq("capture", "onnx", q, "--inputs", wd / "eval.npz", "-o", wd / "test.h5", "--force")
+    t_diag = _ivq("diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model", fm, "--json",
+                  wd / "diagnose.json", "--force")
+    doc = json.loads((wd / "diagnose.json").read_text())
+    return {"float_model_mib": round(fm.stat().st_size / 2**20, 1), "units": len(doc["units"]),
+            "skipped": len(doc["skipped"]), "sessions": doc["sessions"], "replay_s": doc["seconds"],
+            "capture_float_s": round(t_ref, 2), "capture_qdq_s": round(t_cap, 2), "diagnose_s": round(t_diag, 2),
+            "ratio": round(t_diag / t_cap, 2), "load": _load()}
+
+
+def x2(wd: Path) -> dict:
+    import ivq_debug as ivq
+    from ivq_debug.capture.base import Selection, capture, make_runner
+    from ivq_debug.diagnose.replay import replay
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from tests.support import vit
+
+    wd.mkdir(parents=True, exist_ok=True)
+    fm = vit.build(wd, layers=4, outliers=True, name="vit_x2")
+    q = quantize_for_qnn(fm, wd / "vit_x2.qdq.onnx", vit.calibration(bright=3.0), overwrite=True).model_path
+    ev = [vit.image(7, bright=1.0)]
+    ref = capture(make_runner("onnx", fm, selection=Selection()), ev, wd / "ref.h5", overwrite=True, progress=None)
+    test = capture(make_runner("onnx", q, selection=Selection()), ev, wd / "test.h5", overwrite=True, progress=None)
+    cmp = ivq.compare(ref, test, progress=False)
+    out = {"final_output_sqnr_db": round(float(cmp.table.sort_values("order").iloc[-1]["sqnr_db"]), 2)}
+    for att in ("local", "iso"):
+        r = replay(q, ref, cumulative=cmp, attribution=att, float_model=fm, progress=False)
+        h = r.findings()[0]
+        out[att] = {"headline": h.evidence["label"], "over_budget": f"{h.evidence['over_budget']} of "
+                    f"{h.evidence['units']}", "worst_db": round(float(h.evidence["worst"]["intro_sqnr_db"]), 2),
+                    "output_error_share": round(h.evidence["output_error_share"] or 0.0, 3)}
+    out["load"] = _load()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["speed", "x2"])
+    p.add_argument("--workdir", default="/tmp/ivq-bench-replay")
+    p.add_argument("--layers", type=int, default=12)
+    a = p.parse_args(argv)
+    wd = Path(a.workdir) / a.what
+    res = speed(wd, a.layers) if a.what == "speed" else x2(wd)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
