@@ -1,15 +1,16 @@
 """The introduced-error replay on transformers' ViT: its cost against one capture, and the x² pattern figures.
 
-``speed``: a 12-block ViT at ViT-S widths (hidden 384, 6 heads, MLP 1536, 224² image, 16² patches: 197 tokens;
-an 85 MB single-file float model, above the 64 MiB in-place loading threshold), quantized a8w8 with ORT's QNN flow.
-Each step runs in its own process and is timed: ``ivq capture onnx`` of the float model and of the QDQ model
-(CPU-QDQ), and ``ivq diagnose`` (compare + replay of every unit under both attributions + the patterns' output
-share) against the user's float model. It prints the ratio ``diagnose / capture(QDQ)``.
+``speed``: a 12-block ViT at ViT-S widths (hidden 384, 6 heads, MLP 1536, 224² images, 16² patches: 197 tokens;
+an 83 MiB single-file float model, above the 64 MiB in-place loading threshold), quantized a8w8 with ORT's QNN
+flow, 4 evaluation images (issue 22's setting). Each step runs in its own process and is timed: ``ivq capture onnx``
+of the float model and of the QDQ model (CPU-QDQ), and ``ivq diagnose`` (compare of the 4 records + replay of
+every unit of the first under both attributions + the patterns' output share) against the user's float model. It
+prints the ratio ``diagnose / capture(QDQ)``.
 
 ``x2``: the 4-block ViT of ``tests/support/vit.py`` whose x² encodings are set by outlier channels: the headline
 pattern under ``local`` and ``iso``, the worst SQNR of each, and the output share of lifting each (CPU-QDQ).
 
-    python bench/bench_replay.py speed [--workdir DIR] [--layers 12]
+    python bench/bench_replay.py speed [--workdir DIR] [--layers 12] [--images 4]
     python bench/bench_replay.py x2 [--workdir DIR]
 """
 
@@ -43,7 +44,7 @@ def _ivq(*args: object) -> float:
     return dt
 
 
-def speed(wd: Path, layers: int) -> dict:
+def speed(wd: Path, layers: int, images: int) -> dict:
     import numpy as np
 
     from ivq_debug.qnn.quantize import quantize_for_qnn
@@ -56,9 +57,12 @@ def speed(wd: Path, layers: int) -> dict:
     q = wd / "vit.qdq.onnx"
     if not q.exists():
         quantize_for_qnn(fm, q, vit.calibration(4, size=224))
-    np.savez(wd / "eval.npz", **vit.image(7, size=224))
-    t_ref = _ivq("capture", "onnx", fm, "--inputs", wd / "eval.npz", "-o", wd / "ref.h5", "--force")
-    t_cap = _ivq("capture", "onnx", q, "--inputs", wd / "eval.npz", "-o", wd / "test.h5", "--force")
+    inputs = []
+    for i in range(images):
+        np.savez(wd / f"eval{i}.npz", **vit.image(7 + i, size=224))
+        inputs += ["--inputs", wd / f"eval{i}.npz"]
+    t_ref = _ivq("capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
+    t_cap = _ivq("capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
     t_diag = _ivq("diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model", fm, "--json",
                   wd / "diagnose.json", "--force")
     doc = json.loads((wd / "diagnose.json").read_text())
@@ -98,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("what", choices=["speed", "x2"])
     p.add_argument("--workdir", default="/tmp/ivq-bench-replay")
     p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--images", type=int, default=4, help="evaluation images captured (the replay uses the first)")
     a = p.parse_args(argv)
     wd = Path(a.workdir) / a.what
-    res = speed(wd, a.layers) if a.what == "speed" else x2(wd)
+    res = speed(wd, a.layers, a.images) if a.what == "speed" else x2(wd)
     print(json.dumps(res, indent=1))
     return 0
 

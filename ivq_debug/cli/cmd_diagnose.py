@@ -10,10 +10,11 @@ import argparse
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
-from ivq_debug.align.preprocess import check_outputs, qdq_float_names, quantizer_reference
+from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
@@ -52,38 +53,52 @@ def execute(args: argparse.Namespace) -> int:
         check_writable(args.json, args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     con = console()
-    tmp = None
-    try:
-        note = None
-        if args.float_model and not qdq_float_names(args.model) <= {e.name for e in ref.tensors()}:
-            tmp = Path(tempfile.mkdtemp(prefix=".ivq-diagnose-", dir=Path(args.model).resolve().parent))
+    factory = (lambda path: make_runner("qnn", path)) if args.backend == "qnn" else None
+    rec = "all" if args.record == "all" else parse_record(args.record)
+
+    keys = ref.record_keys()
+    if rec == "all" or not keys:
+        chosen = None
+    elif isinstance(rec, tuple):
+        chosen = rec
+    elif isinstance(rec, str):  # a record id
+        chosen = next((k for k, v in keys.items() if v == rec), None)
+    else:
+        chosen = min(keys, key=lambda k: (k[0], k[2], k[1]))
+    # the cumulative error of the replayed record only (the other records are not replayed)
+    only = (lambda k: k == chosen) if chosen is not None and chosen in test.record_keys() else None
+
+    def run(reference: Any) -> Any:
+        cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
+        return replay(args.model, reference, record=rec, runner_factory=factory, cumulative=cmp,
+                      budget_sqnr_db=args.budget_sqnr, nodes=args.nodes.split(",") if args.nodes else None,
+                      attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift)
+
+    r = run(ref)
+    note = None
+    if r.skipped and args.float_model:  # tensors neither the reference nor the lineage name: the preprocessing
+        tmp = Path(tempfile.mkdtemp(prefix=".ivq-diagnose-", dir=Path(args.model).resolve().parent))
+        try:
             pre, how = quantizer_reference(args.float_model, args.model, tmp)
             if pre is not None and pre != Path(args.float_model):
                 feeds = [{e.name: ref.read(e) for e in ref.tensors(rid, kind="input")}
                          for rid in ref.records.sort_values(["sample", "step"])["rid"]]
                 with status("reference: the float model through the quantizer's preprocessing"):
-                    pre_ref = capture(make_runner("onnx", pre, selection=Selection()), feeds, tmp / "reference.h5",
-                                      progress=None)
-                chk = check_outputs(ref, open_dump(pre_ref), [o.name for o in load_model(pre).graph.output])
+                    pre_ref = open_dump(capture(make_runner("onnx", pre, selection=Selection()), feeds,
+                                                tmp / "reference.h5", progress=None))
+                chk = check_outputs(ref, pre_ref, [o.name for o in load_model(pre).graph.output])
                 if chk["ok"]:
-                    ref = open_dump(pre_ref)
+                    r = run(pre_ref)
                     note = (f"reference: {how}; its outputs equal the user's within {chk['max_rel']:.1e} "
                             f"(tolerance {chk['rtol']:g})")
                 else:
                     why = chk.get("why") or "max relative difference {:.2g}".format(chk["max_rel"])
-                    note = f"preprocessed reference rejected ({why}); tensors aligned by lineage"
+                    note = f"preprocessed reference rejected ({why})"
             else:
-                note = f"reference alignment by lineage: {how}"
-        cmp = compare(ref, test)  # the cumulative error per tensor (no diagnostics needed)
-        factory = (lambda path: make_runner("qnn", path)) if args.backend == "qnn" else None
-        rec = "all" if args.record == "all" else parse_record(args.record)
-        r = replay(args.model, ref, record=rec, runner_factory=factory, cumulative=cmp,
-                   budget_sqnr_db=args.budget_sqnr, nodes=args.nodes.split(",") if args.nodes else None,
-                   attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift)
-        findings = r.findings()
-    finally:
-        if tmp is not None:
+                note = f"no preprocessed reference: {how}"
+        finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    findings = r.findings()
     other = "iso" if args.attribution == "local" else "local"
     t = Table(title=f"introduced error ({r.backend}, {len(r.records)} record(s) from {r.record}); worst {args.top} "
                     f"by {args.attribution}", title_justify="left", header_style="bold")

@@ -38,8 +38,9 @@ from ivq_debug.diagnose.graphs import constant_values, temp_model, typed_inputs
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name
 
-#: the number of groups whose output share :func:`measure_lift` measures (one CPU run of a merged model)
-LIFT_GROUPS = 4
+#: the number of groups whose output share :func:`measure_lift` measures (one CPU run of a merged model holding
+#: the QDQ model once per group, plus once as it is)
+LIFT_GROUPS = 2
 #: a group is weight-dominated above this weight share
 WEIGHT_DOMINATED = 0.5
 #: extra pattern findings after the headline

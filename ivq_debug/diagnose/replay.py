@@ -171,13 +171,14 @@ def find_units(model: Any) -> list[Unit]:
 
 
 def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shadow: bool = False,
-                       keys: list[int] | None = None) -> tuple[Any, dict[str, tuple[int, str]]]:
+                       keys: list[int] | None = None, xq: bool = True) -> tuple[Any, dict[str, tuple[int, str]]]:
     """One model holding the given units side by side.
 
     Returns the model and a map ``graph input name -> (unit key, reference tensor name)``; unit ``k``'s
-    output is the graph output ``{prefix}{k}::out``. With ``shadow``, each unit also yields ``::fw`` (its
-    compute node on the float inputs: quantized weights, no activation encoding), ``::fq`` (on the quantized
-    inputs, no output encoding) and ``::xq{j}`` (the quantized value of its j-th quantized input). ``keys``
+    output is the graph output ``{prefix}{k}::out``. With ``shadow``, each unit also yields ``::fq`` (its
+    compute node on the quantized inputs, no output encoding), ``::xq{j}`` (the quantized value of its j-th
+    quantized input) and, for a unit with quantized weights, ``::fw`` (on the float inputs: quantized weights, no
+    activation encoding); ``xq=False`` leaves out ``::xq{j}`` (a CPU replay needs no quantized feeds). ``keys``
     name the units (default ``0..n-1``).
     """
     import onnx
@@ -222,11 +223,13 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shad
         if shadow:
             raw = {dq: x for x, dq in u.qin.items()}  # DQ output N reads -> its float input
             c = u.compute
-            for tag, ins in (("fw", [ren(raw.get(i, i)) for i in c.input]), ("fq", [ren(i) for i in c.input])):
-                o = [f"{pre}{tag}::{j}" if x else "" for j, x in enumerate(c.output)]
-                g.node.append(copy_node(c, f"{pre}{tag}::{c.name}", ins, o))
-                outs.append((f"{pre}{tag}", o[0]))
-            outs += [(f"{pre}xq{j}", ren(dq)) for j, dq in enumerate(u.qin.values())]
+            outs.append((f"{pre}fq", ren(c.output[0])))  # the compute node's own output, before its encoding
+            if u.weights:  # without quantized weights the float op on the float inputs is the reference itself
+                o = [f"{pre}fw::{j}" if x else "" for j, x in enumerate(c.output)]
+                g.node.append(copy_node(c, f"{pre}fw::{c.name}", [ren(raw.get(i, i)) for i in c.input], o))
+                outs.append((f"{pre}fw", o[0]))
+            if xq:
+                outs += [(f"{pre}xq{j}", ren(dq)) for j, dq in enumerate(u.qin.values())]
         for out_name, value in outs:
             g.node.append(onnx.NodeProto(op_type="Identity", name=out_name, input=[value], output=[out_name]))
             g.output.append(onnx.ValueInfoProto(name=out_name))
@@ -387,6 +390,12 @@ def _records(ref: Any, record: Any) -> list[str]:
     if isinstance(record, list):
         return [ref._rid(r) for r in record]
     return [ref._rid(record)]
+
+
+def _sq(a: np.ndarray, b: np.ndarray | float) -> float:
+    """``Σ (a − b)²`` in float64, without BLAS threads (``metrics._dot``)."""
+    d = a - b if not (isinstance(b, float) and b == 0.0) else a
+    return float(np.einsum("i,i->", d, d))
 
 
 def _steps(got: np.ndarray, want: np.ndarray, scale: float | None) -> float | None:
@@ -562,7 +571,7 @@ def replay(
     for batch in it:
         keys = list(range(len(batch)))
         on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.is_view]
-        shadow, s_map = build_replay_model(model, batch, shadow=True)
+        shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
         bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
                          if on_backend else (None, {}))
         pool = _Sessions(folder)
@@ -606,8 +615,8 @@ def replay(
                 for k, u in zip(keys, batch, strict=True):
                     a = accs[u.node]
                     r = idx.read(u.output).astype(np.float64).reshape(-1)
-                    fw = s_out[f"u{k}::fw"].astype(np.float64).reshape(-1)
                     fq = s_out[f"u{k}::fq"].astype(np.float64).reshape(-1)
+                    fw = s_out[f"u{k}::fw"].astype(np.float64).reshape(-1) if u.weights else r
                     if f"u{k}::out" in b_iso:
                         t_iso, t_loc = b_iso[f"u{k}::out"], b_loc[f"u{k}::out"]
                         a.replayed_on = backend or ""
@@ -616,16 +625,19 @@ def replay(
                         a.replayed_on = s_runner.backend + (" (data movement: exact on every backend)"
                                                             if not on_cpu else "")
                     t_iso = t_iso.astype(np.float64).reshape(-1)
-                    t_loc = t_loc.astype(np.float64).reshape(-1)
+                    t_loc = t_iso if t_loc is t_iso else t_loc.astype(np.float64).reshape(-1)
                     a.ref_match = idx.source(u.output).how
                     if not (r.size == fw.size == fq.size == t_iso.size == t_loc.size):
                         continue  # element counts differ: the unit's metrics stay empty
-                    r_loc = r + fq - fw
+                    r_loc = (r + fq - fw) if u.weights else fq
                     a.iso.update(r, t_iso)
                     a.local.update(r_loc, t_loc)
-                    a.weight.update(r, fw)
-                    a.act_iso.update(fw, t_iso)
-                    a.act_local.update(fq, t_loc)
+                    if u.weights:
+                        a.weight.sum_sq_err += _sq(fw, r)
+                        a.weight.sum_r2 += _sq(r, 0.0)
+                        a.weight.n += r.size
+                    a.act_iso.sum_sq_err += _sq(t_iso, fw)
+                    a.act_local.sum_sq_err += _sq(t_loc, fq)
                     if k in chk_ok:
                         want = idx.test.read(idx.test_by_name[u.output])
                         st = _steps(b_chk[f"u{k}::out"], want, out_scale[u.node])

@@ -54,7 +54,7 @@ def test_fault_is_first_against_the_users_float_model(m, tmp_path: Path, backend
         code = ivq_cli("diagnose", m["ref"], test, "--model", m[fault], "--float-model", m["float"], "--backend",
                        backend, "--attribution", att, "--json", out)
         doc = json.loads(out.read_text())
-        assert code == 1 and doc["skipped"] == {}  # every unit has a reference: the preprocessed float graph
+        assert code == 1 and doc["skipped"] == {}  # every unit has a reference (aligned by values, by lineage)
         worst = min(doc["units"], key=lambda u: float(u["intro_sqnr_db"] if u["intro_sqnr_db"] is not None else "inf"))
         assert worst["node"] == node
         head = doc["findings"][0]
