@@ -18,30 +18,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench/common.py
+from common import ivq_env, load_avg, run_measured  # noqa: E402
 
 
-def _load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
-
-
-def _ivq(*args: object) -> float:
-    """Run ``ivq ARGS`` in its own process; its wall time (s)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), IVQ_NO_PROGRESS="1")
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "ivq_debug", *map(str, args)], env=env, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    if r.returncode not in (0, 1):
-        raise SystemExit(f"ivq {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr[-600:]}")
-    return dt
+def _ivq(wd: Path, step: str, *args: object) -> float:
+    """Run ``ivq ARGS`` in its own process (exit 0 or 1: 1 = a unit over budget); its wall time (s)."""
+    m = run_measured([sys.executable, "-m", "ivq_debug", *map(str, args)], log=wd / "logs" / step,
+                     env=ivq_env(ROOT), ok_codes=(0, 1))
+    if not m.ok:
+        raise SystemExit(f"{step} failed: {m.why()}")
+    return m.seconds
 
 
 def speed(wd: Path, layers: int, images: int) -> dict:
@@ -61,15 +53,15 @@ def speed(wd: Path, layers: int, images: int) -> dict:
     for i in range(images):
         np.savez(wd / f"eval{i}.npz", **vit.image(7 + i, size=224))
         inputs += ["--inputs", wd / f"eval{i}.npz"]
-    t_ref = _ivq("capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
-    t_cap = _ivq("capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
-    t_diag = _ivq("diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model", fm, "--json",
-                  wd / "diagnose.json", "--force")
+    t_ref = _ivq(wd, "capture-float", "capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
+    t_cap = _ivq(wd, "capture-qdq", "capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
+    t_diag = _ivq(wd, "diagnose", "diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model", fm,
+                  "--json", wd / "diagnose.json", "--force")
     doc = json.loads((wd / "diagnose.json").read_text())
     return {"float_model_mib": round(fm.stat().st_size / 2**20, 1), "units": len(doc["units"]),
             "skipped": len(doc["skipped"]), "sessions": doc["sessions"], "replay_s": doc["seconds"],
             "capture_float_s": round(t_ref, 2), "capture_qdq_s": round(t_cap, 2), "diagnose_s": round(t_diag, 2),
-            "ratio": round(t_diag / t_cap, 2), "load": _load()}
+            "ratio": round(t_diag / t_cap, 2), "load": load_avg()}
 
 
 def x2(wd: Path) -> dict:
@@ -93,7 +85,7 @@ def x2(wd: Path) -> dict:
         out[att] = {"headline": h.evidence["label"], "over_budget": f"{h.evidence['over_budget']} of "
                     f"{h.evidence['units']}", "worst_db": round(float(h.evidence["worst"]["intro_sqnr_db"]), 2),
                     "output_error_share": round(h.evidence["output_error_share"] or 0.0, 3)}
-    out["load"] = _load()
+    out["load"] = load_avg()
     return out
 
 

@@ -26,8 +26,8 @@ encoding and the backend's arithmetic), so ``weight_share = P_w / (P_w + P_a)`` 
 Cost: the units of a batch (bounded by ``defaults.REPLAY_BATCH_BYTES`` of reference inputs) are laid side by side
 in one CPU *shadow* model (each unit, its ``Fw`` and ``Fq`` copies; weights shared) and, for a non-CPU backend,
 one backend model; each is one session, run once per record (the backend: fed X, fed Xq and, for the self-check,
-fed the test dump's own upstream values). On QNN HTP, data-movement units (``defaults.VIEW_OPS``) move integers
-exactly on every backend and are taken from the CPU replay; the *self-check* runs each unit alone on the
+fed the test dump's own upstream values). On QNN HTP, data-movement units (``defaults.VIEW_OPS``) whose inputs
+and output share one encoding move integers, exactly on every backend, and are taken from the CPU replay; the *self-check* runs each unit alone on the
 backend's own upstream values from the free-running test dump and flags units whose isolated output differs from
 the full-graph output by more than ``defaults.REPLAY_SELFCHECK_STEPS`` quantization steps ("fused in the full
 graph: isolated attribution approximate").
@@ -96,11 +96,28 @@ class Unit:
     out_q: Any = field(repr=False, default=None)  # the output QuantizeLinear (None: float output)
     weights: list[str] = field(default_factory=list)  # quantized initializers N reads (float names)
     input_ops: list[str] = field(default_factory=list)  # op types producing the fed inputs (Q/DQ skipped)
+    in_q: list[Any] = field(repr=False, default_factory=list)  # the input QuantizeLinear nodes
 
     @property
     def is_view(self) -> bool:
-        """A data-movement unit (moves integers exactly on every backend)."""
+        """A data-movement op (``defaults.VIEW_OPS``)."""
         return self.op_type in defaults.VIEW_OPS
+
+    def moves_integers(self, arrays: dict[str, np.ndarray]) -> bool:
+        """A data-movement unit whose inputs and output share one encoding: it moves integers, exactly on every
+        backend (no requantization)."""
+        if not self.is_view or self.out_q is None or not self.in_q:
+            return False
+        out = quant_params(self.out_q, arrays)
+        if out is None:
+            return False
+        for q in self.in_q:
+            qp = quant_params(q, arrays)
+            if qp is None or not (np.array_equal(qp.scale, out.scale) and np.array_equal(
+                    qp.zero_point if qp.zero_point is not None else 0, out.zero_point if out.zero_point is not None
+                    else 0)):
+                return False
+        return True
 
 
 def _is(node: Any, op: str) -> bool:
@@ -126,6 +143,7 @@ def find_units(model: Any) -> list[Unit]:
         qin: dict[str, str] = {}
         weights: list[str] = []
         input_ops: list[str] = []
+        in_q: list[Any] = []
         ok = True
         for x in n.input:
             if not x:
@@ -143,6 +161,7 @@ def find_units(model: Any) -> list[Unit]:
                     qin.setdefault(q.input[0], x)
                     src = producer.get(q.input[0])
                     input_ops.append(src.op_type if src is not None else "input")
+                    in_q.append(q)
                     continue
                 ok = False
                 break
@@ -166,7 +185,7 @@ def find_units(model: Any) -> list[Unit]:
         members = list({id(m): m for m in members}.values())
         feeds = list(dict.fromkeys(feeds))
         units.append(Unit(n.name, n.op_type, idx, feeds, name, members, out_value, n, qin, out_q, weights,
-                          input_ops))
+                          input_ops, in_q))
     return units
 
 
@@ -548,7 +567,8 @@ def replay(
     on_cpu = runner_factory is None
     factory = runner_factory or cpu_factory
     do_check = (not on_cpu) if selfcheck is None else bool(selfcheck)
-    arrays = constant_arrays(model, {x for u in runnable if u.out_q is not None for x in u.out_q.input[1:]})
+    arrays = constant_arrays(model, {x for u in runnable for q in [u.out_q, *u.in_q] if q is not None
+                                     for x in q.input[1:]})
     out_scale: dict[str, float | None] = {}
     for u in runnable:
         qp = quant_params(u.out_q, arrays) if u.out_q is not None else None
@@ -570,7 +590,7 @@ def replay(
     it = track(batches, "replaying", total=len(batches)) if progress else batches
     for batch in it:
         keys = list(range(len(batch)))
-        on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.is_view]
+        on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.moves_integers(arrays)]
         shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
         bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
                          if on_backend else (None, {}))
