@@ -2,6 +2,8 @@
 
 ``r`` is the reference, ``t`` the test; every sum is accumulated in float64 over blocks, so a tensor of
 any size is compared in bounded memory. Each result carries a ``status`` instead of hidden epsilons.
+Sums of products are :func:`dot` per block (numpy's ``einsum`` loop, not BLAS), ``Σ |t − r|`` is numpy's
+pairwise sum per block, and blocks add up in order: a result does not depend on threads, workers or cores.
 
 =========== ======================================= ===================================
 name        definition                              undefined (None) when
@@ -71,20 +73,21 @@ class MetricAccumulator:
     top1_agree: int = 0
     kl_sum: float = 0.0
 
-    def update(self, r: np.ndarray, t: np.ndarray) -> None:
+    def update(self, r: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Add one block; ``r`` and ``t`` must have the same shape.
 
-        Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums are
-        ``np.einsum`` dot products (numpy's own SIMD loop: a BLAS ``ddot`` spawns its thread pool per call, 6x
-        slower on a 300k-element block of a loaded 2-core machine, measured), and the non-finite check runs only
-        when the sums say one is there.
+        Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums of products
+        are :func:`dot` (not BLAS), and the non-finite check runs only when the sums say one is there.
+        Returns the block of ``r`` as float64, flat (a view of this thread's buffer, valid until the
+        thread's next update), so that other statistics of the same block need not cast it again.
         """
         r, t = np.asarray(r), np.asarray(t)
         n = r.size
         r64, t64, d = _buffers(n)
         np.copyto(r64, r.reshape(-1), casting="unsafe")
         np.copyto(t64, t.reshape(-1), casting="unsafe")
-        s_rr, s_tt, s_tr = _dot(r64, r64), _dot(t64, t64), _dot(t64, r64)
+        ref64 = r64
+        s_rr, s_tt, s_tr = dot(r64, r64), dot(t64, t64), dot(t64, r64)
         bad_r = bad_t = 0
         if not (math.isfinite(s_rr) and math.isfinite(s_tt) and math.isfinite(s_tr)):
             fr, ft = np.isfinite(r64), np.isfinite(t64)
@@ -93,12 +96,12 @@ class MetricAccumulator:
                 both = fr & ft
                 r64, t64 = r64[both], t64[both]
                 d = np.empty_like(r64)
-                s_rr, s_tt, s_tr = _dot(r64, r64), _dot(t64, t64), _dot(t64, r64)
+                s_rr, s_tt, s_tr = dot(r64, r64), dot(t64, t64), dot(t64, r64)
         self.nonfinite_ref += bad_r
         self.nonfinite_test += bad_t
         if r64.size:
             np.subtract(t64, r64, out=d)
-            self.sum_sq_err += _dot(d, d)
+            self.sum_sq_err += dot(d, d)
             np.abs(d, out=d)
             self.max_abs = max(self.max_abs, float(d.max()))
             self.sum_abs += float(d.sum())
@@ -114,6 +117,7 @@ class MetricAccumulator:
             lp = _log_softmax(rr2)
             lq = _log_softmax(tt2)
             self.kl_sum += float(np.sum(np.exp(lp) * (lp - lq)))
+        return ref64
 
     def result(self, encoding: dict[str, Any] | None = None) -> dict[str, Any]:
         """The metrics and their status."""
@@ -152,8 +156,13 @@ class MetricAccumulator:
         return out
 
 
-def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    """``Σ a·b`` of two 1-D float64 arrays, without BLAS threads."""
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``Σ a·b`` of two flat float64 arrays: numpy's own sum-of-products loop (``einsum``), never BLAS.
+
+    BLAS ``ddot`` (what ``a @ b`` calls) splits a long vector over OpenBLAS's thread pool, so its last bits
+    depend on the number of threads and cores (and on the BLAS library); ``einsum`` runs in the calling
+    thread, in one fixed order for a given numpy build, and is as fast for these sizes (``docs/metrics.md``).
+    """
     return float(np.einsum("i,i->", a, b))
 
 

@@ -60,7 +60,7 @@ from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, s
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError
-from ivq_debug.metrics import MetricAccumulator
+from ivq_debug.metrics import MetricAccumulator, dot
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import (
     QDQ_DOMAINS,
@@ -412,9 +412,9 @@ def _records(ref: Any, record: Any) -> list[str]:
 
 
 def _sq(a: np.ndarray, b: np.ndarray | float) -> float:
-    """``Σ (a − b)²`` in float64, without BLAS threads (``metrics._dot``)."""
+    """``Σ (a − b)²`` of flat float64 arrays, without BLAS threads (``metrics.dot``)."""
     d = a - b if not (isinstance(b, float) and b == 0.0) else a
-    return float(np.einsum("i,i->", d, d))
+    return dot(d, d)
 
 
 def _steps(got: np.ndarray, want: np.ndarray, scale: float | None) -> float | None:
