@@ -124,7 +124,8 @@ def execute(args: argparse.Namespace) -> int:
             with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
                 rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
                             float_model=tuner.source(), progress=False)
-        sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors)
+        sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
+                      per_channel=args.per_channel)
     if not sug:
         con.print("[green]nothing to tune: no tensor breaks the thresholds[/green]")
         return EXIT_OK

@@ -113,6 +113,7 @@ def suggest(
     ranges: dict[str, tuple[float, float]] | None = None,
     float_model: str | os.PathLike | None = None,
     tensors: Sequence[str] | None = None,
+    per_channel: bool = False,
     margin: float = 0.05,
     resolution_db: float = defaults.RESOLUTION_WARN_DB,
     saturation: float = defaults.SATURATION_WARN,
@@ -127,6 +128,8 @@ def suggest(
         ranges: calibration ranges ``{tensor: (min, max)}``; the only source of widened ranges.
         float_model: the float model: its weights' per-channel spreads (weight rules) and encodings.
         tensors: only tensors (or weights) matching these globs.
+        per_channel: the quantization already has per-channel weights (``ivq tune --per-channel``): a
+            weight-dominated group gets 16-bit weights, and no per-channel entry is suggested.
         margin: widen suggested ranges by this share of their span on each side.
         resolution_db: grid SNR below which a tensor gets 16-bit activations.
         saturation: clipped share above which a tensor's range is widened.
@@ -224,7 +227,8 @@ def suggest(
                     if sp is None or not _selected(w, tensors) or w in weights_done:
                         continue
                     weights_done.add(w)
-                    act = "w_per_channel" if sp["spread"] >= defaults.WEIGHT_SPREAD_WARN else "w16"
+                    act = ("w_per_channel" if sp["spread"] >= defaults.WEIGHT_SPREAD_WARN and not per_channel
+                           else "w16")
                     by_name[w] = Suggestion(
                         w, act, f"introduced error of {g.label}: {ws:.0%} from the weight encoding; channel "
                         f"ranges spread {sp['spread']:.0f}×", priority=prio, evidence=ev | {"spread": sp["spread"]},
@@ -239,7 +243,8 @@ def suggest(
                 if name in by_name:
                     by_name[name].node = r["node"]
     for w, sp in spreads.items():  # a per-tensor weight whose channels spread this much needs per-channel
-        if sp["spread"] >= defaults.WEIGHT_SPREAD_ERROR and w not in by_name and _selected(w, tensors):
+        if (not per_channel and sp["spread"] >= defaults.WEIGHT_SPREAD_ERROR and w not in by_name
+                and _selected(w, tensors)):
             by_name[w] = Suggestion(w, "w_per_channel", f"weight range spread: output-channel ranges spread "
                                     f"{sp['spread']:.0f}× under one per-tensor scale (smallest channel keeps "
                                     f"{sp['min_bits']:.1f} bits)", priority=10 * math.log10(sp["spread"]),
