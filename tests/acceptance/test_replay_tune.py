@@ -11,19 +11,12 @@ import pytest
 
 import ivq_debug as ivq
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.main import main
 from ivq_debug.diagnose.replay import replay
 from tests.diagnose.test_weight_spread import build_conv
 from tests.support import vit
+from tests.support.cli import ivq_cli
 
 pytestmark = pytest.mark.slow
-
-
-def ivq_cli(*args: object) -> int:
-    """``ivq ARGS`` in-process; its exit code."""
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    return int(e.value.code or 0)
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ivq_debug.cli.main import main
 from tests.diagnose.test_weight_spread import build_conv
-
-
-def ivq_cli(*args: object) -> int:
-    """``ivq ARGS`` in-process; its exit code."""
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    return int(e.value.code or 0)
+from tests.support.cli import ivq_cli
 
 
 @pytest.fixture(scope="module")
