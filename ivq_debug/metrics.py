@@ -161,7 +161,9 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
 
     BLAS ``ddot`` (what ``a @ b`` calls) splits a long vector over OpenBLAS's thread pool, so its last bits
     depend on the number of threads and cores (and on the BLAS library); ``einsum`` runs in the calling
-    thread, in one fixed order for a given numpy build, and is as fast for these sizes (``docs/metrics.md``).
+    thread, in one fixed order for a given numpy build. One call is up to ~2x slower than a one-thread
+    ``ddot``, but the diff no longer runs the workers' BLAS pools against each other on the cores: the
+    ``bench/bench_many.py`` diff went from 101-129 s to 10-12 s (``docs/scale.md``, ``docs/metrics.md``).
     """
     return float(np.einsum("i,i->", a, b))
 
