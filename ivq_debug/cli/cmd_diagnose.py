@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                          "model was made by ORT's QNN flow, its preprocessed graph as reference")
     p.add_argument("--backend", choices=["cpu", "qnn"], default="cpu",
                    help="replay backend: cpu (exact fake-quant, ORT_DISABLE_ALL) or qnn (QNN HTP)")
+    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
+                   help="cpu: ORT graph optimization level of the replay (all: dynamic INT8 units run fused, "
+                        "DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them)")
     p.add_argument("--attribution", choices=list(ATTRIBUTIONS), default="local",
                    help="rank by local (producer-charged, default) or iso (input re-quantization included)")
     p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first)")
@@ -53,7 +57,11 @@ def execute(args: argparse.Namespace) -> int:
         check_writable(args.json, args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     con = console()
-    factory = (lambda path: make_runner("qnn", path)) if args.backend == "qnn" else None
+    # cpu at ORT_DISABLE_ALL: the replay's own exact fake-quant session; another level (dynamic INT8 units fused, as a
+    # deployment runs them) or QNN HTP: the units run on that backend, the shadow copies stay on the exact CPU path
+    factory = (partial(make_runner, "qnn") if args.backend == "qnn"
+               else partial(make_runner, "onnx", optimization=args.optimization) if args.optimization != "disable"
+               else None)
     rec = "all" if args.record == "all" else parse_record(args.record)
 
     keys = ref.record_keys()

@@ -22,6 +22,7 @@ KINDS = (
     "token_divergence",
     "weight_range_spread",
     "replay_approximate",
+    "platform_kernel",
 )
 SEVERITIES = ("info", "warning", "error")
 

@@ -24,16 +24,13 @@ def constant_values(model: Any) -> tuple[set[str], list[Any]]:
 
 
 def typed_inputs(m: Any, feeds: dict[str, np.ndarray]) -> None:
-    """Give every graph input of ``m`` the dtype and static shape of its feed."""
-    from onnx import TensorProto, helper
+    """Give every graph input of ``m`` the dtype and static shape of its feed (any numpy dtype ONNX has, e.g.
+    the uint8 / int8 tensors of a dynamic INT8 reference)."""
+    from onnx import helper
 
-    np_to_onnx = {np.dtype("float32"): TensorProto.FLOAT, np.dtype("float16"): TensorProto.FLOAT16,
-                  np.dtype("int64"): TensorProto.INT64, np.dtype("int32"): TensorProto.INT32,
-                  np.dtype("bool"): TensorProto.BOOL, np.dtype("float64"): TensorProto.DOUBLE,
-                  np.dtype("uint8"): TensorProto.UINT8, np.dtype("int8"): TensorProto.INT8}
     for vi in m.graph.input:
         a = feeds[vi.name]
-        vi.CopyFrom(helper.make_tensor_value_info(vi.name, np_to_onnx[a.dtype], list(a.shape)))
+        vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
 
 
 def copy_node(n: Any, name: str, inputs: list[str], outputs: list[str]) -> Any:
