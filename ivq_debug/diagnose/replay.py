@@ -779,8 +779,9 @@ def replay(
             "iso_sqnr_db": iso["sqnr_db"], "iso_noise": _noise_power(a.iso),
             "weight_sqnr_db": w["sqnr_db"] if u.weights else None, "weight_noise": p_w,
             "act_noise": p_act,
-            "weight_share": (p_w / (p_w + p_act)) if u.weights and (p_w + p_act) > 0 else (0.0 if not u.weights
-                                                                                            else None),
+            # a dynamic INT8 unit (no compute node of its own) has no weight / activation split: None
+            "weight_share": (p_w / (p_w + p_act)) if u.weights and (p_w + p_act) > 0 else (
+                None if u.weights or u.compute is None else 0.0),
             "weights": ",".join(u.weights), "input_ops": ",".join(dict.fromkeys(u.input_ops)), "replayed_on": a.replayed_on, "ref_match": a.ref_match,
             "selfcheck_steps": a.selfcheck, "selfcheck_share": a.selfcheck_share,
             "approximate": bool(a.selfcheck is not None and a.selfcheck > defaults.REPLAY_SELFCHECK_STEPS),
