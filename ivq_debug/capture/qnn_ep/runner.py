@@ -39,6 +39,7 @@ from ivq_debug.capture.qnn_ep.session import (
     create_qnn_session,
     qnn_backend_info,
     require_qnn_ep,
+    source_ops,
 )
 from ivq_debug.console import note, phase, warn
 from ivq_debug.errors import CaptureError, UsageError
@@ -692,8 +693,14 @@ class QnnHtpRunner(Closing):
         # with CPU fallback a session holds several QNN partitions: each inference writes one block each
         n_qnn = sum(1 for ep, _ in part.subgraphs if ep == EP_NAME) if part is not None else 1
         table = read_qnn_ep_csv(csv, graphs_per_run=max(1, n_qnn))
-        if table is not None:
-            writer.add_table("profiling", join_tensors(table, self.model))
+        if table is None:
+            return
+        if (self.qnn.sessions[label].cache or {}).get("hit"):  # a loaded context: source ops from the trace
+            src = source_ops(self.op_trace(label))
+            table["onnx_source_ops"] = [ops if ops or not is_op else src.get(str(q), [])
+                                        for ops, is_op, q in zip(table["onnx_source_ops"], table["is_op"],
+                                                                 table["qnn_name"], strict=True)]
+        writer.add_table("profiling", join_tensors(table, self.model))
 
     def close(self) -> None:
         """Release the sessions."""

@@ -481,6 +481,19 @@ def unsupported_from_trace(trace: dict[str, Any] | None) -> list[dict[str, Any]]
             for u in trace["unsupported_nodes"]]
 
 
+def source_ops(trace: dict[str, Any] | None) -> dict[str, list[str]]:
+    """QNN op name -> the ONNX nodes of its QDQ node unit, from an op trace: exactly what the profile CSV's
+    ``ONNX Source Ops`` column holds after a compile (188 / 188 op rows on the svtr bench model); a session
+    loaded from a cached context writes that column empty, so the runner fills it from the stored trace."""
+    out: dict[str, list[str]] = {}
+    for st in (trace or {}).get("subgraph_traces") or []:
+        for om in st.get("op_mappings") or []:
+            if isinstance(om, dict) and om.get("dst_name"):
+                out[str(om["dst_name"])] = [str(x.get("name")) for x in om.get("sources") or []
+                                            if isinstance(x, dict) and x.get("type") == "OP"]
+    return out
+
+
 def compiled_target(trace: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The compilation targets (soc_model, htp_arch, device_id) the EP reports in its op trace."""
     if not trace:
@@ -715,12 +728,18 @@ def _load_entry(entry: CacheEntry, config: QnnSessionConfig,
     """A session on a cached EPContext model, with the compile-time partition and op trace of its meta.json."""
     meta = entry.meta
     so = _new_options(session_options_factory)
-    eff = config.with_changes(op_trace_dir=None, record_op_trace=False, json_graph_dir=None)
-    opts = apply_qnn_ep(so, eff)
-    try:
-        sess, native, seconds = _inference_session(str(entry.model), so)
-    except Exception as e:
-        raise CaptureError(one_line(e, 300)) from None
+    with contextlib.ExitStack() as stack:
+        # with profiling, the op trace keeps the CSV's ``ONNX Source Ops`` column (a load leaves it empty)
+        td = (stack.enter_context(tempfile.TemporaryDirectory(prefix="ivq-qnn-trace-"))
+              if config.profiling_level not in (None, "off") else None)
+        eff = config.with_changes(op_trace_dir=td, record_op_trace=False, json_graph_dir=None)
+        opts = apply_qnn_ep(so, eff)
+        try:
+            sess, native, seconds = _inference_session(str(entry.model), so)
+        except Exception as e:
+            raise CaptureError(one_line(e, 300)) from None
+    if td is not None:
+        opts = {**opts, "framework_op_trace_dir": "<temporary>"}
     if EP_NAME not in sess.get_providers():
         raise CaptureError(f"the session did not get the QNN EP (providers {sess.get_providers()})")
     outputs = [o.name for o in sess.get_outputs()]
