@@ -106,8 +106,6 @@ class QnnSessions:
         self.cache = cache
         #: what the next session is, for the progress display (set by the runner: "capture 1/2, 369 tensors")
         self.what: str | None = None
-        #: say cache hits on the console (the runner of a capture does; replay runners stay quiet)
-        self.announce = False
         #: seconds of every compile (not cache loads) and of every refused attempt so far
         self.compile_seconds: list[float] = []
 
@@ -137,9 +135,6 @@ class QnnSessions:
             _remove_profile(self.profiling_files.pop(label, None))  # written by this failed attempt
             raise
         self.sessions[label] = qs
-        if qs.cache and qs.cache.get("hit") and self.announce:
-            note(f"QNN context cache hit ({what}): loaded in {qs.cache['load_seconds']:.2f} s instead of compiling "
-                 f"({qs.cache.get('compile_seconds')} s), {qs.cache['folder']}")
         return _TimedSession(qs.session, self.run_times.setdefault(label, []))
 
     def _compile(self, model: bytes | str, cfg: QnnSessionConfig, options: Callable[[], Any], proto: Any,
@@ -234,6 +229,10 @@ class QnnSessions:
                                     "misses": sorted(k for k in caches if k not in hits),
                                     "compile_seconds_saved": round(saved, 3), "warnings": list(self.cache.warnings)}
         return out
+
+
+#: how far :meth:`QnnHtpRunner._unplan` looks upstream of a refused tensor (tensors: Q out, float, DQ out, ...)
+UPSTREAM_HOPS = 7
 
 
 class _Probes:
@@ -381,7 +380,7 @@ class QnnHtpRunner(Closing):
         self._written: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
         self._plan_exposure(defaults.QNN_CHANNELS_LAST_EXPOSURE if channels_last is None else channels_last)
         self.qnn.main_profile = "capture" if self.ort.sites else "plain"
-        self.qnn.announce = selection is not None
+        self._cache_said = False
         if fast_compile:
             self.ort.info["fast_compile"] = {**defaults.QNN_FAST_COMPILE_OPTIONS, "note": (
                 "QNN's faster, less optimized finalization: the model's output can differ by a quantization "
@@ -501,7 +500,7 @@ class QnnHtpRunner(Closing):
                 ort.session_for(-1, [])  # if the unmodified model does not run, its error is the real one
             finally:
                 self.qnn.what = None
-            if not self._bond(group, err):
+            if not self._unplan(group, err) and not self._bond(group, err):
                 found = self._culprits(f"capture {gi + 1}/{n_groups}", group, err)
                 if not found:
                     raise err
@@ -538,6 +537,42 @@ class QnnHtpRunner(Closing):
         if not hasattr(self, "_users_map"):
             self._users_map = consumers_of(self.model)
         return self._users_map
+
+    def _unplan(self, group: list[TensorSite], err: QnnUnsupportedError) -> bool:
+        """Expose the channels-last tensors next to the refused nodes in their plain NCHW layout again (the extra
+        Transpose can meet a layout transpose QNN cannot fold: a ViT's patch embedding exposed in a 17-tensor
+        group). Looks from each refused site up through the view ops to the sites that feed it. Returns True when
+        some exposure changed (the caller retries before dropping anything)."""
+        plan = self.ort.exposed_as
+        if not plan:
+            return False
+        near = self._near(group, {str(u.get("name")) for u in err.unsupported})
+        if not near:
+            return False
+        producer = {o: n for n in self.model.graph.node for o in n.output if o}
+        site_of = {s.output: s for s in self.ort.sites}
+        found = {s.output for s in near}
+        for s in near:  # up to two producing ops back (through their Q / DQ): ``UPSTREAM_HOPS`` tensors
+            stack, seen = [(s.output, 0)], set()
+            while stack:
+                t, depth = stack.pop()
+                if t in seen or depth > UPSTREAM_HOPS:
+                    continue
+                seen.add(t)
+                if t in site_of:
+                    found.add(t)
+                n = producer.get(t)
+                if n is not None:
+                    stack.extend((i, depth + 1) for i in n.input if i in producer)
+        back = sorted(o for o in found if o in plan)
+        if not back:
+            return False
+        for o in back:
+            del plan[o]
+        self.ort.info["channels_last_exposure"] = len(plan)
+        note(f"QNN HTP refused a capture group next to {len(back)} tensor(s) exposed channels-last; exposing "
+             f"{_names([{'name': site_of[o].name} for o in back])} in the NCHW layout instead")
+        return True
 
     def _bond(self, group: list[TensorSite], err: QnnUnsupportedError) -> bool:
         """Keep the refused tensors in one session with their neighbours' tensors when a group boundary
@@ -667,7 +702,22 @@ class QnnHtpRunner(Closing):
                                self.model_path)
         if writer is not None:
             self._write_meta(writer)
+            self._say_cache()
         return out
+
+    def _say_cache(self) -> None:
+        """One console line after the first capture run: how many sessions the context cache gave back."""
+        cc = self.info.get("context_cache")
+        if self._cache_said or not cc:
+            return
+        self._cache_said = True
+        hits, misses = cc["hits"], cc["misses"]
+        if hits:
+            note(f"QNN context cache hit: {len(hits)} of {len(hits) + len(misses)} QNN HTP session(s) loaded instead "
+                 f"of compiled ({cc['compile_seconds_saved']:.1f} s of compile saved; {cc['root']})")
+        elif misses:
+            note(f"QNN context cache: compiled {len(misses)} session(s) and stored them in {cc['root']}; the next "
+                 f"capture of this model loads them")
 
     def _write_meta(self, writer: Any) -> None:
         labels = tuple(sorted(self.qnn.sessions))
