@@ -147,6 +147,8 @@ def test_second_capture_hits_the_cache(cached: dict[str, Any]) -> None:
         ops_a, ops_b = pa[pa["is_op"].astype(bool)], pb[pb["is_op"].astype(bool)]
         assert len(ops_a) == len(ops_b) > 20
         assert list(ops_a["dump_tensors"].map(list)) == list(ops_b["dump_tensors"].map(list))  # joined alike
+        assert list(ops_a["run"]) == list(ops_b["run"]) and set(ops_b["run"]) == {0}  # one sample, one run
+        assert set(pb.loc[pb["phase"] == "init", "identifier"]) >= {"QNN (load binary) time"}
         assert sum(bool(list(t)) for t in ops_b["dump_tensors"]) >= 20
 
 
