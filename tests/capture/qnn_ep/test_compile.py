@@ -294,3 +294,31 @@ def test_compile_phase_is_shown_off_a_terminal(qnn_models: dict[str, Path], capf
     assert f"compiling QNN HTP graph: capture 1/2, {n} tensors: still running" in err
     assert f"compiling QNN HTP graph: capture 1/2, {n - 1} tensors: done in" in err
     assert "compiling QNN HTP graph: model outputs only" in err
+
+
+@pytest.mark.slow
+def test_ocr_recognizer_capture_acceptance(tmp_path: Path, capfd: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 on the PP-OCRv4-like recognizer (1x3x48x320, a16w8): every tensor exposed without one QNN op per
+    conv tensor (the compile that exploded: ``bench/bench_qnn_compile.py --models ocr`` times it), the same
+    integers as plain NCHW exposure, and a second ``ivq capture qnn`` that loads both sessions from the cache."""
+    monkeypatch.delenv("IVQ_NO_PROGRESS", raising=False)
+    m = _build("ocr", "a16w8", tmp_path)
+    cache = tmp_path / "cache"
+    for label in ("first", "second"):
+        assert _ivq(["capture", "qnn", m["qdq"], "--inputs", m["npz"], "-o", tmp_path / f"{label}.h5",
+                     "--qnn-cache", cache]) == 0
+    err = " ".join(capfd.readouterr().err.split())
+    assert "QNN context cache hit: 2 of 2 QNN HTP session(s) loaded instead of compiled" in err
+    nchw = _runner(m["qdq"], channels_last=False, qnn_cache=False)
+    capture(nchw, [m["sample"]], tmp_path / "nchw.h5", progress=None)
+    with open_dump(tmp_path / "first.h5") as a, open_dump(tmp_path / "second.h5") as b, \
+            open_dump(tmp_path / "nchw.h5") as c:
+        ia, ib = a.backend_info, b.backend_info
+        assert "unexposable" not in ia and ia["exposed_tensors"] >= 300
+        assert ia["channels_last_exposure"] >= 200
+        plain_ops = _ops(ia, "plain")
+        assert _ops(ia, "capture") <= plain_ops + 8  # (an NCHW capture session adds one Transpose per conv tensor)
+        assert _ops(nchw.info, "capture") >= plain_ops + 200
+        assert ia["exposure_check"] == {"bit_identical": True, "max_abs": 0.0}
+        assert ib["context_cache"]["hits"] == ["capture", "plain"] and ib["context_cache"]["misses"] == []
+        assert _raw(a) == _raw(b) == _raw(c)
