@@ -201,9 +201,13 @@ def step_capture(a: dict[str, Any]) -> dict[str, Any]:
             ("outputs_only", ["--no-qnn-cache", *[x for o in outputs for x in ("--include", o)]], None),
             ("all_miss", ["--qnn-cache", str(cache)], None),
             ("all_hit", ["--qnn-cache", str(cache)], None)]
+        if a.get("groups"):
+            plans.append(("groups", ["--no-qnn-cache", "--max-outputs-per-run", str(a["groups"])], None))
         if a.get("baseline_src"):
             plans += [("before_all", [], a["baseline_src"]),
                       ("before_outputs_only", [x for o in outputs for x in ("--include", o)], a["baseline_src"])]
+            if a.get("groups"):
+                plans.append(("before_groups", ["--max-outputs-per-run", str(a["groups"])], a["baseline_src"]))
         for label, extra, src in plans:
             cmd = [bin_path("ivq"), "capture", "qnn", a["qdq"], "--inputs", a["sample"], "-o",
                    str(Path(td) / f"{label}.h5"), "--force", *extra]
@@ -216,6 +220,13 @@ def step_capture(a: dict[str, Any]) -> dict[str, Any]:
             res[f"{label}_s"] = round(time.perf_counter() - t0, 1)
             if p.returncode != 0:
                 res[f"{label}_error"] = (p.stderr.strip().splitlines() or ["?"])[-1][:200]
+            elif label.endswith("groups"):
+                from ivq_debug.dump import open_dump
+
+                with open_dump(Path(td) / f"{label}.h5") as d:
+                    info = d.backend_info
+                res[f"{label}_sessions"] = len(info.get("sessions", {}))
+                res[f"{label}_unexposable"] = len(info.get("unexposable", []))
         if "all_s" in res and "all_hit_s" in res and "all_error" not in res and "all_hit_error" not in res:
             res["hit_bit_identical"] = _raw_bytes(Path(td) / "all_hit.h5") == _raw_bytes(Path(td) / "all.h5")
         if a.get("baseline_src") and "before_all_s" in res and "before_all_error" not in res:
@@ -258,6 +269,13 @@ def _fmt(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
+def _groups(c: dict[str, Any]) -> str:
+    def one(pre: str) -> str:
+        return (f"{_fmt(c.get(pre + 'groups_s'))} s, {_fmt(c.get(pre + 'groups_sessions'))}, "
+                f"{_fmt(c.get(pre + 'groups_unexposable'))}")
+    return "–" if "groups_s" not in c else f"{one('before_')} / {one('')}"
+
+
 def _tables(rows: list[dict[str, Any]], caches: list[dict[str, Any]], captures: list[dict[str, Any]]) -> None:
     print(f"\n## session creation vs exposed tensors ({load_avg()})\n")
     print("| model | preset | exposed | layout | channels-last | QNN ops | wall s | CPU s | finalize s | graph opt s | "
@@ -288,8 +306,8 @@ def _tables(rows: list[dict[str, Any]], caches: list[dict[str, Any]], captures: 
         print(f"\n## ivq capture qnn: every tensor vs the model output only ({load_avg()})\n")
         print("| model | preset | all s (compiling) | outputs only s | ratio | all, cache miss s | all, cache hit s | "
               "hit = compiled | before: all s | before: outputs only s | before: ratio | before = after tensors | "
-              "note |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "groups: s, sessions, unexposable (before / after) | note |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for c in captures:
             note = "; ".join(f"{k[:-6]}: {v}" for k, v in c.items() if k.endswith("_error"))
             same = (f"{c['before_identical']} / {c['before_tensors']}" if "before_identical" in c else "–")
@@ -297,7 +315,7 @@ def _tables(rows: list[dict[str, Any]], caches: list[dict[str, Any]], captures: 
                   f"{_fmt(c.get('ratio'))} | {_fmt(c.get('all_miss_s'))} | {_fmt(c.get('all_hit_s'))} | "
                   f"{_fmt(c.get('hit_bit_identical'))} | {_fmt(c.get('before_all_s'))} | "
                   f"{_fmt(c.get('before_outputs_only_s'))} | {_fmt(c.get('before_ratio'))} | {same} | "
-                  f"{note or c.get('error', '')} |")
+                  f"{_groups(c)} | {note or c.get('error', '')} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra QNN provider option for every session (e.g. htp_graph_finalization_optimization_mode=1)")
     ap.add_argument("--no-cache", action="store_true", help="skip the context cache rows")
     ap.add_argument("--capture", action="store_true", help="also time `ivq capture qnn` (all vs output only)")
+    ap.add_argument("--groups", type=int, default=None, metavar="N",
+                    help="with --capture: also capture in groups of N tensors (--max-outputs-per-run N)")
     ap.add_argument("--baseline-src", default=None, metavar="DIR",
                     help="with --capture: also the cold captures with the ivq_debug package found in DIR")
     ap.add_argument("--timeout", type=float, default=600, help="hard limit per measured process (s)")
@@ -367,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 if a.capture:
                     say(f"{name} {preset}: ivq capture qnn")
                     captures.append({"model": name, "preset": preset, **run_step(
-                        "capture", {"qdq": q["path"], "sample": sample, "timeout": a.timeout,
+                        "capture", {"qdq": q["path"], "sample": sample, "timeout": a.timeout, "groups": a.groups,
                                     "baseline_src": str(Path(a.baseline_src).resolve()) if a.baseline_src else None},
                         6 * a.timeout + 60)})
                     print(json.dumps(captures[-1]), flush=True)
