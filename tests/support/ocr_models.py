@@ -4,7 +4,7 @@
 * ``crnn``: classic CRNN / PP-OCRv2-like: a VGG-like conv backbone, a 2-layer BiLSTM over 80 steps (unrolled by
   the QNN EP: 806 QNN ops), a CTC head. Its LSTM returns ``Y_h`` / ``Y_c`` nothing reads (dead tensors).
 * ``svtr``: PP-OCRv3/v4-like: an LCNet backbone (depthwise / hardswish / SE), an SVTR neck (2 attention blocks).
-* ``vit12``: transformers ``ViTModel``, 12 layers, hidden 192, 224²; ``vit-tiny``: 2 layers, hidden 32, 32².
+* ``vit12``: transformers ``ViTModel``, 12 layers, hidden 192, 224²; ``vit-tiny``: 1 layer, hidden 32, 32².
 * ``ocr``: PP-OCRv4-like (the shape of the recognizer the user of issue 18 met), 1×3×48×320: an LCNetV3-like
   backbone whose blocks sum re-parameterizable branches (four 3×3 depthwise, a 1×1, a BatchNorm) and apply a
   learnable affine (``x * a + b``), so most of its tensors are channels-last (the compile-time explosion: every
@@ -196,7 +196,7 @@ def torch_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     """A random-init model (eval mode, BatchNorm with non-trivial statistics) and its input shape."""
     torch.manual_seed(0)
     makers = {"crnn": (CRNN, (1, 3, 48, 320)), "svtr": (SVTR, (1, 3, 48, 320)), "vit12": (ViT, (1, 3, 224, 224)),
-              "vit-tiny": (lambda: ViT(32, 2, 2, 32, 8), (1, 3, 32, 32)),
+              "vit-tiny": (lambda: ViT(32, 1, 2, 32, 8), (1, 3, 32, 32)),
               "ocr": (lambda: OCR(OCR_PLAN, "svtr", 120, branches=4), (1, 3, 48, 320)),
               "ocr-small": (lambda: OCR(OCR_SMALL_PLAN, "lstm", 16), (1, 3, 32, 64))}
     make, shape = makers[name]
