@@ -55,11 +55,13 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("backend_divergence", 4, backend_divergence,
                "layers where the backend departs from CPU-QDQ (ivq-diff --expected)"),
     Diagnostic("introduced_error", 5, None, "units that introduce the error (ivq diagnose: replay)"),
-    Diagnostic("saturation", 6, saturation, "values outside the encoding's range"),
-    Diagnostic("non_finite", 7, non_finite, "NaN / Inf in a dump"),
-    Diagnostic("fp64_op", 8, fp64, "float64 tensors (no QNN fp64 path)"),
-    Diagnostic("token_divergence", 9, token_divergence, "the first step whose chosen token differs"),
-    Diagnostic("first_divergence", 10, first_divergence, "the first tensor over the budgets"),
+    Diagnostic("weight_range_spread", 6, None, "per-tensor weights whose channel ranges spread (needs the model)"),
+    Diagnostic("saturation", 7, saturation, "values outside the encoding's range"),
+    Diagnostic("non_finite", 8, non_finite, "NaN / Inf in a dump"),
+    Diagnostic("fp64_op", 9, fp64, "float64 tensors (no QNN fp64 path)"),
+    Diagnostic("token_divergence", 10, token_divergence, "the first step whose chosen token differs"),
+    Diagnostic("first_divergence", 11, first_divergence, "the first tensor over the budgets"),
+    Diagnostic("replay_approximate", 12, None, "replayed units the backend computes differently in the full graph"),
 )
 _RANK = {d.kind: d.rank for d in DIAGNOSTICS}
 
