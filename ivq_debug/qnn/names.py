@@ -219,10 +219,10 @@ def load_onnx(model: Any, path_for_errors: str | os.PathLike | None = None) -> A
     import onnx
 
     from ivq_debug.errors import InputError
+    from ivq_debug.util import regular_file
 
     p = os.fspath(model)
-    if not os.path.exists(p):
-        raise InputError("no such ONNX model", p)
+    regular_file(p, "ONNX model")  # a FIFO / device / symlink loop is refused before protobuf reads it
     try:
         return onnx.load(p, load_external_data=False)
     except Exception as e:  # onnx raises DecodeError / google.protobuf errors

@@ -189,7 +189,7 @@ def test_float_and_signedness() -> None:
         ({"activation_encodings": {"a": [{"bitwidth": 8, "scale": -0.1, "offset": 0}]}}, "not a positive finite"),
         ({"activation_encodings": {"a": [{"scale": 0.1, "offset": 0}]}}, "missing 'bitwidth'"),
         ({"activation_encodings": {"a": [{"bitwidth": 8, "is_symmetric": "yes", "scale": 0.1, "offset": 0}]}},
-         "is_symmetric must be 'True' or 'False'"),
+         "is_symmetric: must be 'True' or 'False'"),
         ({"activation_encodings": {"a": {"bitwidth": 8}}}, "non-empty list"),
         ({"activation_encodings": {"a": [{"bitwidth": 8}]}}, "needs 'scale'+'offset' or 'min'+'max'"),
         ({"activation_encodings": {"a": [{"bitwidth": 8, "scale": 0.1, "offset": -300}]}}, "below -(2^8-1)"),
@@ -232,7 +232,7 @@ def test_bad_json_file(tmp_path: Path) -> None:
     p.write_text('{"activation_encodings": {')
     with pytest.raises(InputError, match="bad JSON at line 1"):
         read_encodings(p)
-    with pytest.raises(InputError, match="no such file"):
+    with pytest.raises(InputError, match="no such encodings file"):
         read_encodings(tmp_path / "none.json")
 
 
