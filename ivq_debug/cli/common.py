@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, one_line, printable
+from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -19,8 +20,6 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
     line too, exit 1 (set ``IVQ_TRACEBACK=1`` to see the traceback). Messages are escaped
     (:func:`~ivq_debug.errors.printable`): names in them come from files.
     """
-    from ivq_debug.util import WRITE_ERRNOS
-
     try:
         return fn(sys.argv[1:] if argv is None else argv)
     except IvqError as e:
@@ -35,7 +34,7 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         if e.errno not in WRITE_ERRNOS or os.environ.get("IVQ_TRACEBACK"):
             return _internal(prog, e)
         where = f"{printable(os.fsdecode(e.filename))}: " if e.filename else ""
-        print(f"{prog}: error: {where}cannot write output ({printable(e.strerror or e)})", file=sys.stderr)
+        print(f"{prog}: error: {where}cannot write output ({os.strerror(e.errno)})", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # pragma: no cover - last resort, keeps the one-line contract
         return _internal(prog, e)
@@ -100,6 +99,4 @@ def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
-    from ivq_debug.util import atomic_write_text
-
     atomic_write_text(path, text + "\n", overwrite=overwrite)
