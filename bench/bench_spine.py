@@ -21,7 +21,7 @@ CAPTURE = r"""
 import json, sys, time, torch
 from torch import nn
 from ivq_debug.dump import DumpWriter
-from ivq_debug.capture.torch_hooks import TorchCapture
+from ivq_debug.capture.torch.hooks import TorchCapture
 cfg = json.loads(sys.argv[1])
 torch.manual_seed(cfg["seed"])
 torch.set_num_threads(2)

@@ -22,7 +22,8 @@ _LAZY = {
     "open_dump": ("ivq_debug.dump", "open_dump"),
     "Dump": ("ivq_debug.dump", "Dump"),
     "DumpWriter": ("ivq_debug.dump", "DumpWriter"),
-    "compare": ("ivq_debug.comparator", "compare"),
+    "compare": ("ivq_debug.api", "compare"),
+    "capture": ("ivq_debug.api", "capture"),
     "Comparison": ("ivq_debug.comparator", "Comparison"),
     "Budgets": ("ivq_debug.comparator", "Budgets"),
     "write_report": ("ivq_debug.report", "write_report"),
@@ -30,6 +31,10 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str) -> Any:

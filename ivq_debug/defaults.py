@@ -46,6 +46,14 @@ PRESETS: dict[str, dict[str, tuple[str, float]]] = {
 #: export verification of a model part's *outputs* against PyTorch, fp32 (seed: max_abs <= 1e-5)
 EXPORT_OUTPUT_MAX_ABS = 1e-5
 
+#: KV-cache position inference: a decode step's offset is reported only when the rotation fits the
+#: appended key slot this well (1 = exact rotation; identical pre-RoPE layer-0 keys give > 0.999 in fp32) and
+#: the best offset beats every other hypothesis by this confidence (``docs/findings.md``, Position ids)
+POSITION_MIN_FIT = 0.9
+POSITION_MIN_CONFIDENCE = 0.5
+#: offsets searched by the KV-cache inference: [-max, +max]
+POSITION_MAX_OFFSET = 4096
+
 #: projector output mean relative error above which the projector is said to drift (seed: 5 %).
 PROJECTOR_DRIFT_MEAN_REL = 0.05
 #: the drift is the projector's own (an error) when it amplifies the vision tower's relative error this much,

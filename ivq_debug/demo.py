@@ -27,7 +27,24 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.api import compare
+from ivq_debug.capture.base import Selection, make_runner
+from ivq_debug.capture.base import capture as capture_samples
+from ivq_debug.capture.torch.hooks import default_selection
+from ivq_debug.comparator import Budgets
+from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.sites import scope_of
+from ivq_debug.qnn.encodings import encodings_from_qdq_model
+from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.report import write_report
+from ivq_debug.tune.suggest import suggest, write_suggestions
+from ivq_debug.tune.verify import Tuner, verify
+from ivq_debug.util import atomic_write_text, json_safe
+from ivq_debug.vlm import pipeline
+from ivq_debug.vlm.task import caption_accuracy, make_samples
 
 DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss", "ort-fp32-restart")
 
@@ -65,8 +82,6 @@ def _owned(path: Path) -> bool:
         return True
     if path.suffix == ".h5":
         try:
-            from ivq_debug.dump import open_dump
-
             with open_dump(path) as d:
                 return bool(d.model.get("demo"))
         except Exception:
@@ -98,14 +113,6 @@ def run_demo(
     log: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the demo; returns the paths and the figures (see module docstring)."""
-    import ivq_debug as ivq
-    from ivq_debug.capture.base import Selection
-    from ivq_debug.capture.onnxruntime import OrtRunner
-    from ivq_debug.capture.torch_hooks import default_selection
-    from ivq_debug.dump import DumpWriter
-    from ivq_debug.qnn.quantize import quantize_for_qnn
-    from ivq_debug.vlm import pipeline
-    from ivq_debug.vlm.task import caption_accuracy, make_samples
 
     t_all = time.perf_counter()
     res = DemoResult()
@@ -164,44 +171,31 @@ def run_demo(
 
     def ort_factory(paths: dict[str, Path] | None = None) -> Callable[[str, Any], Any]:
         def f(part: str, path: Any) -> Any:
-            return OrtRunner(paths[part] if paths else path, selection=sel)
+            return make_runner("onnx", paths[part] if paths else path, selection=sel)
         return f
 
     def htp_factory(paths: dict[str, Path], tag: str) -> Callable[[str, Any], Any]:
-        from ivq_debug.capture.qnn_ep import QnnHtpRunner
-
         def f(part: str, path: Any) -> Any:
-            return QnnHtpRunner(paths[part], selection=sel, profiling_level="detailed",
-                                profiling_path=workdir / f"{tag}.{part}.profile.csv", overwrite=True)
+            return make_runner("qnn", paths[part], selection=sel, profiling_level="detailed",
+                               profiling_path=workdir / f"{tag}.{part}.profile.csv", overwrite=True)
         return f
 
-    def capture(key: str, sched: Any, backend: str, info: dict[str, Any]) -> None:
-        with DumpWriter(dump_paths[key], backend=backend, backend_info=info, model=model_info,
-                        overwrite=True) as w:
-            for i, s in enumerate(cap):
-                sched.generate(s.image, sample=i, writer=w, forced_tokens=forced[i])
-            runners = getattr(sched, "runners", {})
-            for part, r in runners.items():
-                if hasattr(r, "info"):
-                    w.update_backend_info(**{f"{part}": {k: v for k, v in r.info.items()
-                                                        if k in ("soc_model", "htp_arch", "emulated",
-                                                                 "qnn_sdk_version", "onnxruntime_qnn",
-                                                                 "exposure_check", "partition")}})
+    def capture(key: str, sched: Any) -> None:
+        def generate(w: Any, i: int, s: Any) -> None:
+            sched.generate(s.image, sample=i, writer=w, forced_tokens=forced[i])
+
+        capture_samples(sched, cap, dump_paths[key], record=generate, model=model_info, overwrite=True,
+                        progress=None)
         res.dumps[key] = dump_paths[key]
         log(f"captured {key}: {dump_paths[key]}")
 
     ts = pipeline.torch_reference(prep, selection=default_selection())
-    capture("torch", ts, "torch", ts.runners["decode"].info)
-    s32 = pipeline.scheduler(prep, ort_factory())
-    capture("ort-fp32", s32, "onnxruntime-cpu", s32.runners["decode"].info)
-    sq = pipeline.scheduler(prep, ort_factory(qdq["a8w8"]))
-    capture("cpu-qdq-a8w8", sq, "onnxruntime-cpu-qdq", sq.runners["decode"].info)
-    htp = {}
+    capture("torch", ts)
+    capture("ort-fp32", pipeline.scheduler(prep, ort_factory()))
+    capture("cpu-qdq-a8w8", pipeline.scheduler(prep, ort_factory(qdq["a8w8"])))
     for tag in ("a8w8", "a16w8", "projector-miss"):
-        htp[tag] = pipeline.scheduler(prep, htp_factory(qdq[tag], tag))
-        capture(f"htp-{tag}", htp[tag], "qnn-htp", htp[tag].runners["decode"].info)
-    rs = pipeline.scheduler(prep, ort_factory(), positions="restart")
-    capture("ort-fp32-restart", rs, "onnxruntime-cpu", rs.runners["decode"].info)
+        capture(f"htp-{tag}", pipeline.scheduler(prep, htp_factory(qdq[tag], tag)))
+    capture("ort-fp32-restart", pipeline.scheduler(prep, ort_factory(), positions="restart"))
     tick("capture", t0)
 
     # 5. task metric ----------------------------------------------------------------------------------------
@@ -222,7 +216,6 @@ def run_demo(
 
     # 6. diffs, findings, report ----------------------------------------------------------------------------
     t0 = time.perf_counter()
-    from ivq_debug.comparator import Budgets
 
     d = dump_paths
     pairs = {
@@ -237,7 +230,7 @@ def run_demo(
             (d["ort-fp32"], d["ort-fp32-restart"], Budgets.from_args(min_sqnr=40)),
     }
     for label, (a, b, budgets) in pairs.items():
-        c = ivq.compare(a, b, budgets=budgets, progress=False)
+        c = compare(a, b, budgets=budgets, progress=False)
         res.comparisons[label] = c
         res.findings[label] = c.findings
     tick("diff", t0)
@@ -250,7 +243,7 @@ def run_demo(
     t0 = time.perf_counter()
     main_label = "deployment (fp32 → HTP a8w8)"
     extra = {k: v for k, v in res.comparisons.items() if k != main_label}
-    res.report = ivq.write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
+    res.report = write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
                                   title=f"ivq demo: {model}, fp32 → QNN HTP a8w8 (emulated)", overwrite=True)
     tick("report", t0)
     res.timings["total"] = round(time.perf_counter() - t_all, 2)
@@ -262,8 +255,6 @@ def run_demo(
 def projector_tensors(model_path: Path) -> set[str]:
     """Activation tensors of the projector (``mlp1`` / ``multi_modal_projector`` / ``merger``): its nodes'
     outputs and their non-constant inputs (the projector's input range)."""
-    from ivq_debug.capture.onnxruntime import load_model, scope_of
-    from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
 
     m = load_model(model_path)
     inits = {i.name for i in m.graph.initializer}
@@ -286,13 +277,10 @@ def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> d
     tenth of the projector's real input range); the rest of the vision tower keeps its calibration."""
     import numpy as np
 
-    from ivq_debug.qnn.encodings import encodings_from_qdq_model
-    from ivq_debug.qnn.names import load_onnx
-    from ivq_debug.qnn.quantize import quantize_for_qnn
 
     tmp = workdir / "vision.a8w8.calibrated.qdq.onnx"
     quantize_for_qnn(vision, tmp, calib, preset="a8w8", overwrite=True)
-    encs = encodings_from_qdq_model(load_onnx(tmp))
+    encs = encodings_from_qdq_model(load_model(tmp))
     out: dict[str, Any] = {}
     for name in projector_tensors(vision):
         e = encs.activations.get(name)
@@ -307,10 +295,6 @@ def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> d
 def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: dict[str, Any], store: Any,
                     reference: Path, cap: list[Any], ev: list[Any], workdir: Path, log: Callable[[str], None]) -> Any:
     """Suggest overrides for the projector fault, verify them on HTP with the caption accuracy as task metric."""
-    from ivq_debug.tune.suggest import suggest, write_suggestions
-    from ivq_debug.tune.verify import Tuner, verify
-    from ivq_debug.vlm import pipeline
-    from ivq_debug.vlm.task import caption_accuracy
 
     vision_only = [s for s in suggest(cmp) if s.tensor in {e.name for e in cmp.test.tensors() if e.part == "vision"}]
     if not vision_only:
@@ -338,16 +322,13 @@ def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: 
 
 
 def _plain_htp(paths: dict[str, Path]) -> Callable[[str, Any], Any]:
-    from ivq_debug.capture.qnn_ep import QnnHtpRunner
 
     def f(part: str, path: Any) -> Any:
-        return QnnHtpRunner(paths[part])
+        return make_runner("qnn", paths[part])
     return f
 
 
 def _write_summary(res: DemoResult, path: Path) -> None:
-    from ivq_debug.comparator.comparison import json_safe
-    from ivq_debug.util import atomic_write_text
 
     doc = {
         "schema": "ivq-demo/1",

@@ -1,4 +1,5 @@
-"""Small shared helpers: untrusted input files, atomic writes, outputs that must not replace inputs, hashing.
+"""Small shared helpers: untrusted input files, atomic writes, outputs that must not replace inputs, hashing,
+JSON-safe values.
 
 Inputs come from devices, colleagues and CI artifacts, so every reader here checks before it trusts:
 
@@ -22,12 +23,17 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
+import math
 import os
 import stat
 import tempfile
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from ivq_debug.errors import InputError, UsageError, one_line
 
@@ -389,8 +395,6 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def as_float(v: object) -> float | None:
     """``float(v)``, or None for None, NaN and values that are not numbers (table cells, JSON fields)."""
-    import math
-
     if v is None:
         return None
     try:
@@ -407,7 +411,6 @@ ARRAY_KINDS = "biufc"
 
 def _npy_header(f: IO[bytes], where: str, p: Path) -> tuple[Any, tuple[int, ...], int]:
     """``(dtype, shape, header bytes)`` of the ``.npy`` stream at ``f``, checked; :class:`InputError` else."""
-    import numpy as np
     from numpy.lib import format as npf
 
     start = f.tell()
@@ -429,7 +432,7 @@ def _npy_header(f: IO[bytes], where: str, p: Path) -> tuple[Any, tuple[int, ...]
         raise InputError(f"{where}: dtype {dtype.str!r} is not a number or bool array", p)
     if not all(isinstance(d, int) and d >= 0 for d in shape):
         raise InputError(f"{where}: bad shape {shape!r}", p)
-    del np, fortran
+    del fortran
     return dtype, tuple(shape), f.tell() - start
 
 
@@ -450,11 +453,6 @@ def read_arrays(path: str | os.PathLike, what: str = "inputs file") -> dict:
     itemsize is exactly its byte count (a header cannot ask for terabytes). Raises
     :class:`~ivq_debug.errors.InputError` with a one-line message naming the file otherwise.
     """
-    import io
-    import zipfile
-
-    import numpy as np
-
     p = Path(path)
     with open_input(p, what) as f:
         magic = f.read(6)
@@ -489,3 +487,24 @@ def read_arrays(path: str | os.PathLike, what: str = "inputs file") -> dict:
         except (ValueError, OSError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError) as e:
             kind = "object arrays (pickles are never loaded)" if "pickle" in str(e) else one_line(e, 160)
             raise InputError(f"not a readable NumPy file: {kind}", p) from None
+
+
+def json_safe(obj: Any) -> Any:
+    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, (np.floating,)):
+        return json_safe(float(obj))
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+
+from ivq_debug.dump.format import unescape_name
+from ivq_debug.onnxgraph.sites import list_sites
+from ivq_debug.qnn.quantize import quantize_for_qnn
+from tests.support import qnn_models as models
+from tests.support.qnn_fixtures import FIX, MODEL, SINGLE
+from tests.support.qnn_models import CAL_SEED, HAVE_QNN
 
 os.environ.setdefault("IVQ_NO_PROGRESS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -18,3 +28,76 @@ def artifacts_dir() -> Path:
     """Folder where tests leave files for people to look at (screenshots, reports); git-ignored."""
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+# ---------------------------------------------------------------- QNN fixtures (committed files)
+@pytest.fixture(scope="session")
+def ref() -> dict[tuple[str, int, str], np.ndarray]:
+    """The direct QNN EP capture: ``(group, sample, onnx name) → array``."""
+    out = {}
+    with np.load(FIX / "reference.npz", allow_pickle=False) as z:
+        for k in z.files:
+            group, sample, name = k.split("|", 2)
+            out[(group, int(sample), unescape_name(name))] = z[k]
+    return out
+
+
+@pytest.fixture(scope="session")
+def sites() -> dict:
+    """ONNX output name → capture site (key, encoding) of the QDQ model, as the ORT capture lists them."""
+    return {s.output: s for s in list_sites(onnx.load(MODEL), "qdq")}
+
+
+@pytest.fixture()
+def single_copy(tmp_path: Path) -> Path:
+    """A writable copy of the single-graph net-run fixture (``<copy>/output``, ``<copy>/model_net.json``)."""
+    dst = tmp_path / "single"
+    shutil.copytree(SINGLE, dst)
+    return dst
+
+
+
+# ---------------------------------------------------------------- QNN EP models (built per session)
+@pytest.fixture(scope="session")
+def qnn_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Float models and their QDQ versions: ``block``, ``block.a8w8``, ``block.a16w8``, ``erf.a8w8``."""
+    if not HAVE_QNN:
+        pytest.skip("onnxruntime-qnn is not installed")
+    d = tmp_path_factory.mktemp("qnn-models")
+    out: dict[str, Path] = {}
+    for name, model in (("block", models.build_block(0)), ("erf", models.build_erf(0))):
+        p = d / f"{name}.onnx"
+        onnx.save(model, str(p))
+        out[name] = p
+    cal = models.block_feeds(CAL_SEED, 8)
+    for preset in ("a8w8", "a16w8"):
+        out[f"block.{preset}"] = quantize_for_qnn(out["block"], d / f"block.{preset}.onnx", cal,
+                                                  preset=preset).model_path
+    erf_cal = [{"x": f["x"]} for f in cal]
+    out["erf.a8w8"] = quantize_for_qnn(out["erf"], d / "erf.a8w8.onnx", erf_cal).model_path
+    return out
+
+
+@pytest.fixture(scope="session")
+def session_parts(tmp_path_factory: pytest.TempPathFactory):
+    """``get(model, cache, fault) -> ExportResult``: the split exports device sessions run, built on first use
+    (``tests/support/device_sessions.py``; dynamic-cache exports verified against torch)."""
+    from ivq_debug.vlm.load import load_vlm
+    from tests.support.device_sessions import parts_exporter
+
+    models: dict = {}
+
+    def load(name: str):
+        if name not in models:
+            models[name] = load_vlm(name).model
+        return models[name]
+
+    return parts_exporter(tmp_path_factory.mktemp("session-parts"), load)
+
+
+@pytest.fixture(scope="session")
+def device_sessions(session_parts, tmp_path_factory: pytest.TempPathFactory):
+    """name -> DeviceSession: every fixture of ``tests/fixtures/device_sessions.SESSIONS``, written into tmp."""
+    from tests.support.device_sessions import build_sessions
+
+    return build_sessions(tmp_path_factory.mktemp("device-sessions"), session_parts)

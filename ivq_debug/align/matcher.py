@@ -1,17 +1,19 @@
 """Layer alignment between two dumps.
 
-Records pair by ``(sample, part, step)``. Inside a record pair, tensors are matched by the first
-strategy that applies (the strategy is kept in the ``match`` column):
+Records pair by ``(sample, part, step)``. Inside a record pair, tensors are matched by the named strategies of
+:data:`STRATEGIES`, in order, each taking what the previous ones left (the strategy's name is kept in the
+``match`` column):
 
-1. ``exact``: identical names;
-2. ``qdq``: names equal after stripping QDQ suffixes (``_QuantizeLinear_Input``, ``_DequantizeLinear_Output``, …);
-   ``input``: a tensor captured from a graph input (its quantization) ↔ the model input recorded on the
+1. ``map``: a user mapping (``{ref_name: test_name}``), when given;
+2. ``exact``: identical names;
+3. ``input``: a tensor captured from a graph input (its quantization) ↔ the model input recorded on the
    other side;
-3. ``qnn``: names equal after QNN sanitizing (per character or collapsed runs), when unique;
-4. ``scope``: a PyTorch module path ↔ the last ONNX tensor in that module's scope subtree (legacy
+4. ``qdq``: names equal after stripping QDQ suffixes (``_QuantizeLinear_Input``, ``_DequantizeLinear_Output``, …),
+   when unique;
+5. ``qnn``: names equal after QNN sanitizing (per character, then collapsed runs), when unique;
+6. ``scope``: a PyTorch module path ↔ the last ONNX tensor in that module's scope subtree (legacy
    exporter scope names or dynamo ``name_scopes`` metadata, recorded at capture) whose shape matches
-   (then whose element count matches); tuple outputs ``name[i]`` match per index;
-5. ``map``: a user mapping (``{ref_name: test_name}``), tried first when given.
+   (then whose element count matches); tuple outputs ``name[i]`` match per index.
 
 Everything left is reported as unmatched (names and counts per side), never dropped silently.
 """
@@ -21,10 +23,13 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ivq_debug import defaults
 from ivq_debug.dump.reader import Dump, Entry
+from ivq_debug.errors import AlignmentError, UsageError
 from ivq_debug.qnn.names import qnn_sanitize
 
 QDQ_SUFFIXES = (
@@ -77,6 +82,36 @@ class Alignment:
         if n_ref <= n_test:
             return len(self.unmatched_ref) / n_ref
         return len(self.unmatched_test) / n_test
+
+    def unmatched_limit(self, allowed: int | float | None = None) -> tuple[int, int, float]:
+        """``(unmatched, size, limit)`` of the side with fewer tensors under the allowance ``allowed``.
+
+        ``allowed``: a count (an int, or a float >= 1), a fraction of the smaller side (a float < 1), or
+        ``None`` for ``defaults.MAX_UNMATCHED_FRACTION``.
+        """
+        n_ref = len(self.pairs) + len(self.unmatched_ref)
+        n_test = len(self.pairs) + len(self.unmatched_test)
+        small = min(n_ref, n_test)
+        unmatched = len(self.unmatched_ref) if n_ref <= n_test else len(self.unmatched_test)
+        if allowed is None:
+            limit = defaults.MAX_UNMATCHED_FRACTION * small
+        elif allowed < 0:
+            raise UsageError("the unmatched allowance must be >= 0")
+        else:
+            limit = allowed * small if isinstance(allowed, float) and allowed < 1 else float(allowed)
+        return unmatched, small, limit
+
+    def check(self, allowed: int | float | None = None) -> None:
+        """The unmatched-tensor policy of ``ivq-diff`` (exit 4): raise :class:`AlignmentError` when more tensors
+        of the smaller side are unmatched than ``allowed`` (see :meth:`unmatched_limit`), or when nothing was
+        paired although a side holds tensors."""
+        unmatched, small, limit = self.unmatched_limit(allowed)
+        n_max = max(len(self.pairs) + len(self.unmatched_ref), len(self.pairs) + len(self.unmatched_test))
+        if unmatched > limit or (not self.pairs and n_max > 0):
+            raise AlignmentError(
+                f"{unmatched} of {small} tensors on the smaller side are unmatched "
+                f"(allowed {limit:g}); see the unmatched lists in --json, or pass --map / --max-unmatched"
+            )
 
     def counts(self) -> dict[str, int]:
         """Counts per category."""
@@ -157,6 +192,113 @@ def _match_scope(torch_side: list[Entry], onnx_side: list[Entry]) -> list[tuple[
     return out
 
 
+# ------------------------------------------------------------------------------------------ strategies
+@dataclass
+class RecordPair:
+    """One pair of records being aligned: the tensors still unmatched on each side, and the context strategies
+    read (model inputs, every tensor of the record, which side is a torch capture, the user mapping)."""
+
+    ref: dict[str, Entry]
+    test: dict[str, Entry]
+    ref_inputs: dict[str, Entry] = field(default_factory=dict)
+    test_inputs: dict[str, Entry] = field(default_factory=dict)
+    ref_all: list[Entry] = field(default_factory=list)
+    test_all: list[Entry] = field(default_factory=list)
+    ref_torch: bool = False
+    test_torch: bool = False
+    mapping: dict[str, str] | None = None
+
+
+#: a strategy yields ``(ref entry, test entry)`` pairs from a :class:`RecordPair`; each pair is taken out of the
+#: unmatched tensors as soon as it is yielded
+Finder = Callable[[RecordPair], Iterator[tuple[Entry, Entry]]]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named matching rule (the name goes to the ``match`` column)."""
+
+    name: str
+    find: Finder
+    doc: str = ""
+
+
+def by_map(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+    """The user's ``{ref_name: test_name}`` pairs."""
+    for a, b in (rp.mapping or {}).items():
+        if a in rp.ref and b in rp.test:
+            yield rp.ref[a], rp.test[b]
+
+
+def by_exact_name(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+    """Identical names."""
+    for name in list(rp.ref):
+        if name in rp.test and name in rp.ref:
+            yield rp.ref[name], rp.test[name]
+
+
+def by_graph_input(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+    """A tensor captured from a graph input on one side ↔ the model input recorded on the other."""
+    for name in list(rp.test):
+        if name in rp.ref_inputs and name in rp.test:
+            yield rp.ref_inputs[name], rp.test[name]
+    for name in list(rp.ref):
+        if name in rp.test_inputs and name in rp.ref:
+            yield rp.ref[name], rp.test_inputs[name]
+
+
+def by_key(key: Callable[[str], str]) -> Finder:
+    """Names equal under ``key``, when the key is unique on both sides."""
+    def find(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+        idx_t: dict[str, list[str]] = defaultdict(list)
+        for n in rp.test:
+            idx_t[key(n)].append(n)
+        idx_r: dict[str, list[str]] = defaultdict(list)
+        for n in rp.ref:
+            idx_r[key(n)].append(n)
+        for k, rn in idx_r.items():
+            tn = idx_t.get(k, [])
+            if len(rn) == 1 and len(tn) == 1:
+                yield rp.ref[rn[0]], rp.test[tn[0]]
+    return find
+
+
+def by_scope(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+    """A torch module's output ↔ the last ONNX tensor of its scope subtree with a compatible shape (only when
+    exactly one side is a torch capture; every ONNX tensor of the record is a candidate, even a matched one)."""
+    if not rp.ref or rp.ref_torch == rp.test_torch:
+        return
+    if rp.ref_torch:
+        for te, oe in _match_scope(list(rp.ref.values()), rp.test_all):
+            yield te, oe
+    else:
+        for te, oe in _match_scope(list(rp.test.values()), rp.ref_all):
+            yield oe, te
+
+
+#: the strategies, in the order they run
+STRATEGIES: tuple[Strategy, ...] = (
+    Strategy("map", by_map, "the user's mapping"),
+    Strategy("exact", by_exact_name, "identical names"),
+    Strategy("input", by_graph_input, "a captured graph input ↔ the recorded model input"),
+    Strategy("qdq", by_key(strip_qdq), "names equal without QDQ suffixes"),
+    Strategy("qnn", by_key(qnn_sanitize), "names equal after QNN sanitizing"),
+    Strategy("qnn", by_key(lambda n: qnn_sanitize(n, True)), "names equal after legacy QNN sanitizing"),
+    Strategy("scope", by_scope, "torch module path ↔ ONNX scope, confirmed by shape"),
+)
+
+
+def match_record(rp: RecordPair, strategies: tuple[Strategy, ...] = STRATEGIES) -> list[Pair]:
+    """Run the strategies on one record pair; matched tensors leave ``rp.ref`` / ``rp.test``."""
+    pairs: list[Pair] = []
+    for st in strategies:
+        for a, b in st.find(rp):
+            pairs.append(Pair(a, b, st.name))
+            rp.ref.pop(a.name, None)
+            rp.test.pop(b.name, None)
+    return pairs
+
+
 def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Alignment:
     """Align the tensors of two dumps (see module docstring)."""
     rk, tk = ref.record_keys(), test.record_keys()
@@ -187,54 +329,12 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
     pairs: list[Pair] = []
     un_ref: list[Entry] = [e for rid, es in by_rid_ref.items() if rid not in paired_rids_ref for e in es]
     un_test: list[Entry] = [e for rid, es in by_rid_test.items() if rid not in paired_rids_test for e in es]
-    torch_ref, torch_test = ref.backend == "torch", test.backend == "torch"
     for rr, tr in rec_pairs:
-        rem_r = {e.name: e for e in by_rid_ref[rr]}
-        rem_t = {e.name: e for e in by_rid_test[tr]}
-
-        def take(a: Entry, b: Entry, how: str, rem_r: dict = rem_r, rem_t: dict = rem_t) -> None:
-            pairs.append(Pair(a, b, how))
-            rem_r.pop(a.name, None)
-            rem_t.pop(b.name, None)
-
-        if mapping:
-            for a, b in mapping.items():
-                if a in rem_r and b in rem_t:
-                    take(rem_r[a], rem_t[b], "map")
-        for name in list(rem_r):
-            if name in rem_t:
-                take(rem_r[name], rem_t[name], "exact")
-        # a captured (e.g. quantized) graph input on one side ↔ the recorded model input on the other
-        for name in list(rem_t):
-            if name in inputs_ref[rr]:
-                take(inputs_ref[rr][name], rem_t[name], "input")
-        for name in list(rem_r):
-            if name in inputs_test[tr]:
-                take(rem_r[name], inputs_test[tr][name], "input")
-        for how, fn in (("qdq", strip_qdq), ("qnn", qnn_sanitize), ("qnn", lambda n: qnn_sanitize(n, True))):
-            if not rem_r or not rem_t:
-                break
-            idx_t: dict[str, list[str]] = defaultdict(list)
-            for n in rem_t:
-                idx_t[fn(n)].append(n)
-            idx_r: dict[str, list[str]] = defaultdict(list)
-            for n in rem_r:
-                idx_r[fn(n)].append(n)
-            for k, rn in idx_r.items():
-                tn = idx_t.get(k, [])
-                if len(rn) == 1 and len(tn) == 1:
-                    take(rem_r[rn[0]], rem_t[tn[0]], how)
-        if rem_r and torch_ref != torch_test:
-            # every ONNX tensor of the record is a candidate, even one already matched by name
-            tside, oside = (list(rem_r.values()), by_rid_test[tr])
-            if torch_test:
-                tside, oside = list(rem_t.values()), by_rid_ref[rr]
-            for te, oe in _match_scope(tside, oside):
-                if torch_ref:
-                    take(te, oe, "scope")
-                else:
-                    take(oe, te, "scope")
-        un_ref.extend(rem_r.values())
-        un_test.extend(rem_t.values())
+        rp = RecordPair({e.name: e for e in by_rid_ref[rr]}, {e.name: e for e in by_rid_test[tr]},
+                        inputs_ref[rr], inputs_test[tr], by_rid_ref[rr], by_rid_test[tr],
+                        ref.backend == "torch", test.backend == "torch", mapping)
+        pairs.extend(match_record(rp))
+        un_ref.extend(rp.ref.values())
+        un_test.extend(rp.test.values())
     pairs.sort(key=lambda p: (p.ref.sample, PART_ORDER.get(p.ref.part, 9), p.ref.step, p.ref.order))
     return Alignment(pairs, un_ref, un_test, un_ref_recs, un_test_recs)

@@ -6,13 +6,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts
+from ivq_debug.cli.common import escape
+from ivq_debug.console import console
+from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_OK, UsageError
+from ivq_debug.util import read_arrays
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     """Arguments of ``ivq capture``."""
-    p.add_argument("backend", choices=["onnx", "qnn"],
-                   help="onnx: ONNX Runtime CPU EP (float or CPU-QDQ reference); qnn: QNN HTP via onnxruntime-qnn")
+    p.add_argument("backend", choices=list(BACKENDS),
+                   help="; ".join(f"{b.name}: {b.help}" for b in BACKENDS.values()))
     p.add_argument("model", help="ONNX model (.onnx; a QDQ model for qnn)")
     p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
                    help="model inputs, one .npz per sample (keys = input names; a .npy is one input named after the "
@@ -42,52 +47,34 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 
-def make_runner(args: argparse.Namespace):
-    """The runner for ``args.backend``."""
-    from ivq_debug.capture.base import Selection
-
+def runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner keyword arguments the command line gives (``None``: the runner's default)."""
     sel = Selection(
         include=args.include or ("*",), exclude=args.exclude,
         op_types=[s.strip() for s in args.op_types.split(",")] if args.op_types else None,
         skip_attention_probs=args.skip_attention_probs, skip_views=args.skip_views,
     )
-    common = dict(selection=sel, max_outputs_per_run=args.max_outputs_per_run)
+    opts: dict[str, Any] = {"selection": sel, "max_outputs_per_run": args.max_outputs_per_run,
+                            "optimization": args.optimization}
     if args.backend == "onnx":
-        from ivq_debug.capture.onnxruntime import OrtRunner
-
-        return OrtRunner(args.model, optimization=args.optimization,
-                         partition=False if args.whole_model_runs else None, **common)
-    from ivq_debug.capture.qnn_ep import QnnHtpRunner
-
-    kw: dict[str, Any] = {"allow_cpu_fallback": args.allow_cpu_fallback, "overwrite": args.force}
-    if args.soc_model:
-        kw["soc_model"] = args.soc_model
-    if args.htp_arch:
-        kw["htp_arch"] = args.htp_arch
-    if args.profiling != "off":
-        kw["profiling_level"] = args.profiling
-        kw["profiling_path"] = Path(args.output).with_suffix(".profile.csv")
-    return QnnHtpRunner(args.model, **common, **kw)
+        opts["partition"] = False if args.whole_model_runs else None
+    else:
+        opts.update(soc_model=args.soc_model, htp_arch=args.htp_arch, allow_cpu_fallback=args.allow_cpu_fallback,
+                    overwrite=args.force)
+        if args.profiling != "off":
+            opts.update(profiling_level=args.profiling, profiling_path=Path(args.output).with_suffix(".profile.csv"))
+    return opts
 
 
 def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
-    from ivq_debug.console import console, track
-    from ivq_debug.dump import DumpWriter, check_writable
-    from ivq_debug.util import read_arrays, sha256_file
-
     check_writable(args.output, args.force)
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")
-    runner = make_runner(args)
-    model = {"path": str(Path(args.model).resolve()), "sha256": sha256_file(args.model), "part": args.part}
-    with DumpWriter(args.output, backend=runner.backend, backend_info=runner.info, model=model,
-                    overwrite=args.force, summary_only=args.summary_only) as w:
-        for i, feeds in enumerate(track(samples, "capturing", total=len(samples))):
-            w.begin_record(sample=i, part=args.part, step=0)
-            runner.run(feeds, w)  # stores the feeds as the record's inputs
-        w.update_backend_info(**runner.info)
-    console().print(f"wrote {args.output}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
+    runner = make_runner(args.backend, args.model, **runner_options(args))
+    capture(runner, samples, args.output, part=args.part, model=model_facts(args.model, args.part), overwrite=args.force,
+            summary_only=args.summary_only)
+    console().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
                     f"({runner.backend})")
     return EXIT_OK

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from rich.table import Table
+
+from ivq_debug.cli.common import escape, fmt_num
+from ivq_debug.console import console
+from ivq_debug.demo import run_demo
+from ivq_debug.diagnose import headline
 from ivq_debug.errors import EXIT_OK
 
 
@@ -21,25 +27,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--force", action="store_true", help="replace outputs not written by an earlier demo")
 
 
-#: finding kinds from most to least telling (a cause before a symptom)
-HEADLINE = ("projector_drift", "position_id_offset", "resolution_collapse", "cpu_fallback", "introduced_error",
-            "saturation", "non_finite", "fp64_op", "token_divergence", "first_divergence")
-
-
-def headline(findings: list) -> object | None:
-    """The most telling of a comparison's findings."""
-    ranked = sorted(findings, key=lambda f: HEADLINE.index(f.kind) if f.kind in HEADLINE else len(HEADLINE))
-    return ranked[0] if ranked else None
-
-
 def execute(args: argparse.Namespace) -> int:
     """Run the demo and print what it found."""
-    from rich.table import Table
-
-    from ivq_debug.cli.common import escape, fmt_num
-    from ivq_debug.console import console
-    from ivq_debug.demo import run_demo
-
     con = console()
     con.print(f"[bold]ivq demo[/bold]: {escape(args.model)} → ONNX Runtime → QNN HTP (x86_64 emulation)")
     res = run_demo(args.model, golden=args.golden, reports=args.reports, workdir=args.workdir,

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from rich.table import Table
+
+from ivq_debug import defaults
+from ivq_debug.capture.base import make_runner
+from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
+from ivq_debug.comparator import compare
+from ivq_debug.console import console
+from ivq_debug.diagnose.replay import replay
+from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
 
 
@@ -25,30 +34,14 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget."""
-    from rich.table import Table
-
-    from ivq_debug import defaults
-    from ivq_debug.cli.cmd_inspect import _record
-    from ivq_debug.cli.common import escape, fmt_num, write_json
-    from ivq_debug.comparator import compare
-    from ivq_debug.comparator.comparison import json_safe
-    from ivq_debug.console import console
-    from ivq_debug.diagnose.replay import replay
-    from ivq_debug.dump import check_writable, open_dump
-
     if args.json and args.json != "-":
         check_writable(args.json, args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
-    cmp = compare(ref, test, diagnose=False)
-    factory = None
-    if args.backend == "qnn":
-        from ivq_debug.capture.qnn_ep import QnnHtpRunner
-
-        def factory(path: str):
-            return QnnHtpRunner(path)
+    cmp = compare(ref, test)  # the cumulative error per tensor (no diagnostics needed)
+    factory = (lambda path: make_runner("qnn", path)) if args.backend == "qnn" else None
 
     budget = args.budget_sqnr if args.budget_sqnr is not None else defaults.DIVERGENCE_SQNR_DB
-    r = replay(args.model, ref, record=_record(args.record), runner_factory=factory, cumulative=cmp,
+    r = replay(args.model, ref, record=parse_record(args.record), runner_factory=factory, cumulative=cmp,
                budget_sqnr_db=budget, nodes=args.nodes.split(",") if args.nodes else None)
     con = console()
     t = Table(title=f"introduced vs inherited error ({r.backend}, record {r.record}); worst {args.top} by "
@@ -67,8 +60,5 @@ def execute(args: argparse.Namespace) -> int:
     else:
         con.print(f"[green]no unit introduces more error than the budget ({budget:g} dB)[/green]")
     if args.json:
-        doc = {"schema": "ivq-replay/1", "record": r.record, "backend": r.backend, "budget_sqnr_db": budget,
-               "units": r.table.to_dict(orient="records"), "skipped": r.skipped,
-               "findings": [f.to_dict() for f in r.findings()]}
-        write_json(json_safe(doc), args.json, overwrite=args.force)
+        write_json(r.to_json(), args.json, overwrite=args.force)
     return EXIT_FAIL if fb else EXIT_OK

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from ivq_debug.cli.diff import add_diff_arguments, execute_diff
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     """Arguments of ``ivq diff`` (those of ``ivq-diff``)."""
-    from ivq_debug.cli.diff import add_diff_arguments
 
     add_diff_arguments(p)
 
 
 def execute(args: argparse.Namespace) -> int:
     """Run the diff."""
-    from ivq_debug.cli.diff import execute_diff
 
     return execute_diff(args)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
+from ivq_debug.cli.common import escape
+from ivq_debug.console import console, status
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -29,10 +32,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the ingest; exit 1 when the dump had to be marked incomplete."""
-    from ivq_debug.capture.qnn_net_run import capture_net_run
-    from ivq_debug.cli.common import escape
-    from ivq_debug.console import console, status
-    from ivq_debug.errors import UsageError
 
     parts = {}
     for spec in args.part:

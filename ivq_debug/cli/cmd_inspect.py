@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ivq_debug.cli.common import escape, parse_record
+from ivq_debug.cli.render import entry_panel, manifest_table
+from ivq_debug.console import console
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_OK
 
 
@@ -21,24 +25,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--values", type=int, default=0, metavar="N", help="also print the first N values")
 
 
-def _record(sel: str | None):
-    if sel is None or sel.startswith("r"):
-        return sel
-    try:
-        s, part, step = sel.split("/")
-        return (int(s), part, int(step))
-    except ValueError:
-        from ivq_debug.errors import UsageError
-
-        raise UsageError(f"--record takes rNNNNNN or sample/part/step, got {sel!r}") from None
-
-
 def execute(args: argparse.Namespace) -> int:
     """Run ``ls`` or ``show``."""
-    from ivq_debug.cli.common import escape
-    from ivq_debug.cli.render import entry_panel, manifest_table
-    from ivq_debug.console import console
-    from ivq_debug.dump import open_dump
 
     con = console()
     with open_dump(args.dump) as d:
@@ -57,7 +45,7 @@ def execute(args: argparse.Namespace) -> int:
             if not d.complete:
                 con.print(f"[yellow]incomplete dump:[/yellow] {escape('; '.join(d.incomplete_reasons))}")
             return EXIT_OK
-        e = d.entry(args.name, _record(args.record), "input" if args.input else "tensor")
+        e = d.entry(args.name, parse_record(args.record), "input" if args.input else "tensor")
         con.print(entry_panel(d, e))
         if args.values:
             import numpy as np

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ivq_debug.cli.common import escape
+from ivq_debug.console import console, status
 from ivq_debug.errors import EXIT_OK
+from ivq_debug.qnn.quantize import quantize_for_qnn
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -23,9 +26,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
-    from ivq_debug.cli.common import escape
-    from ivq_debug.console import console, status
-    from ivq_debug.qnn.quantize import quantize_for_qnn
 
     with status(f"quantizing {args.model} ({args.preset})"):
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,

@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug.cli.diff import add_budget_arguments
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from ivq_debug.api import compare
+from ivq_debug.capture.base import make_runner
+from ivq_debug.cli.common import escape
+from ivq_debug.cli.diff import add_budget_arguments, load_json
+from ivq_debug.comparator import Budgets
+from ivq_debug.console import console
+from ivq_debug.diagnose.replay import replay
+from ivq_debug.dump import check_writable, open_dump
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.report import write_junit, write_model_explorer, write_perfetto, write_report
+from ivq_debug.report.html import comparison_label
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -28,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--extra", nargs=2, action="append", default=[], metavar=("REF2.h5", "TEST2.h5"),
                    help="another comparison shown side by side (repeatable), e.g. float.h5 cpu-qdq.h5")
     p.add_argument("--model", metavar="MODEL.onnx",
-                   help="the ONNX model TEST ran: joins profiled ops to tensors and keys the Model Explorer "
-                        "overlay by node (default: the model path recorded in TEST, else its QNN op trace)")
+                   help="the ONNX model TEST ran: re-joins profiled ops to tensors and keys the Model Explorer "
+                        "overlay by node (default: the join stored by the capture, else TEST's QNN op trace; a "
+                        "path recorded inside a dump is never opened)")
     p.add_argument("--perfetto", metavar="OUT.json", help="write the profiling timeline as Perfetto trace JSON")
     p.add_argument("--model-explorer", metavar="OUT.json", help="write a Model Explorer node-data overlay")
     p.add_argument("--overlay-metric", default="sqnr_db", metavar="METRIC", help="metric of the overlay")
@@ -44,23 +54,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
 
-def _htp_factory(path: str):
-    from ivq_debug.capture.qnn_ep import QnnHtpRunner
-
-    return QnnHtpRunner(path)
-
-
 def execute(args: argparse.Namespace) -> int:
     """Compare, write the report and the requested exports; returns the exit code."""
-    from ivq_debug.cli.common import escape
-    from ivq_debug.cli.diff import load_json
-    from ivq_debug.comparator import Budgets, compare
-    from ivq_debug.console import console
-    from ivq_debug.dump import check_writable, open_dump
-    from ivq_debug.errors import UsageError
-    from ivq_debug.report import write_junit, write_model_explorer, write_perfetto, write_report
-    from ivq_debug.report.html import comparison_label
-
     outs = [args.output, args.perfetto, args.model_explorer, args.junit]
     given = [o for o in outs if o]
     if len(set(given)) != len(given):
@@ -83,9 +78,7 @@ def execute(args: argparse.Namespace) -> int:
         extras[label if label not in extras else f"{label} ({len(extras) + 1})"] = c2
     rp = None
     if args.replay:
-        from ivq_debug.diagnose.replay import replay
-
-        factory = _htp_factory if args.replay_on == "htp" else None
+        factory = (lambda path: make_runner("qnn", path)) if args.replay_on == "htp" else None
         rp = replay(args.replay, cmp.ref, runner_factory=factory, cumulative=cmp)
     options = {k: v for k, v in (("drilldowns", args.drilldowns), ("max_rows", args.max_rows),
                                  ("max_points", args.max_points)) if v is not None}

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from rich.table import Table
+
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.cli.common import escape, fmt_num, write_json
+from ivq_debug.console import console, status
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.qnn.encodings import read_encodings
+from ivq_debug.tune.suggest import from_encodings, suggest, write_suggestions
+from ivq_debug.tune.verify import Tuner, greedy, verify
+from ivq_debug.util import read_arrays
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -29,13 +38,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the loop."""
-    from ivq_debug.cli.common import escape, fmt_num, write_json
-    from ivq_debug.console import console, status
-    from ivq_debug.errors import UsageError
-    from ivq_debug.tune.suggest import from_encodings, suggest, write_suggestions
-    from ivq_debug.tune.verify import Tuner, greedy, verify
-    from ivq_debug.util import read_arrays
-
     wd = Path(args.workdir)
     if wd.exists() and any(wd.iterdir()) and not args.force:
         raise UsageError("workdir is not empty; pass --force to reuse it", wd)
@@ -43,22 +45,12 @@ def execute(args: argparse.Namespace) -> int:
     feeds = [read_arrays(p) for p in args.inputs]
     ref = Path(args.reference) if args.reference else wd / "reference.h5"
     if not args.reference:
-        from ivq_debug.capture.base import Selection
-        from ivq_debug.capture.onnxruntime import OrtRunner
-        from ivq_debug.dump import DumpWriter
-
-        r = OrtRunner(args.model, selection=Selection())
-        with DumpWriter(ref, backend=r.backend, backend_info=r.info, overwrite=True) as w:
-            for i, f in enumerate(feeds):
-                w.begin_record(sample=i)
-                r.run(f, w)
+        capture(make_runner("onnx", args.model, selection=Selection()), feeds, ref, overwrite=True, progress=None)
     tuner = Tuner(Path(args.model), args.calibration, feeds, ref, wd / "trials", preset=args.preset)
     con = console()
     with status("baseline: quantize, capture on QNN HTP, compare"):
         before = tuner.trial("before", [])
     if args.overrides:
-        from ivq_debug.qnn.encodings import read_encodings
-
         sug = from_encodings(read_encodings(args.overrides, model=args.model))
     else:
         sug = suggest(before.comparison)
@@ -76,8 +68,6 @@ def execute(args: argparse.Namespace) -> int:
             rep = verify(tuner, sug, watch or (), before=before)
     path, md = write_suggestions(rep.after.suggestions, wd / "overrides.json", fmt=args.format, overwrite=True)
     write_json(rep.to_dict(), str(wd / "tune.json"), overwrite=True)
-    from rich.table import Table
-
     t = Table(title="end to end", title_justify="left", header_style="bold")
     for c in ("what", "before", "after", "change"):
         t.add_column(c, justify="left" if c == "what" else "right")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, one_line, printable
+from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, one_line, printable
 from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 
 
@@ -46,6 +46,17 @@ def _internal(prog: str, e: Exception) -> int:
     msg = one_line(f"{type(e).__name__}: {e}", 500)
     print(f"{prog}: internal error: {msg} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
     return EXIT_FAIL
+
+
+def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
+    """A ``--record`` value: a record id (``r000001``) or ``sample/part/step`` (``0/decode/3``)."""
+    if sel is None or sel.startswith("r"):
+        return sel
+    try:
+        s, part, step = sel.split("/")
+        return (int(s), part, int(step))
+    except ValueError:
+        raise UsageError(f"--record takes rNNNNNN or sample/part/step, got {sel!r}") from None
 
 
 def fmt_num(v: Any, digits: int = 4) -> str:

@@ -34,21 +34,26 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``ivq`` argument parser with every subcommand."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``ivq`` argument parser; only ``command``'s module is imported (every one when ``None``).
+
+    Each command module imports what it runs at its top, so building the full parser would load every stage;
+    ``ivq ls`` builds only its own.
+    """
     p = _Parser(prog="ivq", description="ivq-debug: layer-wise accuracy debugging for VLMs on QNN.")
     p.add_argument("--version", action="version", version=f"ivq-debug {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (mod, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
-        m = importlib.import_module(mod)
-        m.add_arguments(sp, name)
+        if command is None or name == command:
+            importlib.import_module(mod).add_arguments(sp, name)
         sp.set_defaults(_module=mod)
     return p
 
 
 def _main(argv: list[str]) -> int:
-    p = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    p = build_parser(command if command in COMMANDS else None)
     args: Any = p.parse_args(argv)
     if not args.command:
         p.print_help()
@@ -59,3 +64,7 @@ def _main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     raise SystemExit(run("ivq", _main, argv))
+
+
+if __name__ == "__main__":
+    main()

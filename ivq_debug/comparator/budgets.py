@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivq_debug import defaults
-from ivq_debug.comparator.metrics import HIGHER_IS_BETTER
 from ivq_debug.errors import UsageError
+from ivq_debug.metrics import HIGHER_IS_BETTER
 
 _SPEC = re.compile(r"^(?P<pattern>.+):(?P<metric>[a-z_0-9]+)\s*(?P<op>>=|<=)\s*(?P<value>[-+0-9.eEinf]+)$")
 

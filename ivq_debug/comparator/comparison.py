@@ -1,11 +1,18 @@
-"""Compare two dumps: align, stream metrics per tensor pair, rank, find the first divergence."""
+"""Compare two dumps: align, stream metrics per tensor pair, rank, find the first divergence.
+
+A comparison only measures: the pinned metrics (:mod:`ivq_debug.metrics`) and the encoding fit
+(:mod:`ivq_debug.comparator.encoding_fit`) of every aligned pair, in one streaming pass. Diagnostics read the
+resulting :class:`Comparison` (:mod:`ivq_debug.diagnose`); :func:`ivq_debug.compare` composes the two.
+"""
 
 from __future__ import annotations
 
 import fnmatch
 import math
 import os
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,10 +21,12 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.align.matcher import Alignment, Pair, align
 from ivq_debug.comparator.budgets import Budget, Budgets
-from ivq_debug.comparator.metrics import METRICS, SHAPE_MISMATCH, MetricAccumulator, sort_key
+from ivq_debug.comparator.encoding_fit import EncodingAccumulator
+from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.errors import UsageError
-from ivq_debug.util import as_float
+from ivq_debug.metrics import HIGHER_IS_BETTER, METRICS, SHAPE_MISMATCH, MetricAccumulator, sort_key
+from ivq_debug.util import as_float, json_safe
 
 SCHEMA = "ivq-diff/1"
 
@@ -35,8 +44,6 @@ def is_logits(name: str) -> bool:
 
 def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.COMPARE_BLOCK_BYTES) -> dict[str, Any]:
     """Stream the metrics of one aligned pair (bounded memory: one block of each side at a time)."""
-    from ivq_debug.diagnose.encoding import EncodingAccumulator
-
     a, b = pair.ref, pair.test
     logits = is_logits(a.name) or is_logits(b.name)
     acc = MetricAccumulator(logits=logits)
@@ -264,27 +271,6 @@ def _dump_json(d: Dump) -> dict[str, Any]:
     }
 
 
-def json_safe(obj: Any) -> Any:
-    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, (np.floating,)):
-        return json_safe(float(obj))
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
 def compare(
     ref: Dump | str | os.PathLike,
     test: Dump | str | os.PathLike,
@@ -293,7 +279,6 @@ def compare(
     rank_by: str = defaults.RANK_METRIC,
     mapping: dict[str, str] | None = None,
     records: Callable[[tuple[int, str, int]], bool] | None = None,
-    diagnose: bool = True,
     progress: bool = True,
     block_bytes: int = defaults.COMPARE_BLOCK_BYTES,
     workers: int | None = None,
@@ -307,15 +292,12 @@ def compare(
         rank_by: metric for :meth:`Comparison.worst`.
         mapping: explicit ``{ref_name: test_name}`` pairs tried before the automatic strategies.
         records: keep only records whose ``(sample, part, step)`` the predicate accepts.
-        diagnose: run the cheap built-in diagnostics (first divergence, non-finite, token divergence, …).
         progress: show a progress bar on a terminal.
         block_bytes: bytes per block when streaming a tensor.
         workers: tensor pairs compared in parallel threads (default ``min(4, cores)``); uncompressed
             tensors are read without the HDF5 lock, so reads and metrics overlap.
     """
     import pandas as pd
-
-    from ivq_debug.console import track
 
     if rank_by not in METRICS:
         raise UsageError(f"unknown metric {rank_by!r} (known: {', '.join(METRICS)})")
@@ -329,8 +311,6 @@ def compare(
         al = Alignment(pairs, al.unmatched_ref, al.unmatched_test, al.unmatched_ref_records,
                        al.unmatched_test_records)
     rows = []
-    from concurrent.futures import ThreadPoolExecutor
-
     workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # bounded look-ahead keeps at most 2 x workers pairs in flight (memory stays per-block)
@@ -344,12 +324,7 @@ def compare(
     for c in (*METRICS, "clipped_fraction", "clip_snr_db", "grid_snr_db", "enc_step"):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
     table["passed"] = table["passed"].astype(bool)
-    cmp = Comparison(ref_d, test_d, table, al, budgets, rank_by)
-    if diagnose:
-        from ivq_debug.diagnose.basic import basic_findings
-
-        cmp.findings.extend(basic_findings(cmp))
-    return cmp
+    return Comparison(ref_d, test_d, table, al, budgets, rank_by)
 
 
 def _row(p: Pair, m: dict[str, Any], budgets: Budgets) -> dict[str, Any]:
@@ -366,8 +341,6 @@ def _row(p: Pair, m: dict[str, Any], budgets: Budgets) -> dict[str, Any]:
 
 def _ordered_map(pool: Any, fn: Callable[[Any], Any], items: list[Any], window: int):
     """``pool.map`` with at most ``window`` tasks in flight, results in order."""
-    from collections import deque
-
     pending: deque = deque()
     it = iter(items)
     for x in it:
@@ -393,8 +366,6 @@ def regressions_against(cmp: Comparison, baseline: dict[str, Any], metric: str |
     (``REGRESSION_TOL_DB`` for SQNR, ``REGRESSION_TOL_REL`` relative otherwise), or when it breaks a
     budget it did not break in the baseline. Layers absent from the baseline are not regressions.
     """
-    from ivq_debug.comparator.metrics import HIGHER_IS_BETTER
-
     if baseline.get("schema") != SCHEMA:
         raise UsageError(f"baseline is not an {SCHEMA} document (schema={baseline.get('schema')!r})")
     metric = metric or cmp.rank_by

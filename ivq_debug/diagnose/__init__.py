@@ -1,1 +1,88 @@
-"""diagnose."""
+"""Diagnostics: small registered units that read a :class:`~ivq_debug.comparator.Comparison` and return findings.
+
+Each unit is a :class:`Diagnostic`: the finding ``kind`` it emits (``docs/findings.md``), a ``rank`` (how telling
+its finding is: a cause before a symptom; the headline of a comparison is its error finding of lowest rank) and
+``run(cmp) -> list[Finding]``. :data:`DIAGNOSTICS` is the one list; :func:`diagnose` runs it. Adding a diagnostic
+is a function and one line here. Units that need more than the comparison (the introduced-error replay needs the
+QDQ model, :mod:`ivq_debug.diagnose.replay`) are listed with ``run=None`` so their findings still rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ivq_debug.diagnose.basic import (
+    cpu_fallback,
+    first_divergence,
+    fp64,
+    merge_repeats,
+    non_finite,
+    token_divergence,
+)
+from ivq_debug.diagnose.findings import Finding, severity_rank
+from ivq_debug.diagnose.hazards import resolution_collapse, saturation
+from ivq_debug.diagnose.positions import position_findings
+from ivq_debug.diagnose.projector import projector_findings
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One registered diagnostic."""
+
+    kind: str
+    rank: int
+    run: Callable[[Any], list[Finding]] | None
+    doc: str = ""
+
+
+def positions(cmp: Any) -> list[Finding]:
+    """Position-id offsets of every sample's decode steps (direct, else inferred from the KV cache)."""
+    samples = sorted({k[0] for k in cmp.test.record_keys()})
+    return [f for s in samples for f in position_findings(cmp.ref, cmp.test, sample=s)]
+
+
+#: every diagnostic, most telling first (``rank``)
+DIAGNOSTICS: tuple[Diagnostic, ...] = (
+    Diagnostic("projector_drift", 0, projector_findings, "the projector's error grows out of the vision tower's"),
+    Diagnostic("position_id_offset", 1, positions, "decode positions differ from the model's rule"),
+    Diagnostic("resolution_collapse", 2, resolution_collapse, "an encoding's step is coarser than the signal"),
+    Diagnostic("cpu_fallback", 3, cpu_fallback, "QNN nodes that ran on the CPU"),
+    Diagnostic("introduced_error", 4, None, "units that introduce the error (ivq diagnose: replay)"),
+    Diagnostic("saturation", 5, saturation, "values outside the encoding's range"),
+    Diagnostic("non_finite", 6, non_finite, "NaN / Inf in a dump"),
+    Diagnostic("fp64_op", 7, fp64, "float64 tensors (no QNN fp64 path)"),
+    Diagnostic("token_divergence", 8, token_divergence, "the first step whose chosen token differs"),
+    Diagnostic("first_divergence", 9, first_divergence, "the first tensor over the budgets"),
+)
+_RANK = {d.kind: d.rank for d in DIAGNOSTICS}
+
+
+def rank_of(kind: str) -> int:
+    """A finding kind's rank (lower = more telling)."""
+    return _RANK.get(kind, len(_RANK))
+
+
+def order(findings: Iterable[Finding]) -> list[Finding]:
+    """Most severe first, then most telling (rank), stable otherwise."""
+    return sorted(findings, key=lambda f: (-severity_rank(f.severity), rank_of(f.kind)))
+
+
+def diagnose(cmp: Any, kinds: Iterable[str] | None = None) -> list[Finding]:
+    """Run the registered diagnostics (``kinds``: only these) on a comparison; repeats merged, :func:`order`-ed."""
+    want = set(kinds) if kinds is not None else None
+    out: list[Finding] = []
+    for d in DIAGNOSTICS:
+        if d.run is not None and (want is None or d.kind in want):
+            out.extend(d.run(cmp))
+    return order(merge_repeats(out))
+
+
+def headline(findings: Iterable[Finding]) -> Finding | None:
+    """The most telling of some findings (lowest rank; the first of equals)."""
+    ranked = sorted(findings, key=lambda f: rank_of(f.kind))
+    return ranked[0] if ranked else None
+
+
+__all__ = ["DIAGNOSTICS", "Diagnostic", "Finding", "diagnose", "headline", "order", "rank_of"]

@@ -133,23 +133,6 @@ def cpu_fallback(cmp: Any) -> list[Finding]:
     return out
 
 
-def basic_findings(cmp: Any) -> list[Finding]:
-    """All findings that need only the comparison (no replay), most severe first."""
-    from ivq_debug.diagnose.findings import severity_rank
-    from ivq_debug.diagnose.hazards import resolution_collapse, saturation
-    from ivq_debug.diagnose.positions import position_findings
-    from ivq_debug.diagnose.projector import projector_findings
-
-    def positions(c: Any) -> list[Finding]:
-        return [f for s in sorted({k[0] for k in c.test.record_keys()}) for f in position_findings(c.ref, c.test, sample=s)]
-
-    out: list[Finding] = []
-    for fn in (first_divergence, non_finite, fp64, token_divergence, cpu_fallback, saturation,
-               resolution_collapse, projector_findings, positions):
-        out.extend(fn(cmp))
-    return sorted(merge_repeats(out), key=lambda f: -severity_rank(f.severity))
-
-
 def merge_repeats(findings: list[Finding]) -> list[Finding]:
     """One finding per (kind, tensor): the first occurrence, with the records of the others in its evidence."""
     seen: dict[tuple[str, Any], Finding] = {}

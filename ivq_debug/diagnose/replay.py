@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +27,19 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.capture.onnxruntime import Q_INPUT_SUFFIX, QDQ_DOMAINS, load_model
-from ivq_debug.comparator.metrics import MetricAccumulator
+from ivq_debug.capture.base import make_runner
+from ivq_debug.console import track
+from ivq_debug.diagnose.findings import Finding
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError
+from ivq_debug.metrics import MetricAccumulator
+from ivq_debug.onnxgraph.fold import constant_nodes
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name, is_qdq
+from ivq_debug.util import json_safe
 
-_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+#: the ``ivq-replay/1`` document (:meth:`ReplayResult.to_json`, ``ivq diagnose --json``)
+SCHEMA = "ivq-replay/1"
 
 
 @dataclass
@@ -46,20 +55,12 @@ class Unit:
     out_value: str = ""  # graph value holding the unit output (a DQ output or N's output)
 
 
-def _is_qdq(n: Any) -> bool:
-    return n.op_type in _QDQ_OPS and n.domain in QDQ_DOMAINS
-
-
 def constant_values(model: Any) -> tuple[set[str], list[Any]]:
     """Values computed from initializers only (weights, their DequantizeLinear, shape constants), and the
-    nodes that compute them, in graph order."""
-    const = {i.name for i in model.graph.initializer}
-    cnodes = []
-    for n in model.graph.node:
-        if n.op_type == "Constant" or all((not x) or x in const for x in n.input):
-            const.update(o for o in n.output if o)
-            cnodes.append(n)
-    return const, cnodes
+    nodes that compute them, in graph order (:func:`~ivq_debug.onnxgraph.fold.constant_nodes`)."""
+    nodes = list(model.graph.node)
+    idx, const = constant_nodes(nodes, {i.name for i in model.graph.initializer})
+    return const, [nodes[i] for i in sorted(idx)]
 
 
 def find_units(model: Any) -> list[Unit]:
@@ -73,7 +74,7 @@ def find_units(model: Any) -> list[Unit]:
     const, _ = constant_values(model)
     units: list[Unit] = []
     for idx, n in enumerate(nodes):
-        if _is_qdq(n) or n.op_type == "Constant" or all(o in const for o in n.output if o):
+        if is_qdq(n) or n.op_type == "Constant" or all(o in const for o in n.output if o):
             continue
         members = [n]
         feeds: list[str] = []
@@ -103,7 +104,7 @@ def find_units(model: Any) -> list[Unit]:
             if dqs:
                 members += [q, dqs[0]]
                 out_value = dqs[0].output[0]
-        name = out[: -len(Q_INPUT_SUFFIX)] if out.endswith(Q_INPUT_SUFFIX) else out
+        name = float_name(out)
         # an input used twice (Mul(x, x)) brings its Q/DQ twice: keep each node once
         members = list({id(m): m for m in members}.values())
         feeds = list(dict.fromkeys(feeds))
@@ -213,7 +214,7 @@ def replay(
         nodes: only these compute nodes (names) or output tensors; default all units whose inputs are in
             the reference.
         runner_factory: ``f(model_path) -> runner`` on the test backend (default: ORT CPU-QDQ,
-            optimizations disabled). Pass e.g. ``lambda p: QnnHtpRunner(p)`` to replay on QNN HTP.
+            optimizations disabled). Pass e.g. ``lambda p: make_runner("qnn", p)`` to replay on QNN HTP.
         cumulative: a :class:`~ivq_debug.comparator.Comparison` (reference vs free-running test) to take the
             cumulative error from.
         budget_sqnr_db: the introduced SQNR below which a unit breaks the budget.
@@ -222,13 +223,8 @@ def replay(
     Returns:
         A :class:`ReplayResult` (``.table`` DataFrame; ``.first_breaking``).
     """
-    import tempfile
-
     import onnx
     import pandas as pd
-
-    from ivq_debug.console import track
-    from ivq_debug.dump import open_dump
 
     ref = reference if hasattr(reference, "entries") else open_dump(reference)
     keys = ref.record_keys()
@@ -259,10 +255,8 @@ def replay(
     if cur:
         batches.append(cur)
     if runner_factory is None:
-        from ivq_debug.capture.onnxruntime import OrtRunner
-
         def runner_factory(path: str) -> Any:
-            return OrtRunner(path, optimization="disable")
+            return make_runner("onnx", path, optimization="disable")
 
     cum = {}
     if cumulative is not None:
@@ -352,10 +346,8 @@ class ReplayResult:
         """Units with the most introduced error (lowest introduced SQNR)."""
         return self.table.sort_values("intro_sqnr_db", kind="stable").head(n)
 
-    def findings(self) -> list[Any]:
+    def findings(self) -> list[Finding]:
         """An ``introduced_error`` finding for the first unit breaking the budget."""
-        from ivq_debug.diagnose.findings import Finding
-
         fb = self.first_breaking
         if fb is None:
             return []
@@ -372,3 +364,11 @@ class ReplayResult:
                            "see `ivq tune`",
             )
         ]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``ivq-replay/1`` document: record, backend, budget, every unit, skipped units, findings."""
+        return json_safe({
+            "schema": SCHEMA, "record": self.record, "backend": self.backend, "budget_sqnr_db": self.budget_sqnr_db,
+            "units": self.table.to_dict(orient="records"), "skipped": self.skipped,
+            "findings": [f.to_dict() for f in self.findings()],
+        })

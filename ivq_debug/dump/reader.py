@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.dump import format as fmt
-from ivq_debug.dump.stats import STAT_FIELDS
+from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
 from ivq_debug.errors import InputError, UsageError
 
 RecordKey = tuple[int, str, int]
@@ -245,7 +245,6 @@ class Dump:
 
     def read_sample(self, entry: Entry) -> np.ndarray:
         """The strided sample of a summary-only tensor (or the same sample taken from a full tensor)."""
-        from ivq_debug.dump.stats import sample_indices
 
         if entry.stored == "summary":
             arr = self._f[fmt.RECORDS][entry.rid][fmt.SAMPLE_GROUP][entry.key][()]

@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug import defaults
+from ivq_debug import __version__, defaults
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.util import _umask
 
 
 def _tool_version() -> str:
-    from ivq_debug import __version__
 
     return __version__
 
@@ -353,7 +353,6 @@ class DumpWriter:
         if self.path.exists() and not self.overwrite:
             os.unlink(self._tmp)
             raise UsageError("output appeared while capturing; not overwritten", self.path)
-        from ivq_debug.util import _umask
 
         os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.path)

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.qnn.names import NameMap
 from ivq_debug.util import atomic_write_text, load_json
 from ivq_debug.util import check_schema as _check_schema
 
@@ -337,9 +339,7 @@ class EncodingSet:
 
     def _check_channels(self, model: Any) -> None:
         """Per-channel parameter encodings must have one entry per channel of their initializer."""
-        from ivq_debug.qnn.names import load_onnx
-
-        shapes = {i.name: tuple(i.dims) for i in load_onnx(model).graph.initializer}
+        shapes = {i.name: tuple(i.dims) for i in load_model(model).graph.initializer}
         for name, enc in self.params.items():
             shp = shapes.get(name)
             if shp is None or enc.is_float or enc.channels <= 1:
@@ -353,7 +353,6 @@ class EncodingSet:
 
     def unknown_names(self, model: Any, allow_sanitized: bool = False) -> list[str]:
         """Names that are not tensors of ``model`` (a path or ``ModelProto``)."""
-        from ivq_debug.qnn.names import NameMap
 
         nm = NameMap.from_onnx(model)
         known = set(nm.tensors)
@@ -370,9 +369,8 @@ class EncodingSet:
         The axis is the unique dimension whose size equals the channel count; when several match,
         ``0`` for Conv weights, ``1`` for ConvTranspose, the last axis for MatMul / Gemm weights.
         """
-        from ivq_debug.qnn.names import load_onnx
 
-        m = load_onnx(model)
+        m = load_model(model)
         shapes = {i.name: tuple(i.dims) for i in m.graph.initializer}
         consumers: dict[str, Any] = {}
         for n in m.graph.node:
@@ -921,9 +919,7 @@ def from_ort_overrides(
     src = os.fspath(source) if source is not None else None
     inits: set[str] | None = None
     if model is not None:
-        from ivq_debug.qnn.names import load_onnx
-
-        inits = {i.name for i in load_onnx(model).graph.initializer}
+        inits = {i.name for i in load_model(model).graph.initializer}
     out = EncodingSet(format="ort", source=src)
     for name, lst in overrides.items():
         if isinstance(lst, Mapping):
@@ -1011,9 +1007,8 @@ def encodings_from_qdq_model(model: Any) -> EncodingSet:
     """
     from onnx import numpy_helper
 
-    from ivq_debug.qnn.names import load_onnx
 
-    m = load_onnx(model)
+    m = load_model(model)
     arrs: dict[str, np.ndarray] = {}
     for i in m.graph.initializer:
         arrs[i.name] = numpy_helper.to_array(i)

@@ -22,11 +22,12 @@ candidate and reports collisions instead of picking one silently.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ivq_debug.onnxgraph.load import load_model
 
 _PER_CHAR = re.compile(r"\W")
 _RUNS = re.compile(r"\W+")
@@ -150,7 +151,7 @@ class NameMap:
         Args:
             model: a path to an ``.onnx`` file or an ``onnx.ModelProto``.
         """
-        m = load_onnx(model)
+        m = load_model(model)
         g = m.graph
         tensors: list[str] = [i.name for i in g.input]
         tensors += [i.name for i in g.initializer]
@@ -210,20 +211,3 @@ class NameMap:
                     forms = sorted({f for fs in names.values() for f in fs}, key=FORMS.index)
                     out.append(NameCollision(q, tuple(sorted(names)), tuple(forms)))
         return sorted(out, key=lambda c: c.qnn_name)
-
-
-def load_onnx(model: Any, path_for_errors: str | os.PathLike | None = None) -> Any:
-    """An ``onnx.ModelProto`` from a path or a proto (no external data is loaded)."""
-    if hasattr(model, "graph"):
-        return model
-    import onnx
-
-    from ivq_debug.errors import InputError
-    from ivq_debug.util import regular_file
-
-    p = os.fspath(model)
-    regular_file(p, "ONNX model")  # a FIFO / device / symlink loop is refused before protobuf reads it
-    try:
-        return onnx.load(p, load_external_data=False)
-    except Exception as e:  # onnx raises DecodeError / google.protobuf errors
-        raise InputError(f"not a readable ONNX model ({type(e).__name__})", path_for_errors or p) from None

@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.sites import list_sites
+from ivq_debug.qnn.names import NameMap
 from ivq_debug.util import open_input, parse_json, read_input_text
 
 #: the normalized table's columns, in order
@@ -437,6 +440,10 @@ def _resolve_node(name: str, nodes: dict[str, Any], name_map: Any) -> str | None
     return hit
 
 
+#: the columns :func:`join_tensors` adds (a stored table that has them was joined at capture time)
+JOIN_COLUMNS = ("onnx_nodes", "unresolved_ops", "tensors", "dump_tensors")
+
+
 def join_tensors(df: Any, model: Any) -> Any:
     """Add the ONNX side to per-op rows of a normalized profiling table.
 
@@ -448,16 +455,14 @@ def join_tensors(df: Any, model: Any) -> Any:
 
     Added columns: ``onnx_nodes`` (resolved), ``unresolved_ops``, ``tensors`` (ONNX tensor names) and
     ``dump_tensors`` (one to one with ``tensors``: the names golden dumps key them by: a QDQ ``QuantizeLinear`` output under
-    its float name, see :func:`ivq_debug.capture.onnxruntime.list_sites`).
+    its float name, see :func:`ivq_debug.onnxgraph.sites.list_sites`).
 
     Args:
         df: a table from one of the readers.
         model: the ONNX model that was profiled (path or ``ModelProto``).
     """
-    from ivq_debug.capture.onnxruntime import list_sites
-    from ivq_debug.qnn.names import NameMap, load_onnx
 
-    m = load_onnx(model)
+    m = load_model(model)
     nodes = {n.name: n for n in m.graph.node if n.name}
     inits = {i.name for i in m.graph.initializer}
     nm = NameMap.from_onnx(m)

@@ -30,9 +30,11 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import WRITE_ERRNOS, check_output, load_json, output_error, read_arrays, regular_file
+from ivq_debug.util import WRITE_ERRNOS, check_output, load_json, output_error, read_arrays
 
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {
@@ -109,16 +111,6 @@ def model_inputs(model: Any) -> list[InputSpec]:
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
         out.append(InputSpec(vi.name, dtype, shape))
     return out
-
-
-def _load_proto(path: Path) -> Any:
-    import onnx
-
-    regular_file(path, "ONNX model")  # a FIFO / device / symlink loop is refused before protobuf reads it
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as e:
-        raise InputError(f"not a readable ONNX model ({type(e).__name__})", path) from None
 
 
 def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
@@ -204,7 +196,7 @@ def load_calibration(
     ``fixed_feeds`` are added to every sample (e.g. position ids); a missing batch axis is added; dtypes
     are cast to the model's. Raises :class:`InputError` naming the file on any mismatch.
     """
-    proto = model if hasattr(model, "graph") else _load_proto(Path(model))
+    proto = model if hasattr(model, "graph") else load_model(Path(model))
     specs = {s.name: s for s in model_inputs(proto)}
     fixed = {k: np.asarray(v) for k, v in (fixed_feeds or {}).items()}
     unknown = [k for k in fixed if k not in specs]
@@ -542,8 +534,7 @@ def quantize_for_qnn(
         raise UsageError(f"unknown calibrate_method {calibrate_method!r} ({', '.join(CALIBRATE_METHODS)})")
     files = [x for x in (calibration, overrides) if isinstance(x, str | os.PathLike)]
     check_output(out, [src, *files], overwrite)  # never replaces an input, even with overwrite
-    proto = _load_proto(src)
-    from ivq_debug.capture.onnxruntime import is_qdq_model
+    proto = load_model(src)
 
     if is_qdq_model(proto):
         raise UsageError("the model already holds QuantizeLinear nodes (give the float model)", src)
@@ -610,7 +601,7 @@ def quantize_for_qnn(
             raise InputError(f"quantization failed: {type(e).__name__}: {one_line(e, 400)}",
                              src) from None
         served = reader.served
-        qproto = _load_proto(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
+        qproto = load_model(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
         externals = sorted({e.value for t in qproto.graph.initializer for e in t.external_data
                             if e.key == "location"})
         for loc in externals:  # data files first, the model last: it appears only when complete

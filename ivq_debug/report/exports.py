@@ -23,7 +23,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.util import as_float
+from ivq_debug.errors import UsageError
+from ivq_debug.metrics import HIGHER_IS_BETTER, METRICS
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.report.layers import build_layers
+from ivq_debug.report.timeline import build_timeline
+from ivq_debug.util import as_float, atomic_write_text, json_safe
 
 #: SQNR written for identical tensors (+inf) in the Model Explorer overlay (its values must be finite)
 SQNR_CAP_DB = 200.0
@@ -43,7 +48,6 @@ SQNR_THRESHOLDS = (
 
 
 def _dumps(doc: Any) -> str:
-    from ivq_debug.comparator.comparison import json_safe
 
     return json.dumps(json_safe(doc), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
 
@@ -53,7 +57,6 @@ def write_text(path: str | os.PathLike, text: str, overwrite: bool) -> Path:
 
     Raises :class:`~ivq_debug.errors.UsageError` when ``path`` exists and ``overwrite`` is False.
     """
-    from ivq_debug.util import atomic_write_text
 
     return atomic_write_text(path, text, overwrite=overwrite)
 
@@ -72,9 +75,6 @@ def perfetto_trace(cmp: Any, *, model: Any = None) -> dict[str, Any]:
     Raises:
         UsageError: the test dump holds no profiling table (capture with ``profiling_level``).
     """
-    from ivq_debug.errors import UsageError
-    from ivq_debug.report.layers import build_layers
-    from ivq_debug.report.timeline import build_timeline
 
     tl = build_timeline(cmp.test, model)
     if tl is None:
@@ -175,9 +175,8 @@ _LOWER_IS_BETTER = {"max_abs", "mean_abs", "rmse", "rel_l2", "lsb_rmse", "kl"}
 
 
 def _producers(model: Any) -> tuple[str, dict[str, str]]:
-    from ivq_debug.qnn.names import load_onnx
 
-    m = load_onnx(model)
+    m = load_model(model)
     prod = {o: n.name for n in m.graph.node for o in n.output if o and n.name}
     return m.graph.name or "main_graph", prod
 
@@ -195,8 +194,6 @@ def model_explorer_overlay(cmp: Any, *, metric: str = "sqnr_db", graph_id: str |
     (identical) is written as :data:`SQNR_CAP_DB`; other metrics use a gradient. Undefined values (non-finite,
     mismatched shapes, zero-norm references) are written as :data:`UNDEFINED_VALUE` with their own colour.
     """
-    from ivq_debug.comparator.metrics import HIGHER_IS_BETTER, METRICS
-    from ivq_debug.errors import UsageError
 
     if metric not in METRICS:
         raise UsageError(f"unknown metric {metric!r} (known: {', '.join(METRICS)})")

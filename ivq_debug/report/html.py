@@ -30,7 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug import defaults
+from ivq_debug import __version__, defaults
+from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
+from ivq_debug.dump.stats import sample_indices
+from ivq_debug.errors import UsageError
 from ivq_debug.report.charts import (
     NODATA_COLOR,
     Bar,
@@ -48,8 +51,11 @@ from ivq_debug.report.charts import (
     thin_points,
     timeline_chart,
 )
+from ivq_debug.report.exports import write_text
 from ivq_debug.report.layers import Labeled, LayerView, build_layers
-from ivq_debug.util import as_float
+from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
+from ivq_debug.report.timeline import build_timeline
+from ivq_debug.util import as_float, json_safe
 
 #: default cap of points per chart series and per drill-down scatter
 MAX_POINTS = 400
@@ -72,7 +78,6 @@ DASH = '<span class="muted">–</span>'
 # ============================================================================ helpers
 def _json_script(obj: Any) -> str:
     """JSON safe inside ``<script type="application/json">`` (no ``</``, no ``<!--``, no line separators)."""
-    from ivq_debug.comparator.comparison import json_safe
 
     s = json.dumps(json_safe(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return (s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -212,7 +217,6 @@ def _evidence(ev: dict[str, Any]) -> str:
 
 
 def _finding_html(ctx: _Ctx, f: Any, source: str, primary: bool) -> str:
-    from ivq_debug.diagnose.findings import SEVERITIES
 
     d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
     sev = d.get("severity") if d.get("severity") in SEVERITIES else "info"
@@ -242,7 +246,6 @@ FINDINGS_OPEN = 12
 
 
 def _findings(ctx: _Ctx) -> str:
-    from ivq_debug.diagnose.findings import severity_rank
 
     groups: list[tuple[str, list[Any], bool]] = [(ctx.label, list(ctx.cmp.findings), True)]
     if ctx.replay is not None:
@@ -640,7 +643,6 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
 
 
 def _drilldowns(ctx: _Ctx) -> str:
-    from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
 
     if ctx.drilldowns <= 0 or not len(ctx.cmp.table):
         return ""
@@ -655,7 +657,6 @@ def _drilldowns(ctx: _Ctx) -> str:
             break
     if not picked:
         return ""
-    from ivq_debug.dump.stats import sample_indices
 
     out = []
     for r in picked:
@@ -954,8 +955,6 @@ def render_report(
         model: the profiled ONNX model (path or ``ModelProto``) for the op → tensor join of the timeline
             (default: the test dump's recorded model path, else its stored QNN op trace).
     """
-    from ivq_debug import __version__
-    from ivq_debug.report.timeline import build_timeline
 
     extras = _labeled(extra_comparisons)
     label = comparison_label(cmp)
@@ -1022,8 +1021,6 @@ def write_report(cmp: Any, path: str | os.PathLike, *, replay: Any = None, extra
     Extra keyword options (``max_rows``, ``drilldowns``, ``max_timeline_ops``, ``model``) go to
     :func:`render_report`. Returns the written path.
     """
-    from ivq_debug.errors import UsageError
-    from ivq_debug.report.exports import write_text
 
     p = Path(path)
     if p.exists() and not overwrite:  # fail before rendering

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
+from ivq_debug.dump.stats import sample_indices
 
 #: values per tensor behind each drill-down histogram
 HIST_SAMPLES = 65536
@@ -23,7 +24,6 @@ def strided_sample(dump: Any, entry: Any, k: int, block_bytes: int = defaults.CO
 
     Summary-only tensors return (a strided subset of) their stored sample.
     """
-    from ivq_debug.dump.stats import sample_indices
 
     if entry.stored != "full":
         s = np.asarray(dump.read_sample(entry), dtype=np.float64).reshape(-1)

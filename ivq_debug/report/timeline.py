@@ -4,11 +4,12 @@ Source: the normalized profiling table stored in the dump (``Dump.table("profili
 :mod:`ivq_debug.qnn.profiling`). Each per-op row of one run becomes a :class:`TimelineOp` with a start and
 a duration in µs and the dump tensors the op produces:
 
-* **Join to tensors.** With the profiled ONNX model at hand (an explicit ``model``, else the dump's
-  ``backend_info["model_path"]`` when that file still exists),
-  :func:`ivq_debug.qnn.profiling.join_tensors` maps each op's QDQ node unit to the tensors it produces.
-  Without the model, the EP op trace stored in the dump (``/meta/qnn_op_trace``) lists each QNN op's
-  source tensors; those that are tensors of the dump are taken.
+* **Join to tensors.** The capture joins the profile to the model it ran
+  (:func:`ivq_debug.qnn.profiling.join_tensors`: each op's QDQ node unit -> the tensors it produces) and stores
+  the joined table, so a report made elsewhere, without the ONNX file, keeps the join (``join == "capture"``).
+  An explicit ``model`` re-joins (``"model"``). A table stored without the join falls back to the EP op trace
+  stored in the dump (``/meta/qnn_op_trace``: each QNN op's source tensors that are tensors of the dump,
+  ``"op_trace"``). A path named inside a dump is never opened.
 * **Time basis.** QNN EP CSVs give per-op *cycles* without start times: the ops of a run are laid end to
   end in profile order and the timeline keeps cycles (:attr:`Timeline.unit` ``"cycles"``). The profile's
   own ratio ``Accelerator (execute) time [µs] / [cycles]`` of each run is kept in
@@ -24,10 +25,10 @@ Emulated-HTP cycle counts measure the emulator on the host: use them for mapping
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from ivq_debug.qnn.profiling import JOIN_COLUMNS, join_tensors
 
 RecordKey = tuple[int, str, int]
 
@@ -58,7 +59,7 @@ class Timeline:
     runs: list[int]
     run_records: dict[int, RecordKey]
     unit: str  # "cycles" | "us": the unit of every op's start and duration
-    join: str  # "model" | "op_trace" | "none"
+    join: str  # "capture" | "model" | "op_trace" | "none"
     source: str
     emulated: bool | None
     totals: dict[int, float] = field(default_factory=dict)  # per run, in `unit`
@@ -88,15 +89,6 @@ class Timeline:
             for t in o.tensors:
                 out[(o.run, t)] = out.get((o.run, t), 0.0) + o.dur
         return out
-
-
-def _model_for(dump: Any, model: Any) -> Any:
-    if model is not None:
-        return model
-    p = (dump.backend_info or {}).get("model_path")
-    if p and os.path.isfile(p):
-        return p
-    return None
 
 
 def _op_trace_tensors(dump: Any) -> dict[str, list[str]]:
@@ -147,8 +139,8 @@ def build_timeline(dump: Any, model: Any = None) -> Timeline | None:
 
     Args:
         dump: the test :class:`~ivq_debug.dump.Dump`.
-        model: the profiled ONNX model (path or ``ModelProto``) for the op → tensor join; default: the
-            dump's ``backend_info["model_path"]`` when the file exists, else the stored op trace.
+        model: the profiled ONNX model (path or ``ModelProto``) to re-join ops to tensors; default: the join
+            stored with the table at capture time, else the stored op trace.
     """
     if "profiling" not in dump.table_names():
         return None
@@ -156,20 +148,17 @@ def build_timeline(dump: Any, model: Any = None) -> Timeline | None:
     if df.empty or not bool(df["is_op"].astype(bool).any()):
         return None
     tensor_names = {e.name for e in dump.entries if e.kind == "tensor"}
-    m = _model_for(dump, model)
     join = "none"
     tensors_col: list[list[str]] | None = None
     nodes_col: list[list[str]] | None = None
-    if m is not None:
-        try:
-            from ivq_debug.qnn.profiling import join_tensors
-
-            j = join_tensors(df, m)
-            tensors_col = [list(x) for x in j["dump_tensors"]]
-            nodes_col = [list(x) for x in j["onnx_nodes"]]
-            join = "model"
-        except Exception:  # a model that cannot be read: fall back to the op trace
-            tensors_col = None
+    if model is not None:
+        df = join_tensors(df.drop(columns=[c for c in JOIN_COLUMNS if c in df.columns]), model)
+        join = "model"
+    elif all(c in df.columns for c in JOIN_COLUMNS):
+        join = "capture"
+    if join != "none":
+        tensors_col = [list(x) if isinstance(x, list | tuple) else [] for x in df["dump_tensors"]]
+        nodes_col = [list(x) if isinstance(x, list | tuple) else [] for x in df["onnx_nodes"]]
     if tensors_col is None:
         by_op = _op_trace_tensors(dump)
         if by_op:
@@ -230,9 +219,3 @@ def build_timeline(dump: Any, model: Any = None) -> Timeline | None:
     src = str(ops_df["source"].iloc[0])
     return Timeline(ops, runs, run_records, unit, join, src, (dump.backend_info or {}).get("emulated"), totals,
                     ratios)
-
-
-def model_path_of(dump: Any) -> Path | None:
-    """The model file recorded in a dump's backend info, when it still exists."""
-    p = (dump.backend_info or {}).get("model_path")
-    return Path(p) if p and os.path.isfile(p) else None

@@ -28,7 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug import defaults
+from ivq_debug.comparator.encoding_fit import encoding_range
+from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 from ivq_debug.errors import UsageError
+from ivq_debug.qnn.encodings import Encoding, EncodingSet, write_encodings
+from ivq_debug.util import atomic_write_text
 
 ACTIONS = ("a16", "widen", "a16+widen", "fp16")
 
@@ -98,7 +102,6 @@ def suggest(
         saturation: clipped share above which a tensor's range is widened.
         projector: apply the projector-drift rule.
     """
-    from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 
     t = cmp.table
     if t.empty:
@@ -138,7 +141,6 @@ def suggest(
         row = r.to_dict()
         enc = test_entries.get(row["test_name"])
         if enc is not None and enc.encoding:
-            from ivq_debug.diagnose.encoding import encoding_range
 
             er = encoding_range(enc.encoding)
             if er is not None:
@@ -158,7 +160,6 @@ def suggest(
             enc = test_entries.get(row["test_name"])
             if enc is None or not enc.encoding:
                 continue
-            from ivq_debug.diagnose.encoding import encoding_range
 
             er = encoding_range(enc.encoding)
             if er is not None:
@@ -180,7 +181,6 @@ def suggest(
 
 def to_encodings(suggestions: list[Suggestion], activation_bits: int = 8) -> Any:
     """The suggestions as an :class:`~ivq_debug.qnn.encodings.EncodingSet` (activations)."""
-    from ivq_debug.qnn.encodings import Encoding, EncodingSet
 
     es = EncodingSet(format="legacy")
     for s in suggestions:
@@ -223,8 +223,6 @@ def write_suggestions(suggestions: list[Suggestion], path: str | os.PathLike, *,
 
     Returns the two paths.
     """
-    from ivq_debug.qnn.encodings import write_encodings
-    from ivq_debug.util import atomic_write_text
 
     if not suggestions:
         raise UsageError("no overrides to write: nothing breaks the thresholds")

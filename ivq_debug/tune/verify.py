@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.api import compare
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.console import track
+from ivq_debug.dump import open_dump
+from ivq_debug.errors import InputError
+from ivq_debug.qnn.quantize import quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, ort_overrides
+from ivq_debug.util import json_safe
 
 
 @dataclass
@@ -92,7 +99,6 @@ class TuneReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
-        from ivq_debug.comparator.comparison import json_safe
 
         return json_safe({
             "watch": self.watch,
@@ -106,7 +112,6 @@ class TuneReport:
 
 
 def _cycles(dump_path: Path) -> float | None:
-    from ivq_debug.dump import open_dump
 
     with open_dump(dump_path) as d:
         if "profiling" not in d.table_names():
@@ -154,10 +159,6 @@ class Tuner:
 
     def trial(self, label: str, suggestions: list[Suggestion]) -> Trial:
         """Quantize with ``suggestions``, capture, compare (and run the task metric)."""
-        import ivq_debug as ivq
-        from ivq_debug.capture.base import Selection
-        from ivq_debug.dump import DumpWriter
-
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
@@ -174,16 +175,11 @@ class Tuner:
         if self.runner_factory is not None:
             runner = self.runner_factory(qdq, prof)
         else:
-            from ivq_debug.capture.qnn_ep import QnnHtpRunner
-
-            runner = QnnHtpRunner(qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
-                                  overwrite=True, allow_cpu_fallback=bool(exclude))
-        with DumpWriter(dump, backend=runner.backend, backend_info=runner.info, overwrite=True,
-                        model={"path": str(qdq), "label": label}) as w:
-            for i, feeds in enumerate(self.feeds):
-                w.begin_record(sample=i, part=self.part, step=0)
-                runner.run(feeds, w)
-        cmp = ivq.compare(self.reference, dump, progress=False)
+            runner = make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
+                                 overwrite=True, allow_cpu_fallback=bool(exclude))
+        capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
+                overwrite=True, progress=None)
+        cmp = compare(self.reference, dump, progress=False)
         task = self.task(qdq) if self.task else {}
         return Trial(label, list(suggestions), qdq, dump, cmp, task, qdq.stat().st_size, _cycles(dump),
                      time.perf_counter() - t0)
@@ -202,8 +198,6 @@ def quantize_consistent(float_model: Path, out: Path, calibration: Any, preset: 
     """
     from onnxruntime.quantization import QuantType
 
-    from ivq_debug.errors import InputError
-    from ivq_debug.qnn.quantize import quantize_for_qnn
 
     fixes: list[str] = []
     default = QuantType.QUInt16 if preset.startswith("a16") else QuantType.QUInt8
@@ -247,7 +241,6 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
     A suggestion is kept when the worst watched SQNR improves by at least ``min_gain_db``. A kept 16-bit
     entry whose own tensor stays below the budget is retried as fp16 (its node left unquantized).
     """
-    from ivq_debug.console import track
 
     watch = list(watch)
     before = tuner.trial("before", [])

@@ -13,4 +13,6 @@ Modules (all import torch/transformers/onnxruntime lazily, except ``parts`` whic
 * ``scheduler``: the deployment loop (KV cache, positions policy, teacher forcing, step-aware dumps)
 * ``torch_generate``: the torch reference through the same loop, and HF ``generate``
 * ``pipeline``: ``prepare`` / ``scheduler`` / ``evaluate`` for ``ivq demo``
+* ``parts_dynamic`` (needs torch), ``export_dynamic``, ``scheduler_dynamic``: the HF-style split export with a
+  dynamic KV cache (``past_key_values`` inputs, whole-cache ``present`` outputs) and its deployment loop
 """

@@ -16,7 +16,7 @@ Graph conventions (see ``docs/reference-models.md``):
   ``ivq.role = attention_mask_add`` (both exporters);
 * ``position_ids`` are inputs; GELU is the ``Gelu`` op (opset >= 20), not an ``Erf`` chain;
 * constant subgraphs (the exporter's ``Shape``/``ConstantOfShape``/``Where`` shape arithmetic) are folded
-  into initializers (:func:`ivq_debug.graph.fold_constants`: exact, every other name kept), since QNN HTP
+  into initializers (:func:`ivq_debug.onnxgraph.fold.fold_constants`: exact, every other name kept), since QNN HTP
   accepts no ``Shape``/``ConstantOfShape`` node;
 * legacy exporter scopes are left untouched, so node names map to HF module paths by suffix.
 
@@ -38,8 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.errors import UsageError
-from ivq_debug.graph import fold_constants
+from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
+from ivq_debug.errors import InputError, UsageError
+from ivq_debug.onnxgraph.fold import fold_constants
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
+from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
 
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
 DEFAULT_EXPORTER = "legacy"
@@ -81,8 +85,8 @@ class ExportedPart:
     part: str
     bucket: int | None
     path: str
-    inputs: dict[str, list[int]]
-    outputs: dict[str, list[int]]
+    inputs: dict[str, list[int | str]]  # a dynamic dimension by its name
+    outputs: dict[str, list[int | str]]
     nodes: int
     seconds: float
     check: PartCheck | None = None
@@ -133,9 +137,6 @@ def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dic
     """Realistic feeds of every part for one eval sample: vision, prefill, and the first decode step."""
     import torch
 
-    from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import MAX_CACHE, family_of, num_image_tokens
-    from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
     from ivq_debug.vlm.parts import PrefillPart, VisionPart, decode_mask, prefill_mask
 
     family = family_of(model)
@@ -172,8 +173,10 @@ def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dic
 # ------------------------------------------------------------------------------------- export
 def _export_one(
     module: Any, feeds: dict[str, np.ndarray], output_names: Sequence[str], path: Path, exporter: str,
-    opset: int,
+    opset: int, dynamic_axes: dict[str, dict[int, str]] | None = None, dynamic_shapes: Any = None,
 ) -> None:
+    """Export ``module`` called with ``feeds`` (in order); static shapes unless ``dynamic_axes`` (legacy)
+    or ``dynamic_shapes`` (dynamo, ``torch.export`` form) name the dynamic dimensions."""
     import torch
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in feeds.values())
@@ -183,13 +186,13 @@ def _export_one(
         if exporter == "legacy":
             torch.onnx.export(
                 module, args, str(path), dynamo=False, opset_version=opset, input_names=input_names,
-                output_names=list(output_names), do_constant_folding=True,
+                output_names=list(output_names), do_constant_folding=True, dynamic_axes=dynamic_axes,
             )
         else:
             prog = torch.onnx.export(
                 module, args, dynamo=True, opset_version=opset, input_names=input_names,
                 output_names=list(output_names), optimize=True, verbose=False,
-                custom_translation_table=_dynamo_translations(opset),
+                custom_translation_table=_dynamo_translations(opset), dynamic_shapes=dynamic_shapes,
             )
             prog.save(str(path))
 
@@ -267,8 +270,10 @@ def _prop(key: str, value: str) -> Any:
     return StringStringEntryProto(key=key, value=value)
 
 
-def _shapes(vis: Any) -> dict[str, list[int]]:
-    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in vis}
+def _shapes(vis: Any) -> dict[str, list[int | str]]:
+    """Graph I/O shapes; a symbolic (dynamic) dimension is given by its name."""
+    return {v.name: [d.dim_param if d.HasField("dim_param") else d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in vis}
 
 
 def verify_part(
@@ -282,7 +287,6 @@ def verify_part(
     import onnxruntime as ort
     import torch
 
-    from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
 
     tol = EXPORT_OUTPUT_MAX_ABS if tolerance is None else tolerance
     so = ort.SessionOptions()
@@ -335,8 +339,6 @@ def export_parts(
     import onnx
     import torch
 
-    from ivq_debug.vlm import task
-    from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
     from ivq_debug.vlm.parts import (
         DecodePart,
         PrefillPart,
@@ -430,7 +432,6 @@ def export_parts(
         "verify_samples": verify_samples if verify else 0,
         "checks": [asdict(c) | {"ok": c.ok} for c in result.checks],
     }
-    from ivq_debug.vlm.inputs import prefill_positions
 
     for b in buckets:
         manifest["prefill_position_ids"][str(b)] = prefill_positions(family, model, b).tolist()
@@ -448,9 +449,8 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def load_manifest(folder: str | os.PathLike) -> dict[str, Any]:
-    """Read ``export.json`` of an export folder (InputError when missing or malformed)."""
-    from ivq_debug.errors import InputError
+def load_manifest(folder: str | os.PathLike, schema: str = "ivq-vlm-export/1") -> dict[str, Any]:
+    """Read ``export.json`` of an export folder (InputError when missing, malformed or of another ``schema``)."""
 
     p = Path(folder) / MANIFEST
     if not p.is_file():
@@ -459,6 +459,6 @@ def load_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         m = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"bad JSON: {e}", p) from e
-    if m.get("schema") != "ivq-vlm-export/1":
+    if m.get("schema") != schema:
         raise InputError(f"unknown export schema {m.get('schema')!r}", p)
     return m

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.vlm import task
-from ivq_debug.vlm.build import MERGE, PATCH, num_image_tokens
+from ivq_debug.vlm.build import MERGE, PATCH, num_image_tokens, prefill_len
 
 TEMPORAL_PATCH = 2
 
@@ -112,7 +112,6 @@ def mrope_positions(model: Any, bucket: int) -> np.ndarray:
 
 def prefill_positions(family: str, model: Any, bucket: int) -> np.ndarray:
     """Prefill ``position_ids`` of the task prompt: ``[1, S]`` (InternVL) or ``[3, 1, S]`` (Qwen2-VL)."""
-    from ivq_debug.vlm.build import prefill_len
 
     if family == "internvl":
         return text_positions(prefill_len(bucket))

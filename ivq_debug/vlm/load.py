@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, one_line
+from ivq_debug.vlm.build import BUCKETS, FAMILIES, MODEL_NAMES, set_eager
+from ivq_debug.vlm.train import REFERENCE_JSON
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
 
@@ -31,14 +33,12 @@ class LoadedVLM:
     @property
     def buckets(self) -> list[int]:
         """Resolution buckets from the metadata (default: the reference buckets)."""
-        from ivq_debug.vlm.build import BUCKETS
 
         return [int(b) for b in self.meta.get("buckets", BUCKETS)]
 
 
 def reference_path(name: str) -> Path:
     """Folder of a shipped reference model (``internvl-tiny`` / ``qwen2vl-tiny``)."""
-    from ivq_debug.vlm.build import MODEL_NAMES
 
     if name not in MODEL_NAMES:
         raise InputError(f"unknown reference model {name!r}; shipped: {', '.join(MODEL_NAMES)}")
@@ -47,7 +47,6 @@ def reference_path(name: str) -> Path:
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
     """A shipped name → its folder; anything else is taken as a folder path."""
-    from ivq_debug.vlm.build import MODEL_NAMES
 
     s = os.fspath(name_or_path)
     if s in MODEL_NAMES:
@@ -62,7 +61,6 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
         InputError: the folder is missing, has no ``config.json``, is not an InternVL / Qwen2-VL
             checkpoint, or its weights cannot be loaded (the message names the folder).
     """
-    from ivq_debug.vlm.build import FAMILIES
 
     path = resolve(name_or_path)
     if not path.exists():
@@ -96,7 +94,6 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
         model = cls.from_pretrained(str(path), **kw)
     except Exception as e:  # safetensors / config / shape errors all mean: this folder does not load
         raise InputError(f"cannot load the checkpoint: {one_line(e, 300)}", path) from e
-    from ivq_debug.vlm.build import set_eager
 
     set_eager(model.config)
     model.eval()
@@ -106,7 +103,6 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
 
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     meta: dict[str, Any] = {}
-    from ivq_debug.vlm.train import REFERENCE_JSON
 
     if (path / REFERENCE_JSON).is_file():
         try:

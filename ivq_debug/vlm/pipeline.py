@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.vlm.build import DEFAULT_BUCKET
-from ivq_debug.vlm.export import DEFAULT_EXPORTER, ExportResult
+from ivq_debug.vlm.export import DEFAULT_EXPORTER, ExportResult, export_parts
+from ivq_debug.vlm.load import load_vlm
 from ivq_debug.vlm.scheduler import PositionsPolicy, Scheduler, collect_feeds, evaluate
-from ivq_debug.vlm.task import CaptionAccuracy, Sample
+from ivq_debug.vlm.task import CaptionAccuracy, Sample, eval_set, make_samples
+from ivq_debug.vlm.torch_generate import torch_scheduler
 
 __all__ = ["Prepared", "calibration_feeds", "evaluate", "prepare", "scheduler", "torch_reference"]
 
@@ -55,9 +57,6 @@ def prepare(
 
     Returns the part paths, the export checks and ``n_samples`` samples of the fixed eval set.
     """
-    from ivq_debug.vlm.export import export_parts
-    from ivq_debug.vlm.load import load_vlm
-    from ivq_debug.vlm.task import eval_set
 
     loaded = load_vlm(model, trust_remote_code=trust_remote_code)
     name = Path(os.fspath(model)).name
@@ -80,7 +79,6 @@ def scheduler(
 
 def torch_reference(prepared: Prepared, positions: PositionsPolicy | str = "correct", **kw: Any) -> Scheduler:
     """The torch scheduler of the prepared model (same loop and record keys as ORT)."""
-    from ivq_debug.vlm.torch_generate import torch_scheduler
 
     return torch_scheduler(prepared.loaded.model, prepared.bucket, positions, **kw)
 
@@ -90,7 +88,6 @@ def calibration_feeds(
 ) -> dict[str, list[dict[str, Any]]]:
     """Realistic per-part feeds for QDQ calibration: ``n_samples`` task images (disjoint seed from the
     eval set) run through the fp32 ORT scheduler; ``{"vision": [...], "prefill": [...], "decode": [...]}``."""
-    from ivq_debug.vlm.task import make_samples
 
     return collect_feeds(scheduler(prepared), make_samples(n_samples, prepared.bucket, seed), forced)
 

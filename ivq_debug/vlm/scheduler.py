@@ -12,8 +12,9 @@ The scheduler does what an on-device LLM runtime does around the three graphs of
 
 Positions (the :class:`PositionsPolicy`): correct by default — InternVL decode step ``k`` at
 ``S + k - 1``; Qwen2-VL (M-RoPE) at ``max(prefill positions) + k`` on all three rows. Fault knobs
-reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``) and
-``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``).
+reproduce the classic bugs: ``restart`` (decode positions restart at 0: ``k - 1``),
+``mrope_text_len`` (M-RoPE decode at ``S + k - 1``, i.e. the text length instead of ``max(pos) + 1``) and
+``off_by_one`` (one past the correct position: the new token counted twice).
 
 Every part runs through a runner (``run(feeds, writer) -> outputs``) made by a
 ``runner_factory(part, model_path)``, so the same loop drives ONNX Runtime fp32, QDQ, QNN HTP, and
@@ -33,9 +34,15 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.capture.base import runner_factory as runner_factory_for
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.vlm import task
+from ivq_debug.vlm.build import MASK_VALUE, MAX_CACHE, MAX_NEW_TOKENS, family_of, num_image_tokens
+from ivq_debug.vlm.export import load_manifest
+from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
+from ivq_debug.vlm.task import caption_accuracy, caption_ids, decode_ids
 
-POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len")
+POSITION_MODES: tuple[str, ...] = ("correct", "restart", "mrope_text_len", "off_by_one")
 #: name of the per-step next-token logits tensor the scheduler stores in every record
 NEXT_LOGITS = "next_token_logits"
 
@@ -56,9 +63,9 @@ class PositionsPolicy:
             raise ValueError("decode steps start at 1")
         if self.mode == "restart":
             return step - 1
-        if mrope and self.mode == "correct":
-            return int(prefill_positions.max()) + step
-        return prefill_len + step - 1  # correct 1-D RoPE, or the mrope_text_len fault
+        if mrope and self.mode != "mrope_text_len":
+            return int(prefill_positions.max()) + step + (self.mode == "off_by_one")
+        return prefill_len + step - 1 + (self.mode == "off_by_one")  # 1-D RoPE, or the mrope_text_len fault
 
     def decode_position_ids(
         self, step: int, prefill_len: int, prefill_positions: np.ndarray, mrope: bool
@@ -98,7 +105,6 @@ class SplitSpec:
     @classmethod
     def from_export(cls, folder: str | os.PathLike, bucket: int | None = None) -> SplitSpec:
         """Read an export folder written by :func:`ivq_debug.vlm.export.export_parts`."""
-        from ivq_debug.vlm.export import load_manifest
 
         folder = Path(folder)
         m = load_manifest(folder)
@@ -124,9 +130,6 @@ class SplitSpec:
     @classmethod
     def from_model(cls, model: Any, bucket: int, max_cache: int | None = None) -> SplitSpec:
         """The same spec computed from a torch model (for the torch reference generation)."""
-        from ivq_debug.vlm import task
-        from ivq_debug.vlm.build import MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
-        from ivq_debug.vlm.inputs import prefill_positions
         from ivq_debug.vlm.parts import kv_shape, num_layers
 
         family = family_of(model)
@@ -160,9 +163,13 @@ class Generation:
     @property
     def text(self) -> str:
         """The caption from the argmax tokens (up to ``<eos>``)."""
-        from ivq_debug.vlm.task import decode_ids
 
         return decode_ids(self.tokens)
+
+
+#: runner facts a capture through a scheduler records per part (QNN target, emulation, exposure check, partition)
+PART_INFO_KEYS = ("soc_model", "htp_arch", "emulated", "qnn_sdk_version", "onnxruntime_qnn", "exposure_check",
+                  "partition")
 
 
 class Scheduler:
@@ -179,7 +186,6 @@ class Scheduler:
         self, spec: SplitSpec, runners: dict[str, Any], positions: PositionsPolicy | str = "correct",
         max_new_tokens: int | None = None,
     ) -> None:
-        from ivq_debug.vlm.build import MAX_NEW_TOKENS
 
         self.spec = spec
         self.runners = runners
@@ -199,25 +205,39 @@ class Scheduler:
         max_new_tokens: int | None = None,
     ) -> Scheduler:
         """Scheduler over an export folder; ``runner_factory(part, model_path)`` makes each runner."""
-        from ivq_debug.vlm.runner import default_runner_factory
+        return cls.from_spec(SplitSpec.from_export(folder, bucket), folder, runner_factory, positions, max_new_tokens)
 
-        spec = SplitSpec.from_export(folder, bucket)
-        factory = runner_factory or default_runner_factory()
+    @classmethod
+    def from_spec(
+        cls, spec: SplitSpec, folder: str | os.PathLike, runner_factory: Callable[[str, Any], Any] | None = None,
+        positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None, **kwargs: Any,
+    ) -> Scheduler:
+        """Scheduler over the graphs of ``spec`` (read from ``folder``); ``kwargs`` go to the constructor."""
+        factory = runner_factory or runner_factory_for("onnx")
         missing = {"vision", "prefill", "decode"} - set(spec.part_paths)
         if missing:
             raise InputError(f"export lacks parts {sorted(missing)} for bucket {spec.bucket}", folder)
         runners = {part: factory(part, path) for part, path in spec.part_paths.items()}
-        return cls(spec, runners, positions, max_new_tokens)
+        return cls(spec, runners, positions, max_new_tokens, **kwargs)
 
     @property
     def backend(self) -> str:
         """Backend name of the decode runner."""
         return str(getattr(self.runners["decode"], "backend", "unknown"))
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """The backend info of a capture through this scheduler: the decode runner's, plus each part's target
+        facts (:data:`PART_INFO_KEYS`) under the part's name."""
+        info = dict(getattr(self.runners["decode"], "info", {}))
+        for part, r in self.runners.items():
+            if hasattr(r, "info"):
+                info[part] = {k: v for k, v in r.info.items() if k in PART_INFO_KEYS}
+        return info
+
     # ---------------------------------------------------------------- pieces
     def vision_feeds(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """Vision graph feeds for one HWC image in [0, 1] of the bucket's size."""
-        from ivq_debug.vlm.inputs import vision_feeds
 
         if image.shape[:2] != (self.spec.bucket, self.spec.bucket):
             raise UsageError(f"image is {image.shape[:2]}, bucket needs {self.spec.bucket}x{self.spec.bucket}")
@@ -337,7 +357,6 @@ class Scheduler:
 
 def evaluate(scheduler: Scheduler, samples: Sequence[Any], writer: Any = None) -> Any:
     """Caption accuracy of ``scheduler`` on task samples (greedy); returns a ``CaptionAccuracy``."""
-    from ivq_debug.vlm.task import caption_accuracy
 
     preds = [scheduler.generate(s.image, sample=k, writer=writer).text for k, s in enumerate(samples)]
     return caption_accuracy(preds, [s.caption for s in samples])
@@ -370,8 +389,6 @@ def collect_feeds(
     saved = dict(scheduler.runners)
     scheduler.runners = {p: _FeedRecorder(r, out[p]) for p, r in saved.items()}
     try:
-        from ivq_debug.vlm.task import caption_ids
-
         for s in samples:
             scheduler.generate(s.image, forced_tokens=caption_ids(s.caption) if forced else None)
     finally:

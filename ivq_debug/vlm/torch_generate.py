@@ -2,7 +2,7 @@
 
 :func:`torch_generate` runs the vision / prefill / decode wrappers of :mod:`ivq_debug.vlm.parts` on the
 HF model in torch through the *same* :class:`~ivq_debug.vlm.scheduler.Scheduler` loop as ONNX Runtime
-(with :class:`~ivq_debug.vlm.runner.TorchPartRunner` runners), so a torch dump and an ORT dump have the
+(with :class:`~ivq_debug.capture.torch.runner.TorchPartRunner` runners), so a torch dump and an ORT dump have the
 same records ``(sample, part, step)``, the same inputs, the same meta and the same output names;
 per-module tensors come from ``TorchCapture`` (HF module paths) when that module exists.
 
@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.capture.torch.runner import TorchPartRunner
+from ivq_debug.vlm.build import MAX_NEW_TOKENS, family_of
+from ivq_debug.vlm.inputs import hf_inputs
 from ivq_debug.vlm.scheduler import Generation, PositionsPolicy, Scheduler, SplitSpec
+from ivq_debug.vlm.task import decode_ids
 
 
 def torch_scheduler(
@@ -30,7 +34,6 @@ def torch_scheduler(
     ``selection`` (``ivq_debug.capture.base.Selection``) turns on per-module capture into the dump.
     """
     from ivq_debug.vlm.parts import DecodePart, PrefillPart, VisionPart, kv_names, num_layers
-    from ivq_debug.vlm.runner import TorchPartRunner
 
     model.eval()
     spec = SplitSpec.from_model(model, bucket, max_cache)
@@ -64,7 +67,6 @@ class HFGeneration:
     @property
     def text(self) -> str:
         """Caption text up to ``<eos>``."""
-        from ivq_debug.vlm.task import decode_ids
 
         return decode_ids(self.tokens)
 
@@ -73,8 +75,6 @@ def hf_generate(model: Any, image: np.ndarray, bucket: int | None = None, max_ne
     """HF ``model.generate`` (greedy, batch 1) on the task prompt; tokens and raw per-step logits."""
     import torch
 
-    from ivq_debug.vlm.build import MAX_NEW_TOKENS, family_of
-    from ivq_debug.vlm.inputs import hf_inputs
 
     bucket = int(image.shape[0]) if bucket is None else bucket
     inputs = hf_inputs(family_of(model), image, bucket)

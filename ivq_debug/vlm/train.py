@@ -20,8 +20,21 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.errors import UsageError
 from ivq_debug.vlm import task
-from ivq_debug.vlm.build import BUCKETS, MAX_NEW_TOKENS, build_model, family_of, param_count
+from ivq_debug.vlm.build import (
+    BUCKETS,
+    DEFAULT_BUCKET,
+    MASK_VALUE,
+    MAX_CACHE,
+    MAX_NEW_TOKENS,
+    build_model,
+    family_of,
+    num_image_tokens,
+    param_count,
+    prefill_len,
+)
+from ivq_debug.vlm.inputs import hf_inputs, training_batch
 
 #: training recipe per shipped model (steps, batch, peak lr); measured to reach exact-match >= 0.9
 RECIPES: dict[str, dict[str, Any]] = {
@@ -104,7 +117,6 @@ def train(
     torch.set_num_threads(threads)
     model = build_model(name, seed=seed)
     family = family_of(model)
-    from ivq_debug.vlm.inputs import training_batch
 
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
@@ -150,7 +162,6 @@ def generate_captions(model: Any, samples: Sequence[task.Sample], batch_size: in
     """Greedy HF ``generate`` captions for samples of one bucket, and the smallest top-1/top-2 gap."""
     import torch
 
-    from ivq_debug.vlm.inputs import hf_inputs
 
     family = family_of(model)
     preds: list[str] = []
@@ -194,8 +205,6 @@ def evaluate_model(
 
 def save_reference(result: TrainResult, folder: str | os.PathLike, overwrite: bool = False) -> Path:
     """Save a trained model (safetensors), the tokenizer and ``ivq_reference.json`` into ``folder``."""
-    from ivq_debug.errors import UsageError
-    from ivq_debug.vlm.build import MAX_CACHE, prefill_len
 
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()) and not overwrite:
@@ -215,7 +224,6 @@ def save_reference(result: TrainResult, folder: str | os.PathLike, overwrite: bo
 
 def reference_metadata(model: Any) -> dict[str, Any]:
     """Task and bucket metadata stored beside a reference checkpoint."""
-    from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, num_image_tokens
 
     return {
         "schema": "ivq-reference/1",

@@ -76,7 +76,7 @@ def test_decode_positions_restarting_at_zero_inferred_from_kv_cache(demo: Any, t
 def qwen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Qwen2-VL (M-RoPE): correct decode positions vs a scheduler using S + k − 1."""
     from ivq_debug.capture.base import Selection
-    from ivq_debug.capture.onnxruntime import OrtRunner
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
     from ivq_debug.vlm import pipeline
 
     tmp = tmp_path_factory.mktemp("qwen")
@@ -114,7 +114,7 @@ def test_mrope_decode_using_s_plus_step_is_the_rope_delta(qwen: dict[str, Any]) 
 def corrupted(demo: Any, work: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The a16w8 prefill with one layer's activation encoding corrupted, run on CPU-QDQ."""
     from ivq_debug.capture.base import Selection
-    from ivq_debug.capture.onnxruntime import OrtRunner
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
     from ivq_debug.vlm import pipeline
 
     tmp = tmp_path_factory.mktemp("corrupt")
@@ -145,7 +145,7 @@ def test_corrupted_encoding_is_first_by_introduced_error(demo: Any, corrupted: d
     cmp = ivq.compare(ref, corrupted["dump"], progress=False)
     factory = None
     if backend == "htp":
-        from ivq_debug.capture.qnn_ep import QnnHtpRunner
+        from ivq_debug.capture.qnn_ep.runner import QnnHtpRunner
 
         def factory(path: str) -> Any:
             return QnnHtpRunner(path)

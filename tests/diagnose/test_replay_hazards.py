@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 import ivq_debug as ivq
 from ivq_debug.diagnose.replay import find_units, replay
-from tests.spine import tiny
+from tests.support import tiny
 
 FAULT = "/blocks.1/fc1/Add_output_0"
 

@@ -27,7 +27,7 @@ def _feeds(sample: int) -> dict[str, np.ndarray]:
 
 def _capture(model: Path, feeds: dict[str, np.ndarray], out: Path) -> Path:
     from ivq_debug.capture.base import Selection
-    from ivq_debug.capture.onnxruntime import OrtRunner
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
     from ivq_debug.dump import DumpWriter
     from ivq_debug.util import sha256_file
 
@@ -86,7 +86,7 @@ def build(root: Path) -> dict[str, Path]:
     for f in ("qnn_ep_detailed.csv", "qnn_ep_basic.csv", "ort_trace.json", "viewer_basic.txt"):
         out[f] = Path(shutil.copy(FIX / "profiling" / f, root / f))
     # a device run ingested with its profile: the dump the report's timeline reads
-    from ivq_debug.capture.qnn_net_run import capture_net_run
+    from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
 
     out["ingest.h5"] = capture_net_run(out["netrun"] / "output", root / "ingest.h5", out["netrun"] / "model_net.json",
                                        model=out["model.qdq.onnx"], profiling=out["qnn_ep_detailed.csv"]).path

@@ -8,14 +8,6 @@ from __future__ import annotations
 
 #: module → (what it must do, case ids)
 KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ivq_debug/report/timeline.py": (
-        "_model_for / model_path_of open backend_info['model_path'], a path named inside a dump (any file on "
-        "the machine): the report must use what the dump stores (its op trace, names) or an explicit --model, "
-        "never a path from the dump",
-        (
-            "dump/model-path-outside/*",
-        ),
-    ),
     "ivq_debug/dump/reader.py": (
         "Dump must validate at open: regular file (no FIFO / socket / loop / long path), root attrs and "
         "manifest against a schema (types, columns, shapes of non-negative ints, known kinds), records "
@@ -296,8 +288,8 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
             "outputs/capture-o-model/symlink-force",
         ),
     ),
-    "ivq_debug/capture/onnxruntime.py": (
-        "load_model: util.regular_file before onnx.load; a session ORT cannot create for the user's model "
+    "ivq_debug/capture/onnxrt/runner.py": (
+        "a session ORT cannot create for the user's model "
         "(invalid graph, opset, external data outside the folder or missing, initializer sizes) is an "
         "InputError (exit 3), not a CaptureError (exit 1)",
         (
@@ -312,8 +304,6 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
             "onnx/initializer-size-lie/capture",
             "onnx/opset-999/capture",
             "onnx/unknown-op/capture",
-            "special/fifo/capture-model",
-            "special/stdin/capture-model",
         ),
     ),
     "ivq_debug/cli/cmd_ingest.py": (
@@ -337,7 +327,7 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
             "outputs/ingest-o-raw/symlink-force",
         ),
     ),
-    "ivq_debug/qnn/net_run.py": (
+    "ivq_debug/capture/qnn_net_run/io.py": (
         "ingest_output: Result_N indices must be consecutive from 0 (a gap is a missing_file problem); raw "
         "files that are symlinks leaving the output folder, and Result folders that are such symlinks, are "
         "refused (--allow-outside-inputs to opt in); stat errors (symlink loops) are problems, not "
@@ -373,8 +363,6 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "onnx/external-data-fifo/diagnose",
             "onnx/external-data-outside/diagnose",
-            "special/fifo/diagnose-model",
-            "special/stdin/diagnose-model",
         ),
     ),
     "ivq_debug/cli/cmd_tune.py": (

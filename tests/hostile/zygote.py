@@ -55,9 +55,9 @@ def preimport() -> None:
         "onnxruntime.quantization.execution_providers.qnn", "ivq_debug.cli.main", "ivq_debug.cli.diff",
         "ivq_debug.cli.render", "ivq_debug.comparator", "ivq_debug.comparator.comparison", "ivq_debug.dump",
         "ivq_debug.report", "ivq_debug.report.html", "ivq_debug.report.exports", "ivq_debug.report.timeline",
-        "ivq_debug.capture.onnxruntime", "ivq_debug.capture.base", "ivq_debug.capture.qnn_net_run",
+        "ivq_debug.capture.onnxrt.runner", "ivq_debug.capture.base", "ivq_debug.capture.qnn_net_run.ingest",
         "ivq_debug.qnn.quantize", "ivq_debug.qnn.encodings", "ivq_debug.qnn.netjson", "ivq_debug.qnn.profiling",
-        "ivq_debug.qnn.net_run", "ivq_debug.qnn.names", "ivq_debug.diagnose.replay", "ivq_debug.tune.suggest",
+        "ivq_debug.capture.qnn_net_run.io", "ivq_debug.qnn.names", "ivq_debug.onnxgraph.load", "ivq_debug.diagnose.replay", "ivq_debug.tune.suggest",
         "ivq_debug.tune.verify", "jsonschema",
     ):
         try:

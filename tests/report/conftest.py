@@ -37,7 +37,8 @@ def need_htp(pipeline: dict[str, Path]) -> Path:
 def comparisons(pipeline: dict[str, Path]) -> dict[str, Any]:
     """``main`` (float → HTP, or float → CPU-QDQ without QNN), ``quant`` (float → CPU-QDQ), ``backend``
     (CPU-QDQ → HTP) and the replay of the QDQ units on the float reference."""
-    from ivq_debug.comparator import Budgets, compare
+    from ivq_debug.api import compare
+    from ivq_debug.comparator import Budgets
     from ivq_debug.diagnose.replay import replay
 
     b = Budgets.from_args(min_sqnr=MIN_SQNR)
@@ -88,6 +89,7 @@ def edge_dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def edge_cmp(edge_dumps: tuple[Path, Path]):
     """The comparison of the edge-case dumps, with an SQNR budget every undefined metric breaks."""
-    from ivq_debug.comparator import Budgets, compare
+    from ivq_debug.api import compare
+    from ivq_debug.comparator import Budgets
 
     return compare(edge_dumps[0], edge_dumps[1], budgets=Budgets.from_args(min_sqnr=20), progress=False)

@@ -89,7 +89,7 @@ def capture(runner, path: Path, inputs: list[dict[str, np.ndarray]], model: Path
 def build_pipeline(d: Path, n_records: int = 4) -> dict[str, Path]:
     """Float model, its a8w8 QDQ model, and float / CPU-QDQ / HTP dumps (HTP only with onnxruntime-qnn)."""
     from ivq_debug.capture.base import Selection
-    from ivq_debug.capture.onnxruntime import OrtRunner
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
     from ivq_debug.qnn.quantize import quantize_for_qnn
 
     out: dict[str, Path] = {"dir": d}
@@ -102,7 +102,7 @@ def build_pipeline(d: Path, n_records: int = 4) -> dict[str, Path]:
     out["cpu"] = capture(OrtRunner(out["qdq"], selection=Selection(), optimization="disable"), d / "cpu-qdq.h5",
                          inputs, out["qdq"])
     if HAVE_QNN:
-        from ivq_debug.capture.qnn_ep import QnnHtpRunner
+        from ivq_debug.capture.qnn_ep.runner import QnnHtpRunner
 
         htp = QnnHtpRunner(out["qdq"], selection=Selection(), profiling_level="detailed",
                            profiling_path=d / "htp-profile.csv")

@@ -108,7 +108,7 @@ def test_junit_one_failing_case_per_violation(which: str, comparisons: dict[str,
 
 
 def test_junit_without_budgets_passes_every_tensor(pipeline: dict[str, Path]) -> None:
-    from ivq_debug.comparator import compare
+    from ivq_debug.api import compare
     from ivq_debug.report import junit_xml
 
     cmp = compare(pipeline["float"], pipeline["cpu"], progress=False)
@@ -170,9 +170,9 @@ def test_chrome_trace_profile_gives_us_timeline_with_cpu_lane(tmp_path: Path) ->
     from onnx import TensorProto
     from onnx import helper as h
 
-    from ivq_debug.comparator import compare
+    from ivq_debug.api import compare
     from ivq_debug.dump import DumpWriter
-    from ivq_debug.qnn.profiling import read_chrome_trace
+    from ivq_debug.qnn.profiling import join_tensors, read_chrome_trace
     from ivq_debug.report import perfetto_trace, render_report
     from ivq_debug.report.timeline import build_timeline
 
@@ -189,16 +189,23 @@ def test_chrome_trace_profile_gives_us_timeline_with_cpu_lane(tmp_path: Path) ->
         {"name": "act", "ph": "X", "ts": 1060, "dur": 20, "pid": 2, "tid": 1, "args": {"provider": "CPUExecutionProvider"}},
         {"name": "fc2:OpId_2", "ph": "X", "ts": 1090, "dur": 30, "pid": 1, "tid": 1,
          "args": {"provider": "QNNExecutionProvider", "onnx_source_ops": ["fc2"]}}]}))
-    for side in ("ref", "test"):
+    for side in ("ref", "test", "unjoined"):
         with DumpWriter(tmp_path / f"{side}.h5", backend=side, backend_info={"model_path": str(model)}) as w:
             w.begin_record()
             for k, n in enumerate(("a", "b", "y")):
-                w.add_tensor(n, np.arange(4, dtype=np.float32) + k + (0.01 if side == "test" else 0.0))
-            if side == "test":
+                w.add_tensor(n, np.arange(4, dtype=np.float32) + k + (0.01 if side != "ref" else 0.0))
+            if side == "test":  # joined at capture time, as the QNN runner and the ingest store it
+                w.add_table("profiling", join_tensors(read_chrome_trace(trace), model))
+            elif side == "unjoined":
                 w.add_table("profiling", read_chrome_trace(trace))
     cmp = compare(tmp_path / "ref.h5", tmp_path / "test.h5", progress=False)
+    model.unlink()  # the report needs no model file: the join travels with the dump
     tl = build_timeline(cmp.test)
-    assert tl is not None and tl.unit == "us" and tl.join == "model" and tl.runs == [0]
+    assert tl is not None and tl.unit == "us" and tl.join == "capture" and tl.runs == [0]
+    # a path named inside a dump is never opened: without a stored join there is no model join
+    onnx.save(h.make_model(g), str(model))
+    un = build_timeline(compare(tmp_path / "ref.h5", tmp_path / "unjoined.h5", progress=False).test)
+    assert un is not None and un.join == "none" and all(not o.tensors for o in un.ops)
     assert [(o.backend, o.start, o.dur, o.tensors) for o in tl.ops] == [
         ("QNN", 0.0, 50.0, ["a"]), ("CPU", 60.0, 20.0, ["b"]), ("QNN", 90.0, 30.0, ["y"])]
     doc = perfetto_trace(cmp)

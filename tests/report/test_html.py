@@ -114,7 +114,7 @@ def test_write_is_atomic_and_never_overwrites(comparisons: dict[str, Any], tmp_p
 def test_no_aligned_pairs_still_renders(tmp_path: Path) -> None:
     import numpy as np
 
-    from ivq_debug.comparator import compare
+    from ivq_debug.api import compare
     from ivq_debug.dump import DumpWriter
     from ivq_debug.report import junit_xml, model_explorer_overlay, render_report
 

@@ -12,7 +12,7 @@ import torch
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.tune.suggest import suggest, write_suggestions
 from ivq_debug.tune.verify import Tuner, greedy, verify
-from tests.spine import tiny
+from tests.support import tiny
 
 pytestmark = pytest.mark.qnn
 

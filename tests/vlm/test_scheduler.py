@@ -182,7 +182,7 @@ def test_torch_and_ort_dumps_align_record_by_record(name, loaded, exported, tmp_
 
 
 def test_runner_factory_drives_every_part(exported):
-    from ivq_debug.capture.onnxruntime import OrtRunner
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
 
     calls: list[str] = []
 
@@ -202,16 +202,15 @@ def test_runner_factory_drives_every_part(exported):
 
 def test_per_layer_capture_through_the_scheduler(loaded, exported, tmp_path):
     """Runners capture intermediates into the step records: ONNX names on ORT, HF paths on torch."""
-    from ivq_debug.capture.base import Selection
-    from ivq_debug.capture.torch_hooks import default_selection
+    from ivq_debug.capture.base import Selection, runner_factory
+    from ivq_debug.capture.torch.hooks import default_selection
     from ivq_debug.dump import DumpWriter, open_dump
     from ivq_debug.vlm.export import MASK_ADD_OUTPUT
-    from ivq_debug.vlm.runner import default_runner_factory
     from ivq_debug.vlm.torch_generate import torch_generate
 
     name = "internvl-tiny"
     s = task.eval_set(56, 1)[0]
-    sched = Scheduler.from_export(exported(name).folder, 56, runner_factory=default_runner_factory(selection=Selection()))
+    sched = Scheduler.from_export(exported(name).folder, 56, runner_factory=runner_factory("onnx", selection=Selection()))
     with DumpWriter(tmp_path / "ort.h5", backend=sched.backend) as w:
         go = sched.generate(s.image, writer=w, max_new_tokens=3)
     with DumpWriter(tmp_path / "torch.h5", backend="torch") as w:

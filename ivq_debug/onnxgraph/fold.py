@@ -1,0 +1,131 @@
+"""ONNX graph preparation for static-shape backends (QNN): exact constant folding that keeps names.
+
+Exporters leave shape arithmetic in static graphs (``Shape → ConstantOfShape → Where → Expand`` for a
+``cls_token.expand(B, -1, -1)``); QNN HTP rejects ``Shape`` / ``ConstantOfShape`` nodes, and ORT's own
+optimizer would also rewrite MatMul/Add into Gemm and rename tensors, breaking the alignment with PyTorch.
+:func:`fold_constants` evaluates only the nodes whose inputs are all constant (initializers, ``Constant``
+nodes, or ``Shape`` of a statically shaped tensor) with the ONNX reference implementation and replaces them
+by initializers; every other node, and every non-constant tensor name, is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: do not materialize folded tensors larger than this (bytes)
+FOLD_MAX_BYTES = 64 << 20
+#: ops whose result changes from one evaluation to the next: never constant, even on constant inputs
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+
+
+def constant_nodes(nodes: Any, constants: set[str]) -> tuple[set[int], set[str]]:
+    """The nodes of a topologically sorted node list computed from ``constants`` (initializers) alone.
+
+    ``Constant`` nodes, weight ``Identity`` / ``Transpose`` / ``DequantizeLinear``, shape arithmetic: every
+    non-random node whose inputs are all constant. Returns their indices and every constant value name
+    (``constants`` included). Capture does not expose these values (they are not activations) and partitioned
+    capture copies these nodes into each piece that reads them.
+    """
+    values = set(constants)
+    idx: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op_type not in RANDOM_OPS and all((not x) or x in values for x in n.input):
+            idx.add(i)
+            values.update(o for o in n.output if o)
+    return idx, values
+
+
+def _static_shapes(model: Any) -> dict[str, list[int]]:
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # e.g. com.microsoft ops: no folding of Shape nodes then
+        return {}
+    out: dict[str, list[int]] = {}
+    g = inferred.graph
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        if not t.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if all(d is not None for d in dims):
+            out[vi.name] = dims  # type: ignore[assignment]
+    return out
+
+
+def _eval_node(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [helper.make_tensor_value_info(n or "", helper.np_dtype_to_tensor_dtype(a.dtype) if a is not None else 1, None)
+           for n, a in zip(node.input, inputs, strict=True) if n]
+    outs = [helper.make_tensor_value_info(o, 0, None) for o in node.output if o]
+    g = helper.make_graph([node], "fold", ins, outs)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    feeds = {n: a for n, a in zip(node.input, inputs, strict=True) if n}
+    return ReferenceEvaluator(m).run(None, feeds)
+
+
+def fold_constants(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any, int]:
+    """Fold constant subgraphs of ``model`` (a ModelProto, changed in place and returned) → ``(model, n)``."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    graph_inputs = {i.name for i in g.input}
+    const: dict[str, np.ndarray] = {}
+    for init in g.initializer:
+        if init.name not in graph_inputs:
+            try:
+                const[init.name] = numpy_helper.to_array(init)
+            except Exception:
+                pass
+    shapes = _static_shapes(model)
+    keep = []
+    folded: dict[str, np.ndarray] = {}
+    n_folded = 0
+    for node in g.node:
+        if node.domain not in ("", "ai.onnx"):
+            keep.append(node)
+            continue
+        values = None
+        if node.op_type == "Constant":
+            try:
+                values = _eval_node(node, [], opset)
+            except Exception:
+                values = None
+        elif node.op_type == "Shape" and node.input[0] in shapes:
+            shp = np.asarray(shapes[node.input[0]], dtype=np.int64)
+            start = next((a.i for a in node.attribute if a.name == "start"), 0)
+            end = next((a.i for a in node.attribute if a.name == "end"), None)
+            values = [shp[start:end]]
+        elif node.input and all((not x) or x in const for x in node.input):
+            try:
+                values = _eval_node(node, [const.get(x) if x else None for x in node.input], opset)
+            except Exception:
+                values = None
+        if values is None or sum(np.asarray(v).nbytes for v in values) > max_bytes:
+            keep.append(node)
+            continue
+        for o, v in zip([o for o in node.output if o], values, strict=True):
+            const[o] = np.asarray(v)
+            folded[o] = np.asarray(v)
+        n_folded += 1
+    if not n_folded:
+        return model, 0
+    used = {x for n in keep for x in n.input} | {o.name for o in g.output}
+    del g.node[:]
+    g.node.extend(keep)
+    existing = {i.name for i in g.initializer}
+    for name, arr in folded.items():
+        if name in used and name not in existing:
+            g.initializer.append(numpy_helper.from_array(arr, name))
+    # drop initializers nothing reads any more
+    live = [i for i in g.initializer if i.name in used or i.name in graph_inputs]
+    del g.initializer[:]
+    g.initializer.extend(live)
+    return model, n_folded

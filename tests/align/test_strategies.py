@@ -1,0 +1,92 @@
+"""One test per alignment strategy (ivq_debug.align.matcher.STRATEGIES), on tiny dumps written here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ivq_debug import defaults
+from ivq_debug.align.matcher import STRATEGIES, align
+from ivq_debug.dump import DumpWriter, open_dump
+from ivq_debug.errors import AlignmentError, UsageError
+
+
+def _dump(path: Path, tensors: list[tuple], backend: str = "onnxruntime-cpu", inputs: dict | None = None):
+    """tensors: (name, shape, scope) triples, written in order."""
+    with DumpWriter(path, backend=backend) as w:
+        w.begin_record()
+        for k, v in (inputs or {}).items():
+            w.add_input(k, v)
+        for i, (name, shape, scope) in enumerate(tensors):
+            w.add_tensor(name, np.full(shape, i, np.float32), order=i, scope=scope)
+    return open_dump(path)
+
+
+def _matches(al) -> dict[tuple[str, str], str]:
+    return {(p.ref.name, p.test.name): p.match for p in al.pairs}
+
+
+def test_strategy_names_and_order() -> None:
+    assert [s.name for s in STRATEGIES] == ["map", "exact", "input", "qdq", "qnn", "qnn", "scope"]
+
+
+def test_map_wins_over_exact_names(tmp_path: Path) -> None:
+    ref = _dump(tmp_path / "r.h5", [("a", (2,), None), ("b", (2,), None)])
+    test = _dump(tmp_path / "t.h5", [("a", (2,), None), ("b", (2,), None)])
+    m = _matches(align(ref, test, {"a": "b"}))
+    assert m[("a", "b")] == "map"
+    assert ("b", "a") not in m and len(m) == 1  # b on the ref side is left: its namesake was mapped away
+
+
+def test_exact(tmp_path: Path) -> None:
+    ref = _dump(tmp_path / "r.h5", [("x/y", (3,), None)])
+    test = _dump(tmp_path / "t.h5", [("x/y", (3,), None)])
+    assert _matches(align(ref, test)) == {("x/y", "x/y"): "exact"}
+
+
+def test_graph_input_pairs_with_recorded_model_input(tmp_path: Path) -> None:
+    x = np.ones((2,), np.float32)
+    ref = _dump(tmp_path / "r.h5", [("h", (2,), None)], inputs={"pixel_values": x})
+    test = _dump(tmp_path / "t.h5", [("pixel_values", (2,), None), ("h", (2,), None)])
+    m = _matches(align(ref, test))
+    assert m == {("h", "h"): "exact", ("pixel_values", "pixel_values"): "input"}
+
+
+def test_qdq_suffixes_when_unique(tmp_path: Path) -> None:
+    ref = _dump(tmp_path / "r.h5", [("logits", (2,), None), ("h", (2,), None), ("h_dequantized", (2,), None)])
+    test = _dump(tmp_path / "t.h5", [("logits_QuantizeLinear_Input", (2,), None), ("h_quantized", (2,), None)])
+    m = _matches(align(ref, test))
+    assert m == {("logits", "logits_QuantizeLinear_Input"): "qdq"}  # "h" is ambiguous: two ref names strip to it
+
+
+def test_qnn_sanitized_names_per_char_and_legacy(tmp_path: Path) -> None:
+    ref = _dump(tmp_path / "r.h5", [("/blocks.0/fc1/MatMul_output_0", (2,), None), ("a..b", (2,), None)])
+    test = _dump(tmp_path / "t.h5", [("_blocks_0_fc1_MatMul_output_0", (2,), None), ("a_b", (2,), None)])
+    m = _matches(align(ref, test))
+    assert m == {("/blocks.0/fc1/MatMul_output_0", "_blocks_0_fc1_MatMul_output_0"): "qnn", ("a..b", "a_b"): "qnn"}
+
+
+def test_scope_torch_module_to_last_onnx_tensor_of_same_shape(tmp_path: Path) -> None:
+    ref = _dump(tmp_path / "r.h5", [("encoder.mlp", (4,), "encoder.mlp")], backend="torch")
+    test = _dump(tmp_path / "t.h5", [("/encoder/mlp/fc1/MatMul_output_0", (8,), "encoder.mlp.fc1"),
+                                      ("/encoder/mlp/fc2/MatMul_output_0", (4,), "encoder.mlp.fc2"),
+                                      ("/encoder/mlp/Reshape_output_0", (2, 3), "encoder.mlp")])
+    m = _matches(align(ref, test))
+    assert m == {("encoder.mlp", "/encoder/mlp/fc2/MatMul_output_0"): "scope"}
+
+
+def test_unmatched_policy_in_the_api(tmp_path: Path) -> None:
+    ref = _dump(tmp_path / "r.h5", [(f"t{i}", (2,), None) for i in range(10)])
+    test = _dump(tmp_path / "t.h5", [(f"t{i}", (2,), None) for i in range(8)] + [("odd", (2,), None)])
+    al = align(ref, test)
+    assert al.unmatched_limit() == (1, 9, pytest.approx(9 * defaults.MAX_UNMATCHED_FRACTION))
+    with pytest.raises(AlignmentError, match="1 of 9 tensors"):
+        al.check(0)
+    al.check(1)
+    al.check(0.2)  # a fraction of the smaller side: 1.8 allowed
+    with pytest.raises(AlignmentError):
+        al.check(0.1)
+    with pytest.raises(UsageError):
+        al.check(-1)

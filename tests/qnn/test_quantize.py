@@ -1,0 +1,190 @@
+"""QDQ quantization for QNN: presets, calibration sources, overrides, atomic and safe output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from ivq_debug.errors import InputError, UsageError
+from tests.support import qnn_models as models
+from tests.support.qnn_models import needs_qnn
+
+# ORT's QNN quantization helpers ship with onnxruntime itself: these tests run without onnxruntime-qnn,
+# except the one that needs a QDQ model from the QNN fixtures
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("float") / "block.onnx"
+    onnx.save(models.build_block(0), str(p))
+    return p
+
+
+def _inits(path: Path) -> dict[str, np.ndarray]:
+    m = onnx.load(str(path))
+    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+
+
+@pytest.mark.parametrize(("preset", "act", "wt", "domain", "opset"), [
+    ("a8w8", "QUInt8", "QUInt8", "ai.onnx", 20),
+    ("a16w8", "QUInt16", "QUInt8", "com.microsoft", 21),
+    ("a16w16", "QUInt16", "QUInt16", "com.microsoft", 21),
+])
+def test_presets(block: Path, tmp_path: Path, preset: str, act: str, wt: str, domain: str, opset: int) -> None:
+    from ivq_debug.onnxgraph.sites import list_sites
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    r = quantize_for_qnn(block, tmp_path / "q.onnx", models.block_feeds(1, 4), preset=preset)
+    assert (r.activation_type, r.weight_type) == (act, wt)
+    assert r.calibration_samples == 4 and r.calibration_source == "in-memory feeds"
+    assert r.qdq_domains == [domain] and r.opset["ai.onnx"] == opset
+    assert r.quantize_nodes > 30 and r.dequantize_nodes > r.quantize_nodes
+    assert r.seconds > 0 and r.model_path == tmp_path / "q.onnx"
+    inits = _inits(r.model_path)
+    assert inits["x1_zero_point"].dtype == (np.uint16 if act == "QUInt16" else np.uint8)
+    assert inits["Wq_zero_point"].dtype == (np.uint16 if wt == "QUInt16" else np.uint8)
+    # the 16-bit com.microsoft Q/DQ model is read without shape inference by the capture code
+    sites = list_sites(onnx.load(str(r.model_path), load_external_data=False))
+    assert {s.encoding["bitwidth"] for s in sites} == {16 if act == "QUInt16" else 8}
+    assert json.dumps(r.to_dict())
+
+
+def test_per_channel_weights(block: Path, tmp_path: Path) -> None:
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    conv = tmp_path / "conv.onnx"
+    onnx.save(models.build_conv(0), str(conv))
+    px = np.random.default_rng(0).random((2, 1, 3, 16, 16)).astype(np.float32)
+    r = quantize_for_qnn(conv, tmp_path / "conv.q.onnx", {"pixel_values": px}, per_channel=True)
+    assert r.per_channel and r.calibration_samples == 2
+    assert _inits(r.model_path)["conv_w_scale"].shape == (4,)  # one scale per output channel
+    # QNN has no per-channel MatMul: the QNN config keeps MatMul weights per-tensor
+    r = quantize_for_qnn(block, tmp_path / "q.onnx", models.block_feeds(1, 2), per_channel=True)
+    assert _inits(r.model_path)["W1_scale"].size == 1
+
+
+def test_calibration_sources(block: Path, tmp_path: Path) -> None:
+    from ivq_debug.qnn.quantize import load_calibration
+
+    rng = np.random.default_rng(0)
+    pos = {"pos": np.arange(models.S, dtype=np.float32).reshape(models.S, 1)}
+    np.savez(tmp_path / "set.npz", x=rng.standard_normal((5, 1, models.S, models.D)).astype(np.float32),
+             pos=np.repeat(pos["pos"][None], 5, axis=0))
+    s, desc = load_calibration(tmp_path / "set.npz", block)
+    assert len(s) == 5 and s[0]["x"].shape == (1, models.S, models.D) and desc.startswith("npz")
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    for i in range(3):  # no batch axis in the files: added
+        np.save(folder / f"{i:02d}.npy", rng.standard_normal((models.S, models.D)))
+    s, _ = load_calibration(folder, block, fixed_feeds=pos, max_samples=2)
+    assert len(s) == 2 and s[1]["x"].dtype == np.float32 and s[1]["x"].shape == (1, models.S, models.D)
+    with pytest.raises(InputError, match="exactly one free model input"):
+        load_calibration(folder, block)
+    (folder / "99.npy").write_bytes(b"not numpy")
+    with pytest.raises(InputError, match=r"99\.npy"):
+        load_calibration(folder, block, fixed_feeds=pos)
+    np.save(tmp_path / "bad.npy", rng.standard_normal((3, models.S, models.D + 1)))
+    with pytest.raises(InputError, match="dim 2 is 33, model expects 32"):
+        load_calibration(tmp_path / "bad.npy", block, fixed_feeds=pos)
+    with pytest.raises(UsageError, match="not model inputs"):
+        load_calibration(folder, block, fixed_feeds={"nope": 1})
+
+
+def test_image_folder_calibration(tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    from ivq_debug.qnn.quantize import load_calibration, quantize_for_qnn
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(models.build_conv(0, hw=16), str(model))
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):  # 20x20 RGBA PNGs: alpha dropped, resized to 16x16, laid out NCHW
+        mpimg.imsave(imgs / f"img{i}.png", rng.random((20, 20, 3)))
+    s, desc = load_calibration(imgs, model, image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25))
+    assert len(s) == 3 and s[0]["pixel_values"].shape == (1, 3, 16, 16) and "3 files" in desc
+    assert -2.1 <= s[0]["pixel_values"].min() and s[0]["pixel_values"].max() <= 2.1
+    r = quantize_for_qnn(model, tmp_path / "conv.qdq.onnx", imgs)
+    assert r.calibration_samples == 3
+
+
+def test_overrides_dict_and_json(block: Path, tmp_path: Path) -> None:
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    feeds = models.block_feeds(1, 4)
+    r = quantize_for_qnn(block, tmp_path / "a.onnx", feeds,
+                         overrides={"g": [{"scale": 0.05, "zero_point": 10}], "sc": {"rmin": -10.0, "rmax": 10.0}})
+    i = _inits(r.model_path)
+    assert r.overrides == 2
+    assert i["g_scale"].dtype == np.float32 and float(i["g_scale"]) == pytest.approx(0.05)
+    assert int(i["g_zero_point"]) == 10
+    assert float(i["sc_scale"]) == pytest.approx(20 / 255, rel=1e-6)
+    (tmp_path / "ort.json").write_text(json.dumps({"p": [{"quant_type": "QUInt16"}], "sc": [{"quant_type": "u16"}]}))
+    r = quantize_for_qnn(block, tmp_path / "b.onnx", feeds, overrides=tmp_path / "ort.json")
+    assert _inits(r.model_path)["p_zero_point"].dtype == np.uint16
+    with pytest.raises(UsageError, match="lacks"):
+        quantize_for_qnn(block, tmp_path / "c.onnx", feeds, overrides={"nope": {"quant_type": "QUInt16"}})
+    r = quantize_for_qnn(block, tmp_path / "c.onnx", feeds, overrides={"nope": {"quant_type": "QUInt16"}},
+                         strict_overrides=False)
+    assert r.overrides_unmatched == ["nope"] and r.overrides == 0
+
+
+def test_qnn_encodings_overrides(block: Path, tmp_path: Path) -> None:
+    """QNN legacy and 1.0.0 encodings JSON, converted through ivq_debug.qnn.encodings."""
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    feeds = models.block_feeds(1, 4)
+    legacy = {"activation_encodings": {"g": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "False",
+                                                "min": -0.2, "max": 4.0}]},
+              "param_encodings": {"W1": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "True",
+                                           "scale": 0.01, "offset": -128}]}}
+    (tmp_path / "legacy.json").write_text(json.dumps(legacy))
+    r = quantize_for_qnn(block, tmp_path / "l.onnx", feeds, overrides=tmp_path / "legacy.json")
+    i = _inits(r.model_path)
+    assert r.overrides == 2
+    assert float(i["W1_scale"]) == pytest.approx(0.01) and i["W1_zero_point"].dtype == np.int8
+    assert float(i["g_scale"]) == pytest.approx(4.2 / 255, rel=1e-3)
+    v1 = {"version": "1.0.0", "param_encodings": [],
+          "activation_encodings": [{"name": "g", "enc_type": "PER_TENSOR", "dtype": "INT", "bw": 16,
+                                    "is_sym": False, "scale": [1e-4], "offset": [-2000]}]}
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    r = quantize_for_qnn(block, tmp_path / "v.onnx", feeds, preset="a16w8", overrides=tmp_path / "v1.json")
+    i = _inits(r.model_path)
+    assert float(i["g_scale"]) == pytest.approx(1e-4) and int(i["g_zero_point"]) == 2000
+
+
+def test_output_is_atomic_and_never_overwritten(block: Path, tmp_path: Path) -> None:
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    out = tmp_path / "q.onnx"
+    feeds = models.block_feeds(1, 2)
+    quantize_for_qnn(block, out, feeds)
+    before = out.read_bytes()
+    with pytest.raises(UsageError, match="overwrite=True"):
+        quantize_for_qnn(block, out, feeds, preset="a16w8")
+    assert out.read_bytes() == before
+    quantize_for_qnn(block, out, feeds, preset="a16w8", overwrite=True)
+    assert out.read_bytes() != before
+    with pytest.raises(InputError, match=r"lacks inputs"):
+        quantize_for_qnn(block, tmp_path / "bad.onnx", [{"x": feeds[0]["x"]}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.onnx"]  # no partial files left behind
+
+
+@pytest.mark.qnn
+@needs_qnn
+def test_bad_arguments(block: Path, tmp_path: Path, qnn_models: dict[str, Path]) -> None:
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    feeds = models.block_feeds(1, 2)
+    with pytest.raises(UsageError, match="preset"):
+        quantize_for_qnn(block, tmp_path / "q.onnx", feeds, preset="a4w4")
+    with pytest.raises(UsageError, match="already holds QuantizeLinear"):
+        quantize_for_qnn(qnn_models["block.a8w8"], tmp_path / "q.onnx", feeds)
+    with pytest.raises(InputError, match="no such ONNX model"):
+        quantize_for_qnn(tmp_path / "missing.onnx", tmp_path / "q.onnx", feeds)
