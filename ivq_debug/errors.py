@@ -33,13 +33,16 @@ EXIT_TOOL = 5
 #: DEL, C1 controls (``\x9b`` is a CSI on some terminals), lone surrogates (undecodable bytes of a file
 #: name), and the bidirectional overrides that reorder what a reader sees (``abc\u202egnp.exe``)
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
+#: the same, tab and newline allowed (multi-line text: an HTML ``<pre>`` block)
+_UNSAFE_MULTILINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
 
 
-def printable(text: object) -> str:
+def printable(text: object, multiline: bool = False) -> str:
     """``text`` with every control, surrogate or bidi-override character written as a visible escape
-    (``\x1b``, ``\udc80``, ``\u202e``): names come from files and must not drive the terminal."""
+    (``\x1b``, ``\udc80``, ``\u202e``): names come from files and must not drive the terminal.
+    ``multiline`` keeps tabs and newlines."""
     s = text if isinstance(text, str) else str(text)
-    return _UNSAFE.sub(_escape_char, s)
+    return (_UNSAFE_MULTILINE if multiline else _UNSAFE).sub(_escape_char, s)
 
 
 def _escape_char(m: re.Match[str]) -> str:

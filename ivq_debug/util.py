@@ -101,6 +101,30 @@ def regular_folder(path: str | os.PathLike, what: str = "input folder") -> Path:
     return p
 
 
+def is_inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """True when ``path``'s real path (symlinks resolved) is ``folder``'s real path or lies under it."""
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def file_in_folder_problem(path: str | os.PathLike, folder: str | os.PathLike, what: str = "file",
+                           allow_outside: bool = False) -> str | None:
+    """Why a file found under ``folder`` may not be read, or ``None``: it cannot be ``stat``-ed (a symlink
+    loop, a dangling link, permissions), is not a regular file, or is a symlink whose target leaves
+    ``folder`` (unless ``allow_outside``). Decided without opening the file."""
+    p = Path(path)
+    try:
+        st = _stat(p, what)
+    except InputError as e:
+        return e.message
+    kind = _kind(st.st_mode)
+    if kind:
+        return f"{what} is {kind}, not a regular file"
+    if not allow_outside and not is_inside(p, folder):
+        return f"{what} is a symlink to a file outside {os.fspath(folder)!r} (--allow-outside-inputs reads it)"
+    return None
+
+
 def open_input(path: str | os.PathLike, what: str = "input file") -> IO[bytes]:
     """Open a regular file for binary reading without ever blocking on a FIFO or device.
 
@@ -279,7 +303,8 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
     """Fail before any work when an output would replace an input or a file the user did not allow.
 
     An output is refused (:class:`UsageError`, exit 2) when its real path (symlinks resolved) or, when it
-    exists, its inode (hard links) is one of ``inputs`` or a file inside an input folder, **even with**
+    exists, its inode (hard links) is one of ``inputs`` or a file inside an input folder (a hard link into
+    the folder is found by walking it, only when the output has several links), **even with**
     ``overwrite``; when it exists and ``overwrite`` is false; when it is a folder. Returns the output path.
     """
     out = Path(output)
@@ -300,7 +325,8 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
         if real == ireal or (ost is not None and ist is not None and _same_file(ost, ist)):
             raise UsageError(f"output would replace the input {os.fspath(ip)!r} (even --force does not allow that)",
                              out)
-        if ist is not None and stat.S_ISDIR(ist.st_mode) and ost is not None and real.is_relative_to(ireal):
+        if ist is not None and stat.S_ISDIR(ist.st_mode) and ost is not None and (
+                real.is_relative_to(ireal) or (ost.st_nlink > 1 and _holds_inode(ip, ost))):
             raise UsageError(f"output would replace a file of the input folder {os.fspath(ip)!r}", out)
     if ost is not None:
         if stat.S_ISDIR(ost.st_mode):
@@ -308,6 +334,18 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
         if not overwrite:
             raise UsageError("output exists; pass --force (overwrite=True) to replace it", out)
     return out
+
+
+def _holds_inode(folder: Path, st: os.stat_result) -> bool:
+    """Whether a file under ``folder`` is ``st``'s inode (a hard link of it; only asked when it has several)."""
+    for dirpath, _, files in os.walk(folder):
+        for n in files:
+            try:
+                if _same_file(os.stat(os.path.join(dirpath, n), follow_symlinks=False), st):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _make_parents(p: Path) -> list[Path]:

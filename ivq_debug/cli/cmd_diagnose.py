@@ -12,8 +12,9 @@ from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
 from ivq_debug.console import console
 from ivq_debug.diagnose.replay import replay
-from ivq_debug.dump import check_writable, open_dump
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -34,8 +35,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget."""
-    if args.json and args.json != "-":
-        check_writable(args.json, args.force)
+    check_outputs([args.json], [args.ref, args.test, args.model], args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     cmp = compare(ref, test)  # the cumulative error per tensor (no diagnostics needed)
     factory = (lambda path: make_runner("qnn", path)) if args.backend == "qnn" else None
@@ -43,6 +43,8 @@ def execute(args: argparse.Namespace) -> int:
     budget = args.budget_sqnr if args.budget_sqnr is not None else defaults.DIVERGENCE_SQNR_DB
     r = replay(args.model, ref, record=parse_record(args.record), runner_factory=factory, cumulative=cmp,
                budget_sqnr_db=budget, nodes=args.nodes.split(",") if args.nodes else None)
+    if args.json:  # written before anything is printed: a full disk is then the only stderr line
+        write_json(r.to_json(), args.json, overwrite=args.force)
     con = console()
     t = Table(title=f"introduced vs inherited error ({r.backend}, record {r.record}); worst {args.top} by "
                     f"introduced SQNR", title_justify="left", header_style="bold")
@@ -59,6 +61,4 @@ def execute(args: argparse.Namespace) -> int:
                   f"introduces {fmt_num(fb['intro_sqnr_db'])} dB (cumulative {fmt_num(fb.get('cum_sqnr_db'))} dB)")
     else:
         con.print(f"[green]no unit introduces more error than the budget ({budget:g} dB)[/green]")
-    if args.json:
-        write_json(r.to_json(), args.json, overwrite=args.force)
     return EXIT_FAIL if fb else EXIT_OK

@@ -8,6 +8,7 @@ from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
 from ivq_debug.cli.common import escape
 from ivq_debug.console import console, status
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -26,13 +27,15 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="record part of a graph (vision, prefill, decode, model)")
     p.add_argument("--strict", action="store_true", help="fail on the first problem instead of writing an "
                    "incomplete dump")
+    p.add_argument("--allow-outside-inputs", action="store_true",
+                   help="read raw files and Result folders that are symlinks leaving OUTPUT_DIR (refused by default)")
     p.add_argument("--device", default=None, help="provenance: device / SoC the run came from")
     p.add_argument("--force", action="store_true", help="overwrite the output dump")
 
 
 def execute(args: argparse.Namespace) -> int:
     """Run the ingest; exit 1 when the dump had to be marked incomplete."""
-
+    check_outputs([args.output], [args.output_dir, *args.graph, args.model, args.profiling], args.force)
     parts = {}
     for spec in args.part:
         if "=" not in spec:
@@ -44,7 +47,7 @@ def execute(args: argparse.Namespace) -> int:
         cap = capture_net_run(args.output_dir, args.output, args.graph if len(args.graph) > 1 else args.graph[0],
                               model=args.model, profiling=args.profiling, strict=args.strict,
                               as_steps=args.as_steps, first_step=args.first_step, parts=parts or None,
-                              overwrite=args.force, backend_info=info)
+                              overwrite=args.force, backend_info=info, allow_outside=args.allow_outside_inputs)
     con = console()
     con.print(f"wrote {escape(cap.path)}: {cap.n_tensors} tensors in {len(cap.records)} record(s)"
               + (f", {cap.profiling_rows} profiling rows" if cap.profiling_rows else ""))

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, write_json
 from ivq_debug.console import console, status
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
+from ivq_debug.qnn.quantize import load_calibration
 from ivq_debug.tune.suggest import from_encodings, suggest, write_suggestions
 from ivq_debug.tune.verify import Tuner, greedy, verify
 from ivq_debug.util import read_arrays
+from ivq_debug.validate import check_feeds, check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -37,21 +43,41 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run the loop."""
+    """Run the loop: every input is read and checked before the workdir is created; a workdir this run
+    created is removed when it fails."""
     wd = Path(args.workdir)
     if wd.exists() and any(wd.iterdir()) and not args.force:
         raise UsageError("workdir is not empty; pass --force to reuse it", wd)
-    wd.mkdir(parents=True, exist_ok=True)
+    model = load_model(args.model)
     feeds = [read_arrays(p) for p in args.inputs]
+    check_feeds(feeds, model, args.inputs)
+    calibration, _ = load_calibration(args.calibration, model)
+    encs = read_encodings(args.overrides, model=args.model) if args.overrides else None
+    if args.reference:
+        open_dump(args.reference).close()
+    inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
+    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"])]
+    check_outputs([wd / n for n in outputs], inputs, overwrite=True)  # even --force never replaces an input
+    missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
+    wd.mkdir(parents=True, exist_ok=True)
+    try:
+        return _tune(args, wd, calibration, feeds, encs)
+    except BaseException:
+        if missing:  # the folders this run created, nothing else
+            shutil.rmtree(missing[-1], ignore_errors=True)
+        raise
+
+
+def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict], encs: Any) -> int:
     ref = Path(args.reference) if args.reference else wd / "reference.h5"
     if not args.reference:
         capture(make_runner("onnx", args.model, selection=Selection()), feeds, ref, overwrite=True, progress=None)
-    tuner = Tuner(Path(args.model), args.calibration, feeds, ref, wd / "trials", preset=args.preset)
+    tuner = Tuner(Path(args.model), calibration, feeds, ref, wd / "trials", preset=args.preset)
     con = console()
     with status("baseline: quantize, capture on QNN HTP, compare"):
         before = tuner.trial("before", [])
-    if args.overrides:
-        sug = from_encodings(read_encodings(args.overrides, model=args.model))
+    if encs is not None:
+        sug = from_encodings(encs)
     else:
         sug = suggest(before.comparison)
     if not sug:

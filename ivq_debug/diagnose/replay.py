@@ -31,10 +31,10 @@ from ivq_debug.capture.base import make_runner
 from ivq_debug.console import track
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.metrics import MetricAccumulator
 from ivq_debug.onnxgraph.fold import constant_nodes
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name, is_qdq
 from ivq_debug.util import json_safe
 
@@ -268,21 +268,25 @@ def replay(
     rows = []
     backend = None
     info: dict[str, Any] = {}
-    # replay models go next to the QDQ model (hidden, removed after use): their weights are references
-    # into the QDQ model's own file, which ONNX Runtime reads only from inside the model's folder
+    # a replay model whose weights are references into the QDQ model's files (external data, large models
+    # loaded in place) goes next to the QDQ model (hidden, removed after use): ONNX Runtime reads external
+    # data only from inside the model's folder. Others go to TMPDIR.
     folder = Path(qdq_model).resolve().parent
     it = track(batches, "replaying", total=len(batches)) if progress else batches
     for batch in it:
         m, feed_map = build_replay_model(model, batch)
         feeds = {gi: ref.read(avail[x]) for gi, (_, x) in feed_map.items()}
         _typed_inputs(m, feeds)
-        fd, path = tempfile.mkstemp(prefix=f".ivq-replay-{os.getpid()}-", suffix=".onnx", dir=folder)
+        fd, path = tempfile.mkstemp(prefix=f".ivq-replay-{os.getpid()}-", suffix=".onnx",
+                                    dir=folder if has_external_data(m) else None)
         os.close(fd)
         try:
             onnx.save(m, path)
             runner = runner_factory(path)
             backend, info = runner.backend, runner.info
             outs = runner.run(feeds)
+        except InputError as e:  # ONNX Runtime refused the model's own graph or weights: name the user's file
+            raise InputError(e.message, qdq_model) from None
         finally:
             os.unlink(path)
         del feeds

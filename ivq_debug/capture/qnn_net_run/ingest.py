@@ -99,6 +99,7 @@ def capture_net_run(
     parts: Mapping[str, str] | None = None,
     overwrite: bool = False,
     backend_info: Mapping[str, Any] | None = None,
+    allow_outside: bool = False,
 ) -> NetRunCapture:
     """Ingest a qnn-net-run output folder into a new golden dump.
 
@@ -115,6 +116,7 @@ def capture_net_run(
         parts: graph name → record part (default ``model`` for one graph, else the graph name).
         overwrite: replace an existing dump.
         backend_info: extra provenance (device, SDK version, soc_model, …).
+        allow_outside: read raw files / Result folders that are symlinks leaving ``output_dir``.
 
     Raises:
         UsageError: the dump exists and ``overwrite`` is false.
@@ -126,7 +128,7 @@ def capture_net_run(
         bad = {v for v in parts.values() if v not in PARTS}
         if bad:
             raise UsageError(f"unknown part(s) {sorted(bad)} (use {', '.join(PARTS)})")
-    ing = ingest_output(output_dir, graphs, model=model, strict=strict)
+    ing = ingest_output(output_dir, graphs, model=model, strict=strict, allow_outside=allow_outside)
     prof = None
     if profiling is not None:
 
