@@ -29,23 +29,44 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-MiB = 1 << 20
-GiB = 1 << 30
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, when run as a script or loaded by path
+from common import (
+    DIFF_OK,
+    GiB,
+    Measured,
+    MiB,
+    Row,
+    bin_path,
+    dir_bytes,
+    gib,
+    layer_sqnr,
+    load_avg,
+    mem_available,
+    mem_total,
+    row_json,
+    run_measured,
+    run_ort,
+    run_polygraphy,
+    sanity,
+    say,
+    step_result,
+    table,
+)
+from common import run_ivq as run_ivq_row
+from common import self_cmd as _common_self_cmd
+
 PROTOBUF_LIMIT = 2 * GiB - 1
 TOOLS = ("ivq", "polygraphy", "ort")
-#: metric every tool computes the same way (10·log10(Σr²/Σ(t−r)²), signal = reference)
-SHARED_METRIC = "sqnr_db"
-#: ivq-diff exit codes that carry a valid result (1 = a budget failed)
-DIFF_OK = (0, 1)
+
+
+def _self_cmd(step: str, args: dict[str, Any]) -> list[str]:
+    return _common_self_cmd(__file__, step, args)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -310,167 +331,8 @@ def step_build(a: dict[str, Any]) -> dict[str, Any]:
             "external_data": (out / "ref.onnx.data").exists(), "nodes": len(m.graph.node)}
 
 
-# ------------------------------------------------------------------------------------------ measurement
-@dataclass
-class Measured:
-    """One measured child process."""
-
-    cmd: list[str]
-    seconds: float
-    peak_rss: int  # bytes, ru_maxrss of the child (os.wait4)
-    returncode: int
-    stdout: str
-    stderr: str
-    killed: str | None = None  # why the guard killed it
-    ok_codes: tuple[int, ...] = (0,)  # ivq-diff: (0, 1), 1 = a budget failed, a valid result
-    missing: str | None = None  # an output the step must write and did not
-
-    @property
-    def ok(self) -> bool:
-        """Finished by itself with an accepted exit code and wrote its output."""
-        return self.killed is None and self.returncode in self.ok_codes and self.missing is None
-
-    def why(self) -> str:
-        """One line saying why it did not succeed."""
-        if self.killed:
-            return self.killed
-        tail = [ln for ln in (self.stderr or self.stdout).strip().splitlines() if ln.strip()]
-        return f"exit {self.returncode}: {tail[-1][:200] if tail else ''}"
-
-
-def _rss_of(pid: int) -> int:
-    """Current RSS of a process (bytes; 0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def run_measured(cmd: Sequence[str], *, log: Path, limit_as: int | None = None, guard: int | None = None,
-                 env: dict[str, str] | None = None, ok_codes: tuple[int, ...] = (0,),
-                 require: Path | None = None) -> Measured:
-    """Run ``cmd`` as its own process; return wall time and its peak RSS (``os.wait4``).
-
-    ``limit_as`` sets ``RLIMIT_AS`` in the child (``ulimit -v``). ``guard`` kills the child when its RSS
-    goes over that many bytes, so a tool that would exhaust the machine fails alone (reported, not hidden).
-    stdout / stderr go to ``log`` (``.out`` / ``.err``) so a chatty tool cannot block on a pipe.
-    ``require``: a file the command must have written (ivq-diff exits 1 both for "a budget failed" and for
-    an internal error such as ``MemoryError``; only the former writes its ``--json``).
-    """
-    if require is not None:
-        require.unlink(missing_ok=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    out_p, err_p = log.with_name(log.name + ".out"), log.with_name(log.name + ".err")
-
-    def limit() -> None:
-        if limit_as is not None:
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
-
-    killed = None
-    with open(out_p, "w") as fo, open(err_p, "w") as fe:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(list(cmd), stdout=fo, stderr=fe, env=env, preexec_fn=limit, start_new_session=True)
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if guard is not None and killed is None:
-                rss = _rss_of(p.pid)
-                if rss > guard:
-                    killed = f"killed by the benchmark's guard at RSS {rss / GiB:.1f} GiB (> {guard / GiB:.1f} GiB)"
-                    os.killpg(p.pid, signal.SIGKILL)
-            time.sleep(0.02)
-        dt = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    missing = str(require) if require is not None and not require.exists() else None
-    return Measured(list(cmd), dt, ru.ru_maxrss * 1024, p.returncode, out_p.read_text(errors="replace"),
-                    err_p.read_text(errors="replace"), killed, ok_codes, missing)
-
-
-def _self_cmd(step: str, args: dict[str, Any]) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--step", step, "--step-args", json.dumps(args)]
-
-
-def _step_result(m: Measured) -> dict[str, Any]:
-    lines = [ln for ln in m.stdout.strip().splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
-
-
-def _bin(name: str) -> str:
-    """A console script of this interpreter's environment (the venv), else from PATH."""
-    p = Path(sys.executable).with_name(name)
-    return str(p) if p.exists() else (shutil.which(name) or name)
-
-
-# ------------------------------------------------------------------------------------------- the rows
-@dataclass
-class Row:
-    """One line of the table: a tool (or variant) doing capture ref, capture test and compare."""
-
-    tool: str
-    steps: dict[str, Measured | None] = field(default_factory=dict)  # capture_ref, capture_test, compare
-    disk: int | None = None
-    note: str = ""
-    skipped: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    # seconds / peak RSS per step when a step is not one process (ORT: phases of one process)
-    seconds: dict[str, float] = field(default_factory=dict)
-    rss: dict[str, int] = field(default_factory=dict)
-
-    def sec(self, step: str) -> float | None:
-        """Seconds of a step (None when it did not run or failed)."""
-        if step in self.seconds:
-            return self.seconds[step]
-        m = self.steps.get(step)
-        return m.seconds if m is not None and m.ok else None
-
-    def peak(self, step: str) -> int | None:
-        """Peak RSS of a step in bytes (None when it did not run; measured even when it failed)."""
-        if step in self.rss:
-            return self.rss[step]
-        m = self.steps.get(step)
-        return m.peak_rss if m is not None else None
-
-    @property
-    def failed(self) -> str | None:
-        """Why the row is incomplete, if it is."""
-        if self.skipped:
-            return self.skipped
-        for name, m in self.steps.items():
-            if m is not None and not m.ok:
-                return f"{name}: {m.why()}"
-        return None
-
-    @property
-    def total(self) -> float | None:
-        """capture ref + capture test + compare, when all three finished."""
-        secs = [self.sec(s) for s in STEPS]
-        return None if self.failed or any(s is None for s in secs) else sum(secs)  # type: ignore[arg-type]
-
-    @property
-    def max_rss(self) -> int | None:
-        """The largest per-step peak RSS."""
-        vals = [v for v in (self.peak(s) for s in STEPS) if v is not None]
-        return max(vals) if vals else None
-
-
-STEPS = ("capture_ref", "capture_test", "compare")
-
-
-def _dir_bytes(paths: Sequence[Path]) -> int:
-    return sum(p.stat().st_size for p in paths if p.exists())
-
-
 def run_ivq(work: Path, models: Path, variant: str, opts: argparse.Namespace) -> Row:
     """ivq-debug: ``ivq capture onnx`` ×2 and ``ivq-diff --json`` (variant: full, max-outputs, summary)."""
-    d = work / f"ivq-{variant}"
-    d.mkdir(parents=True, exist_ok=True)
     extra_args: list[str] = []
     name = "ivq-debug"
     if variant == "maxout":
@@ -479,247 +341,8 @@ def run_ivq(work: Path, models: Path, variant: str, opts: argparse.Namespace) ->
     elif variant == "summary":
         extra_args = ["--summary-only"]
         name = "ivq-debug --summary-only"
-    row = Row(name)
-    env = dict(os.environ, IVQ_NO_PROGRESS="1")
-    for side in ("ref", "test"):
-        cmd = [_bin("ivq"), "capture", "onnx", str(models / f"{side}.onnx"), "--inputs", str(models / "inputs.npz"),
-               "-o", str(d / f"{side}.h5"), "--force", *extra_args]
-        _say(f"  {name}: capture {side}")
-        row.steps[f"capture_{side}"] = m = run_measured(cmd, log=d / f"capture_{side}", guard=opts.guard, env=env)
-        if not m.ok:
-            row.steps.setdefault("compare", None)
-            return row
-    _say(f"  {name}: ivq-diff")
-    cmd = [_bin("ivq-diff"), str(d / "ref.h5"), str(d / "test.h5"), "--json", str(d / "diff.json"), "--force", "-q"]
-    row.steps["compare"] = run_measured(cmd, log=d / "diff", guard=opts.guard, env=env, ok_codes=DIFF_OK,
-                                       require=d / "diff.json")
-    row.disk = _dir_bytes([d / "ref.h5", d / "test.h5"])
-    if (d / "diff.json").exists():
-        doc = json.loads((d / "diff.json").read_text())
-        row.extra["sqnr"] = {ly["ref_name"]: _f(ly["metrics"].get("sqnr_db")) for ly in doc["layers"]}
-        row.extra["pairs"] = doc["summary"]["pairs"]
-    return row
-
-
-def _f(v: Any) -> float | None:
-    if v is None:
-        return None
-    if isinstance(v, str):
-        return {"inf": math.inf, "-inf": -math.inf}.get(v, math.nan)
-    return float(v)
-
-
-def ensure_polygraphy(install: bool) -> str | None:
-    """None when Polygraphy is importable (installing it into this environment if allowed), else the reason."""
-    probe = [sys.executable, "-c", "import polygraphy, onnxruntime; print(polygraphy.__version__)"]
-    if subprocess.run(probe, capture_output=True).returncode == 0:
-        return None
-    if not install:
-        return "Polygraphy is not installed (pip install polygraphy; benchmark-only dependency)"
-    _say("Polygraphy is not installed: installing it into this environment (benchmark-only dependency): "
-         f"{sys.executable} -m pip install polygraphy")
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "polygraphy"], capture_output=True, text=True)
-    if r.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
-        tail = (r.stderr or r.stdout).strip().splitlines()
-        return f"pip install polygraphy failed: {tail[-1][:160] if tail else r.returncode}"
-    return None
-
-
-def step_poly_inputs(a: dict[str, Any]) -> dict[str, Any]:
-    """Write the benchmark inputs as a Polygraphy ``--load-inputs`` JSON (a list of feed dicts)."""
-    import numpy as np
-    from polygraphy.json import save_json
-
-    with np.load(a["npz"], allow_pickle=False) as z:
-        feeds = {k: z[k] for k in z.files}
-    save_json([feeds], a["out"])
-    import polygraphy
-
-    return {"version": polygraphy.__version__}
-
-
-def run_polygraphy(work: Path, models: Path, opts: argparse.Namespace) -> Row:
-    """Polygraphy: mark all outputs, save both runs as JSON, compare the saved runs with SNR."""
-    row = Row("Polygraphy")
-    reason = ensure_polygraphy(not opts.no_install)
-    if reason:
-        row.skipped = reason
-        return row
-    d = work / "polygraphy"
-    d.mkdir(parents=True, exist_ok=True)
-    info = _step_result(run_measured(_self_cmd("poly-inputs", {"npz": str(models / "inputs.npz"),
-                                                               "out": str(d / "inputs.json")}), log=d / "inputs"))
-    row.note = f"polygraphy {info.get('version', '?')}"
-    exe = _bin("polygraphy")
-    for side in ("ref", "test"):
-        out = d / f"{side}.json"
-        out.unlink(missing_ok=True)
-        cmd = [exe, "run", str(models / f"{side}.onnx"), "--onnxrt", "--onnx-outputs", "*",
-               "--graph-optimization-level", "ORT_DISABLE_ALL", "--load-inputs", str(d / "inputs.json"),
-               "--save-outputs", str(out)]
-        _say(f"  Polygraphy: run --onnx-outputs '*' --save-outputs ({side})")
-        row.steps[f"capture_{side}"] = m = run_measured(cmd, log=d / f"capture_{side}", guard=opts.guard)
-        if not m.ok:
-            row.steps.setdefault("compare", None)
-            row.disk = _dir_bytes([d / "ref.json", d / "test.json"])
-            return row
-    res_p = d / "compare.json"
-    res_p.unlink(missing_ok=True)
-    _say("  Polygraphy: RunResults.load ×2 + Comparator.compare_accuracy(SnrCompareFunc) on float outputs")
-    row.steps["compare"] = run_measured(_self_cmd("poly-compare", {"ref": str(d / "ref.json"), "test": str(d / "test.json"),
-                                                                  "out": str(res_p), "acc": str(d / "accuracy.json")}),
-                                        log=d / "compare", guard=opts.guard)
-    row.disk = _dir_bytes([d / "ref.json", d / "test.json"])
-    if res_p.exists():
-        res = json.loads(res_p.read_text())
-        row.extra["sqnr"] = {k: _f(v) for k, v in res["snr"].items()}
-        row.extra["pairs"] = len(res["snr"])
-        row.extra["dropped"] = res["dropped"]
-        row.extra["captured"] = res["captured"]
-    return row
-
-
-def step_poly_compare(a: dict[str, Any]) -> dict[str, Any]:
-    """Compare two saved Polygraphy runs with ``SnrCompareFunc`` over their floating-point outputs.
-
-    What ``polygraphy run --load-outputs ref.json test.json --compare snr`` does, through the API: with
-    ``--onnx-outputs '*'`` the runs also hold int64 shape tensors and bool masks, on which Polygraphy
-    0.53.6's SNR raises ``TypeError: numpy boolean subtract``, so the user drops non-float outputs first.
-    The first run is the signal (SNR = 10·log10(mean(r²)/mean((r−t)²))).
-    """
-    import numpy as np
-    from polygraphy.comparator import Comparator, RunResults, SnrCompareFunc
-
-    runs = [RunResults.load(a["ref"]), RunResults.load(a["test"])]
-    dropped = captured = 0
-    nbytes = 0
-    for rr in runs:
-        for _name, iters in rr.items():
-            for it in iters:
-                for k in list(it.keys()):
-                    arr = np.asarray(it[k])
-                    captured += 1
-                    nbytes += arr.nbytes
-                    if arr.dtype.kind != "f":
-                        it.dct.pop(k)
-                        dropped += 1
-    acc = Comparator.compare_accuracy(runs, compare_func=SnrCompareFunc())
-    acc.save(a["acc"])
-    snr: dict[str, Any] = {}
-    for result in acc:
-        for _pair, iters in result.items():
-            for name, r in iters[0].items():
-                v = float(r.snr)
-                snr[name] = v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
-    Path(a["out"]).write_text(json.dumps({"snr": snr, "dropped": dropped // 2, "captured": captured // 2,
-                                          "bytes_per_run": nbytes // 2}))
-    return {"outputs": len(snr)}
-
-
-def step_ort_augment(a: dict[str, Any]) -> dict[str, Any]:
-    """``qdq_loss_debug.modify_model_output_intermediate_tensors`` on one model."""
-    from onnxruntime.quantization.qdq_loss_debug import modify_model_output_intermediate_tensors
-
-    modify_model_output_intermediate_tensors(a["model"], a["out"], save_as_external_data=a["external"])
-    return {}
-
-
-def step_ort_collect_compare(a: dict[str, Any]) -> dict[str, Any]:
-    """``collect_activations`` on both augmented models, then ``create_activation_matching`` and
-    ``compute_activation_error``: all in memory, in one process, as the module is designed."""
-    import resource
-
-    import numpy as np
-    from onnxruntime.quantization import CalibrationDataReader
-    from onnxruntime.quantization.qdq_loss_debug import (
-        collect_activations,
-        compute_activation_error,
-        create_activation_matching,
-    )
-
-    class Reader(CalibrationDataReader):  # the same single input for both models
-        def __init__(self) -> None:
-            with np.load(a["inputs"], allow_pickle=False) as z:
-                self.feeds = [{k: z[k] for k in z.files}]
-            self.it = iter(self.feeds)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.it, None)
-
-    def rss() -> int:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    res: dict[str, Any] = {"seconds": {}, "rss": {}}
-    t0 = time.perf_counter()
-    ref = collect_activations(a["ref"], Reader())
-    res["seconds"]["collect_ref"], res["rss"]["collect_ref"] = time.perf_counter() - t0, rss()
-    t0 = time.perf_counter()
-    test = collect_activations(a["test"], Reader())
-    res["seconds"]["collect_test"], res["rss"]["collect_test"] = time.perf_counter() - t0, rss()
-    t0 = time.perf_counter()
-    # create_activation_matching pairs tensors by the QDQ naming convention (<x>_QuantizeLinear_Input /
-    # <x>_DequantizeLinear_Output): called as is on a float-vs-float pair it matches nothing. The user
-    # then pairs the activations by name in the same structure; compute_activation_error's qdq_err is
-    # SQNR(pre_qdq, post_qdq) = 20·log10(‖ref‖ / ‖ref − test‖), signal = reference.
-    qdq_style = create_activation_matching(test, ref)
-    match = qdq_style or {n: {"pre_qdq": ref[n], "post_qdq": test[n], "float": []} for n in ref if n in test}
-    err = compute_activation_error(match)
-    res["seconds"]["compare"], res["rss"]["compare"] = time.perf_counter() - t0, rss()
-    res["qdq_style_pairs"] = len(qdq_style)
-    res["pairs"] = len(match)
-    res["bytes"] = int(sum(x.nbytes for v in ref.values() for x in v))
-    res["sqnr"] = {n: float(e["qdq_err"]) for n, e in err.items()}
-    Path(a["out"]).write_text(json.dumps(res))
-    return {"pairs": res["pairs"]}
-
-
-def run_ort(work: Path, models: Path, opts: argparse.Namespace, external: bool) -> Row:
-    """ORT ``qdq_loss_debug``: augment each model (own process), then collect + match + error (one process)."""
-    row = Row("ORT qdq_loss_debug")
-    d = work / "ort"
-    d.mkdir(parents=True, exist_ok=True)
-    aug: dict[str, Measured] = {}
-    for side in ("ref", "test"):
-        _say(f"  ORT qdq_loss_debug: modify_model_output_intermediate_tensors ({side})")
-        out = d / f"{side}.aug.onnx"
-        aug[side] = m = run_measured(_self_cmd("ort-augment", {"model": str(models / f"{side}.onnx"), "out": str(out),
-                                                               "external": external}),
-                                     log=d / f"augment_{side}", guard=opts.guard)
-        if not m.ok:
-            row.steps[f"capture_{side}"] = m
-            row.steps.setdefault("compare", None)
-            return row
-    _say("  ORT qdq_loss_debug: collect_activations ×2, create_activation_matching, compute_activation_error")
-    res_p = d / "result.json"
-    res_p.unlink(missing_ok=True)
-    m = run_measured(_self_cmd("ort-collect-compare", {"ref": str(d / "ref.aug.onnx"), "test": str(d / "test.aug.onnx"),
-                                                       "inputs": str(models / "inputs.npz"), "out": str(res_p)}),
-                     log=d / "collect_compare", guard=opts.guard)
-    row.extra["augment_s"] = {k: v.seconds for k, v in aug.items()}
-    row.extra["augmented_model_bytes"] = _dir_bytes([d / "ref.aug.onnx", d / "test.aug.onnx"])
-    if not m.ok or not res_p.exists():
-        row.steps["capture_ref"] = aug["ref"]
-        row.steps["compare"] = m
-        return row
-    res = json.loads(res_p.read_text())
-    s, r = res["seconds"], res["rss"]
-    # capture = augment (own process) + collect_activations; peak RSS of a capture step = the larger of the
-    # augment process and the collect phase (ru_maxrss is monotone within the one process)
-    row.seconds = {"capture_ref": aug["ref"].seconds + s["collect_ref"],
-                   "capture_test": aug["test"].seconds + s["collect_test"],
-                   "compare": s["compare"]}
-    row.rss = {"capture_ref": max(aug["ref"].peak_rss, r["collect_ref"]),
-               "capture_test": max(aug["test"].peak_rss, r["collect_test"]), "compare": m.peak_rss}
-    row.steps = {"capture_ref": aug["ref"], "capture_test": aug["test"], "compare": m}
-    row.extra["process_s"] = m.seconds
-    row.extra["sqnr"] = res["sqnr"]
-    row.extra["pairs"] = res["pairs"]
-    row.extra["qdq_style_pairs"] = res["qdq_style_pairs"]
-    row.disk = 0
-    row.note = (f"capture = augment {aug['ref'].seconds:.1f} / {aug['test'].seconds:.1f} s + collect_activations "
-                f"{s['collect_ref']:.1f} / {s['collect_test']:.1f} s; in memory; augmented models on disk: "
-                + _gib(row.extra["augmented_model_bytes"]))
-    return row
+    return run_ivq_row(work, name, models / "ref.onnx", models / "test.onnx", [models / "inputs.npz"], opts,
+                       capture_args=extra_args, tag=variant)
 
 
 # ---------------------------------------------------------------------------------------- memory bound
@@ -867,11 +490,11 @@ def memory_bound(work: Path, config: ModelConfig, rows: list[Row], opts: argpars
     bare = [d / "bare_a.h5", d / "bare_b.h5"]
     tiny = [d / "tiny_a.h5", d / "tiny_b.h5"]
     run_measured(_self_cmd("tiny-dumps", {"paths": [str(p) for p in bare], "block": False}), log=d / "bare")
-    tiny_info = _step_result(run_measured(_self_cmd("tiny-dumps", {"paths": [str(p) for p in tiny], "block": True}),
+    tiny_info = step_result(run_measured(_self_cmd("tiny-dumps", {"paths": [str(p) for p in tiny], "block": True}),
                                           log=d / "tiny"))
-    interp = run_measured([_bin("ivq-diff"), *map(str, bare), "--json", str(d / "bare.json"), "--force", "-q"],
+    interp = run_measured([bin_path("ivq-diff"), *map(str, bare), "--json", str(d / "bare.json"), "--force", "-q"],
                           log=d / "bare_diff", ok_codes=DIFF_OK, require=d / "bare.json")
-    base = run_measured([_bin("ivq-diff"), *map(str, tiny), "--json", str(d / "tiny.json"), "--force", "-q"],
+    base = run_measured([bin_path("ivq-diff"), *map(str, tiny), "--json", str(d / "tiny.json"), "--force", "-q"],
                         log=d / "tiny_diff", ok_codes=DIFF_OK, require=d / "tiny.json")
     if not base.ok or not interp.ok:
         raise SystemExit(f"ivq-diff on tiny dumps failed: {base.why()} / {interp.why()}")
@@ -905,18 +528,18 @@ def memory_bound(work: Path, config: ModelConfig, rows: list[Row], opts: argpars
         if not (p / "ref.h5").exists():
             continue
         lg = _largest_in(p / "ref.h5", p / "test.h5")
-        cases.append(BoundCase(f"{r.tool} (table run, no limit)", _dir_bytes([p / "ref.h5", p / "test.h5"]), lg, None,
+        cases.append(BoundCase(f"{r.tool} (table run, no limit)", dir_bytes([p / "ref.h5", p / "test.h5"]), lg, None,
                                m, 2 * lg + overhead))
     # 2. the captured pair again, under RLIMIT_AS: same result as without the limit?
     if captured:
-        _say(f"  ivq-diff on the captured dumps under RLIMIT_AS {limit / MiB:,.0f} MiB")
-        m = run_measured([_bin("ivq-diff"), str(cap_dir / "ref.h5"), str(cap_dir / "test.h5"), "--json",
+        say(f"  ivq-diff on the captured dumps under RLIMIT_AS {limit / MiB:,.0f} MiB")
+        m = run_measured([bin_path("ivq-diff"), str(cap_dir / "ref.h5"), str(cap_dir / "test.h5"), "--json",
                           str(d / "captured.json"), "--force", "-q"], log=d / "captured", limit_as=limit, ok_codes=DIFF_OK,
                          require=d / "captured.json")
-        c = BoundCase("captured pair, under RLIMIT_AS", _dir_bytes([cap_dir / "ref.h5", cap_dir / "test.h5"]),
+        c = BoundCase("captured pair, under RLIMIT_AS", dir_bytes([cap_dir / "ref.h5", cap_dir / "test.h5"]),
                       cap_largest, limit, m, 2 * cap_largest + overhead)
         if m.ok and (d / "captured.json").exists():
-            a, b = _layer_sqnr(d / "captured.json"), _layer_sqnr(cap_dir / "diff.json")
+            a, b = layer_sqnr(d / "captured.json"), layer_sqnr(cap_dir / "diff.json")
             c.correct = a == b
             c.detail = f"{len(a)} layers, identical to the unlimited run" if c.correct else "differs from the unlimited run"
         cases.append(c)
@@ -924,19 +547,19 @@ def memory_bound(work: Path, config: ModelConfig, rows: list[Row], opts: argpars
     for mult in opts.bound_multiples:
         size = int(mult * limit)
         ref, test, exp = d / f"synth_{mult:g}_ref.h5", d / f"synth_{mult:g}_test.h5", d / f"synth_{mult:g}.json"
-        _say(f"  synthetic dumps of {size / GiB:.2f} GiB each ({mult:g} × the limit)")
+        say(f"  synthetic dumps of {size / GiB:.2f} GiB each ({mult:g} × the limit)")
         g = run_measured(_self_cmd("synth", {"config": asdict(config), "bytes": size, "ref": str(ref), "test": str(test),
                                              "expected": str(exp)}), log=d / f"synth_{mult:g}")
         if g.returncode != 0:
             raise SystemExit(f"writing synthetic dumps failed: {g.why()}")
-        info = _step_result(g)
-        m = run_measured([_bin("ivq-diff"), str(ref), str(test), "--json", str(d / f"synth_{mult:g}.diff.json"),
+        info = step_result(g)
+        m = run_measured([bin_path("ivq-diff"), str(ref), str(test), "--json", str(d / f"synth_{mult:g}.diff.json"),
                           "--force", "-q"], log=d / f"synth_{mult:g}_diff", limit_as=limit, ok_codes=DIFF_OK,
                          require=d / f"synth_{mult:g}.diff.json")
-        c = BoundCase(f"synthetic, each dump {mult:g} × limit", _dir_bytes([ref, test]), info["largest"], limit, m,
+        c = BoundCase(f"synthetic, each dump {mult:g} × limit", dir_bytes([ref, test]), info["largest"], limit, m,
                       2 * info["largest"] + overhead)
         if m.ok:
-            got, want = _layer_sqnr(d / f"synth_{mult:g}.diff.json"), json.loads(exp.read_text())
+            got, want = layer_sqnr(d / f"synth_{mult:g}.diff.json"), json.loads(exp.read_text())
             worst = max(abs(got[k] - want[k]) for k in want) if set(got) == set(want) else math.inf
             c.correct = worst < 1e-6
             c.detail = f"{len(want)} tensors, max |SQNR − exact| = {worst:.1e} dB"
@@ -946,83 +569,6 @@ def memory_bound(work: Path, config: ModelConfig, rows: list[Row], opts: argpars
         cases.append(c)
     out["cases"] = cases
     return out
-
-
-def _layer_sqnr(p: Path) -> dict[str, float | None]:
-    doc = json.loads(p.read_text())
-    return {ly["ref_name"]: _f(ly["metrics"].get("sqnr_db")) for ly in doc["layers"]}
-
-
-# ---------------------------------------------------------------------------------------------- report
-def _gib(n: int | None) -> str:
-    if n is None:
-        return "—"
-    return f"{n / GiB:.2f} GiB" if n >= GiB / 4 else f"{n / MiB:,.0f} MiB"
-
-
-def _s(v: float | None) -> str:
-    return "—" if v is None else f"{v:,.1f}"
-
-
-def _ratio(a: float | int | None, b: float | int | None) -> str:
-    if a is None or b is None or not b:
-        return "—"
-    return f"{a / b:.2f}"
-
-
-def table(rows: list[Row]) -> list[str]:
-    """The markdown table of every row (ratios against the ivq-debug full-dump row)."""
-    ivq = next((r for r in rows if r.tool == "ivq-debug"), None)
-    lines = [
-        "| tool | capture ref s | capture test s | compare s | total s | peak RSS capture ref | peak RSS capture test "
-        "| peak RSS compare | on disk | ivq/this time | ivq/this peak RSS | ivq/this disk | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        note = "; ".join(x for x in (r.failed, r.note) if x)
-        if r.skipped:
-            lines.append(f"| {r.tool} | skipped | | | | | | | | | | | {r.skipped} |")
-            continue
-        lines.append(
-            f"| {r.tool} | {_s(r.sec('capture_ref'))} | {_s(r.sec('capture_test'))} | {_s(r.sec('compare'))} "
-            f"| {_s(r.total)} | {_gib(r.peak('capture_ref'))} | {_gib(r.peak('capture_test'))} | {_gib(r.peak('compare'))} "
-            f"| {_gib(r.disk)} | {_ratio(ivq.total if ivq else None, r.total)} "
-            f"| {_ratio(ivq.max_rss if ivq else None, r.max_rss)} "
-            f"| {_ratio(ivq.disk if ivq else None, r.disk) if r.disk else '—'} | {note} |"
-        )
-    return lines
-
-
-def sanity(rows: list[Row]) -> tuple[list[str], bool]:
-    """Do the tools agree on the worst layer and on SQNR over the tensors they all captured?"""
-    have = {r.tool: r.extra["sqnr"] for r in rows if r.extra.get("sqnr") and not r.failed
-            and r.tool in ("ivq-debug", "Polygraphy", "ORT qdq_loss_debug")}
-    if len(have) < 2:
-        return ["sanity check: fewer than two tools produced per-layer results; nothing to compare"], True
-    shared = set.intersection(*(set(v) for v in have.values()))
-    shared = {n for n in shared if all(v[n] is not None and math.isfinite(v[n]) for v in have.values())}
-    lines = [f"sanity check on the {len(shared)} tensors every tool captured with a finite SQNR "
-             f"(10·log10(Σr²/Σ(t−r)²), signal = reference):"]
-    worst = {}
-    for tool, v in have.items():
-        w = min(shared, key=lambda n: v[n]) if shared else None
-        worst[tool] = w
-        lines.append(f"  {tool:<20} {len(v):>5} tensors compared; worst shared layer {w} "
-                     f"({v[w]:.2f} dB)" if w else f"  {tool}: no shared tensor")
-    tools = list(have)
-    dev = 0.0
-    for n in shared:
-        vals = [have[t][n] for t in tools]
-        dev = max(dev, max(vals) - min(vals))
-    same_worst = len(set(worst.values())) == 1
-    ok = same_worst and dev < 0.01
-    lines.append(f"  same worst layer: {'yes' if same_worst else 'NO'}; largest SQNR difference between tools on a "
-                 f"shared tensor: {dev:.2e} dB -> {'AGREE' if ok else 'DISAGREE'}")
-    return lines, ok
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def inventory(dump: Path) -> list[str]:
@@ -1075,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = [t.strip() for t in opts.tools.split(",") if t.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
     if opts.guard_gib is None:
-        opts.guard = int(0.8 * _mem_available())
+        opts.guard = int(0.8 * mem_available())
     else:
         opts.guard = int(opts.guard_gib * GiB)
     config = config_for_scale(opts.scale)
@@ -1084,32 +630,33 @@ def main(argv: list[str] | None = None) -> int:
     models = work / "models"
     started = time.time()
     print(f"# ivq-debug scale benchmark — {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
-          f"{_mem_total() / GiB:.0f} GiB RAM; load before: {_load()}")
+          f"{mem_total() / GiB:.0f} GiB RAM; load before: {load_avg()}")
     print(f"model (--scale {opts.scale}): ViT {config.vit_layers}L × {config.vit_hidden} (MLP {config.vit_mlp}, "
           f"{config.vit_heads} heads, {config.vit_tokens} tokens/tile) → pixel-shuffle projector → LLM "
           f"{config.llm_layers}L × {config.llm_hidden} (MLP {config.llm_mlp}, {config.llm_heads}q/{config.llm_kv_heads}kv "
           f"heads, {config.llm_tokens} tokens) → logits [{config.llm_tokens}, {config.vocab}]; "
           f"fp32 weights ≈ {config.weight_bytes() / GiB:.2f} GiB")
-    _say(f"building the model in {models} ...")
+    say(f"building the model in {models} ...")
     b = run_measured(_self_cmd("build", {"config": asdict(config), "dir": str(models)}), log=work / "build")
     if not b.ok:
         raise SystemExit(f"model build failed: {b.why()}\n{b.stderr[-3000:]}")
-    binfo = _step_result(b)
+    binfo = step_result(b)
     print(f"ONNX: opset 17, legacy exporter, {binfo['nodes']} nodes, {binfo['onnx_bytes'] / GiB:.2f} GiB"
           f"{' + external data' if binfo['external_data'] else ''}; build {b.seconds:.0f} s (export "
-          f"{binfo['export_s']:.0f} s), peak RSS {_gib(b.peak_rss)}; test model = reference with weights changed "
+          f"{binfo['export_s']:.0f} s), peak RSS {gib(b.peak_rss)}; test model = reference with weights changed "
           f"in {', '.join(binfo['perturbed'])}")
     rows: list[Row] = []
     if "ivq" in tools:
         for v in variants:
-            _say(f"ivq-debug ({v}) ...")
+            say(f"ivq-debug ({v}) ...")
             rows.append(run_ivq(work, models, v, opts))
     if "polygraphy" in tools:
-        _say("Polygraphy ...")
-        rows.append(run_polygraphy(work, models, opts))
+        say("Polygraphy ...")
+        rows.append(run_polygraphy(work, models / "ref.onnx", models / "test.onnx", [models / "inputs.npz"], opts))
     if "ort" in tools:
-        _say("ORT qdq_loss_debug ...")
-        rows.append(run_ort(work, models, opts, binfo["external_data"]))
+        say("ORT qdq_loss_debug ...")
+        rows.append(run_ort(work, models / "ref.onnx", models / "test.onnx", [models / "inputs.npz"], opts,
+                            binfo["external_data"]))
     full = work / "ivq-full" / "ref.h5"
     if full.exists():
         for ln in inventory(full):
@@ -1122,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" (of {r.extra['captured']} outputs marked by '*'; {r.extra['dropped']} int64/bool dropped)"
                      if "dropped" in r.extra else ""))
     print()
-    print(f"## Capture + compare, same model, same input (load during the runs: {_load()})")
+    print(f"## Capture + compare, same model, same input (load during the runs: {load_avg()})")
     print()
     for ln in table(rows):
         print(ln)
@@ -1131,14 +678,14 @@ def main(argv: list[str] | None = None) -> int:
     for ln in lines:
         print(ln)
     print()
-    _say("memory bound ...")
+    say("memory bound ...")
     mb = memory_bound(work, config, rows, opts)
     print("## ivq-diff memory bound: peak RSS ≤ 2 × largest tensor + fixed overhead")
     print()
-    print(f"fixed overhead = peak RSS of ivq-diff on two tiny dumps ({_gib(mb['tiny_bytes'])}: 16 four-element "
-          f"tensors + one plain and one logits tensor of one 4 MiB streaming block): {_gib(mb['overhead'])} "
-          f"(interpreter + libraries alone, four-element tensors only: {_gib(mb['interpreter'])}); its VmPeak "
-          f"(virtual): {_gib(mb['vm_base'])}; largest tensor {_gib(mb['largest'])}")
+    print(f"fixed overhead = peak RSS of ivq-diff on two tiny dumps ({gib(mb['tiny_bytes'])}: 16 four-element "
+          f"tensors + one plain and one logits tensor of one 4 MiB streaming block): {gib(mb['overhead'])} "
+          f"(interpreter + libraries alone, four-element tensors only: {gib(mb['interpreter'])}); its VmPeak "
+          f"(virtual): {gib(mb['vm_base'])}; largest tensor {gib(mb['largest'])}")
     print(f"RLIMIT_AS = {mb['limit'] / MiB:,.0f} MiB"
           + (f" (= VmPeak {mb['vm_base'] / MiB:,.0f} + 2 × largest {2 * mb['largest'] / MiB:,.0f} + margin "
              f"{mb['margin'] / MiB:,.0f} MiB)" if mb["limit"] == mb["auto_limit"] else " (--mem-limit-gib)"))
@@ -1153,13 +700,13 @@ def main(argv: list[str] | None = None) -> int:
         lim = f"{c.dump_bytes / c.limit_as:.1f}" if c.limit_as else "no limit"
         res = c.detail or ("ok" if c.m.ok else c.m.why())
         mark = {"ok": "✓", "n/a": "(n/a: not a memory failure)"}.get(v, f"✗ {v}")
-        print(f"| {c.label} | {_gib(c.dump_bytes)} | {lim} | {_gib(c.largest)} | {c.m.seconds:.1f} | {_gib(c.m.peak_rss)} "
-              f"| {_gib(c.bound)} | {c.m.peak_rss / c.bound:.2f} | {'yes' if c.m.ok else 'NO'} | {res} {mark} |")
+        print(f"| {c.label} | {gib(c.dump_bytes)} | {lim} | {gib(c.largest)} | {c.m.seconds:.1f} | {gib(c.m.peak_rss)} "
+              f"| {gib(c.bound)} | {c.m.peak_rss / c.bound:.2f} | {'yes' if c.m.ok else 'NO'} | {res} {mark} |")
     print()
-    print(f"memory bound held at every size: {'YES' if all_ok else 'NO'}; load after: {_load()}; "
+    print(f"memory bound held at every size: {'YES' if all_ok else 'NO'}; load after: {load_avg()}; "
           f"benchmark wall time {time.time() - started:.0f} s")
     if opts.json:
-        doc = {"config": asdict(config), "build": binfo, "rows": [_row_json(r) for r in rows],
+        doc = {"config": asdict(config), "build": binfo, "rows": [row_json(r) for r in rows],
                "agree": agree,
                "bound": {k: v for k, v in mb.items() if k != "cases"} | {"cases": [_case_json(c) for c in mb["cases"]]},
                "bound_ok": all_ok}
@@ -1170,46 +717,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all_ok else 1
 
 
-def _row_json(r: Row) -> dict[str, Any]:
-    return {"tool": r.tool, "seconds": {s: r.sec(s) for s in STEPS}, "peak_rss": {s: r.peak(s) for s in STEPS},
-            "total_s": r.total, "disk": r.disk, "failed": r.failed, "note": r.note,
-            "pairs": r.extra.get("pairs"),
-            "breakdown": {k: r.extra[k] for k in ("augment_s", "process_s", "captured", "dropped") if k in r.extra}}
-
-
 def _case_json(c: BoundCase) -> dict[str, Any]:
     return {"label": c.label, "dump_bytes": c.dump_bytes, "largest": c.largest, "limit_as": c.limit_as,
             "seconds": c.m.seconds, "peak_rss": c.m.peak_rss, "bound": c.bound, "completed": c.m.ok,
             "within": c.within, "verdict": c.verdict, "correct": c.correct, "detail": c.detail}
 
 
-def _meminfo(key: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _mem_available() -> int:
-    return _meminfo("MemAvailable")
-
-
-def _mem_total() -> int:
-    return _meminfo("MemTotal")
-
-
-def _load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
-
-
 STEP_FUNCS = {
     "build": step_build,
-    "poly-inputs": step_poly_inputs,
-    "poly-compare": step_poly_compare,
-    "ort-augment": step_ort_augment,
-    "ort-collect-compare": step_ort_collect_compare,
     "tiny-dumps": step_tiny_dumps,
     "synth": step_synth,
 }

@@ -9,11 +9,15 @@ from __future__ import annotations
 # --- golden dumps -----------------------------------------------------------------------------------
 DUMP_FORMAT = "ivq-dump"
 DUMP_FORMAT_VERSION = 1
-#: HDF5 compression filter for tensor datasets: "auto", "gzip", "lzf" or None.
-#: "auto" compresses (lzf) only tensors on a quantization grid (dequantized values: ratio ~0.6); float
-#: activations are stored chunked but raw, because they do not compress (measured on GELU activations:
-#: lzf ratio 1.00 at 144 MB/s, gzip-1+shuffle 0.85 at 46 MB/s, raw 1370 MB/s; docs/dump-format.md).
-DUMP_COMPRESSION: str | None = "auto"
+#: HDF5 compression filter for tensor datasets: None (default), "auto", "gzip" or "lzf".
+#: None stores every tensor raw, which keeps captures and diffs fast: readers take uncompressed tensors
+#: straight from their file offsets (``os.pread``, no HDF5 lock), while every compressed one is decoded under
+#: h5py's global lock, one thread at a time. "auto" compresses (lzf) only tensors on a quantization grid.
+#: Measured on the ViT-S float / QNN a8w8 dumps of ``bench/bench_many.py --compression`` (one image, 239 MiB
+#: each; docs/dump-format.md): float activations do not compress (lzf 1.00, gzip-1+shuffle 0.84 at 30× the
+#: write time); the a8w8 dump compresses to 0.61 with "auto" but writes 4.4× and reads 2.2× slower than
+#: raw, and ``ivq-diff`` of float vs a8w8 took 19–23 s raw against 24–35 s with "auto".
+DUMP_COMPRESSION: str | None = None
 #: gzip level when DUMP_COMPRESSION == "gzip".
 DUMP_COMPRESSION_LEVEL = 1
 #: target bytes per HDF5 chunk.

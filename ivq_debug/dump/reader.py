@@ -135,6 +135,11 @@ class Dump:
         self._fd: int | None = None
         self._layouts: dict[tuple[str, str, str], RawLayout | None] = {}
         self._datasets: dict[tuple[str, str, str], Any] = {}
+        self._dtypes: dict[tuple[str, str, str], np.dtype] = {}
+        self._groups: dict[tuple[str, str], Any] = {}
+        self._dapl: Any = None
+        self._sorted: dict[tuple[str, str], list[Entry]] | None = None
+        self._by_name: dict[tuple[str, str], list[Entry]] | None = None
 
     # ---------------------------------------------------------------- listing
     @property
@@ -163,8 +168,12 @@ class Dump:
     def tensors(self, record: Any = None, kind: str = "tensor") -> list[Entry]:
         """Entries of one kind (``tensor`` or ``input``), optionally of one record, in execution order."""
         rid = self._rid(record) if record is not None else None
-        out = [e for e in self.entries if e.kind == kind and (rid is None or e.rid == rid)]
-        return sorted(out, key=lambda e: (e.rid, e.order))
+        if self._sorted is None:  # sorted once: callers list one record after the other
+            self._sorted = {}
+            for e in sorted(self.entries, key=lambda e: (e.rid, e.order)):
+                self._sorted.setdefault((e.kind, ""), []).append(e)
+                self._sorted.setdefault((e.kind, e.rid), []).append(e)
+        return list(self._sorted.get((kind, rid or ""), []))
 
     @property
     def manifest(self):
@@ -212,7 +221,12 @@ class Dump:
     def entry(self, name: str, record: Any = None, kind: str = "tensor") -> Entry:
         """The manifest entry of one tensor."""
         rid = self._rid(record) if record is not None or len(self._records) == 1 else None
-        hits = [e for e in self.entries if e.name == name and e.kind == kind and (rid is None or e.rid == rid)]
+        if self._by_name is None:
+            idx: dict[tuple[str, str], list[Entry]] = {}
+            for e in self.entries:
+                idx.setdefault((e.name, e.kind), []).append(e)
+            self._by_name = idx
+        hits = [e for e in self._by_name.get((name, kind), []) if rid is None or e.rid == rid]
         if not hits:
             raise UsageError(f"no {kind} named {name!r}" + (f" in record {rid}" if rid else ""), self.path)
         if len(hits) > 1:
@@ -221,16 +235,36 @@ class Dump:
 
     # ---------------------------------------------------------------- data
     def dataset(self, entry: Entry):
-        """The h5py dataset behind an entry (for block-wise reads); looked up once, by full path."""
+        """The h5py dataset behind an entry (for block-wise reads); opened once, relative to its record's
+        group (the groups are looked up once per record and kind), without an HDF5 chunk cache: datasets stay
+        open for the life of the Dump, and with the default 1 MiB cache each compressed one kept its decoded
+        chunks (ivq-diff of an lzf QDQ dump of 2,080 tensors: peak RSS 0.92 GiB; raw reads never use it)."""
         k = (entry.rid, entry.kind, entry.key)
         ds = self._datasets.get(k)
         if ds is None:
+            import h5py
+
+            gk = (entry.rid, entry.kind)
+            grp = self._groups.get(gk)
             try:
-                ds = self._f[f"{fmt.RECORDS}/{entry.rid}/{fmt.KIND_GROUPS[entry.kind]}/{entry.key}"]
-            except KeyError:
+                if grp is None:
+                    grp = self._groups[gk] = self._f[f"{fmt.RECORDS}/{entry.rid}/{fmt.KIND_GROUPS[entry.kind]}"]
+                if self._dapl is None:  # no HDF5 chunk cache: an open dataset holds no decoded chunks
+                    self._dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+                    self._dapl.set_chunk_cache(521, 0, 1.0)
+                ds = h5py.Dataset(h5py.h5d.open(grp.id, entry.key.encode(), self._dapl), readonly=True)
+            except (KeyError, ValueError):
                 raise InputError(f"manifest lists {entry.name!r} but its data is missing", self.path) from None
             self._datasets[k] = ds
         return ds
+
+    def stored_dtype(self, entry: Entry) -> np.dtype:
+        """The numpy dtype the entry's data is stored in (a bfloat16 tensor: ``uint16``); read once."""
+        k = (entry.rid, entry.kind, entry.key)
+        dt = self._dtypes.get(k)
+        if dt is None:
+            dt = self._dtypes[k] = np.dtype(self.dataset(entry).dtype)
+        return dt
 
     def read(self, name: str | Entry, record: Any = None, kind: str = "tensor") -> np.ndarray:
         """Read one tensor in its stored dtype (bfloat16 is returned as float32)."""
@@ -277,7 +311,11 @@ class Dump:
         """Where an uncompressed tensor lies in the file (None: compressed or not C-contiguous chunks)."""
         key = (entry.rid, entry.kind, entry.key)
         if key not in self._layouts:
-            self._layouts[key] = raw_layout(self.dataset(entry), entry.shape)
+            ds = self.dataset(entry)
+            if tuple(ds.shape) != tuple(entry.shape):
+                raise InputError(f"{entry.name!r}: the manifest says shape {list(entry.shape)}, the data is "
+                                 f"{list(ds.shape)}", self.path)
+            self._layouts[key] = raw_layout(ds, entry.shape)
         return self._layouts[key]
 
     def iter_flat(self, entry: Entry, block_elems: int, reuse: bool = False) -> Iterator[np.ndarray]:
@@ -290,18 +328,31 @@ class Dump:
         """
         n = entry.size
         layout = self.raw_layout(entry)
+        dt = self.stored_dtype(entry)
         if layout is not None:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
-            dt = np.dtype(self.dataset(entry).dtype)
             buf = np.empty(min(block_elems, n), dtype=dt) if reuse else None
             for start in range(0, n, block_elems):
                 count = min(block_elems, n - start)
                 out = buf[:count] if buf is not None else None
                 yield logical(layout.read(self._fd, start, count, dt, out), entry.dtype)
             return
-        yield from rebuffer(self.iter_blocks(entry, block_elems * np.dtype(self.dataset(entry).dtype).itemsize),
-                            block_elems)
+        if 0 < n <= block_elems and entry.shape:  # one block: one HDF5 read of the whole dataset, no selection
+            import h5py
+
+            ds = self.dataset(entry)
+            if tuple(ds.shape) != tuple(entry.shape):
+                raise InputError(f"{entry.name!r}: the manifest says shape {list(entry.shape)}, the data is "
+                                 f"{list(ds.shape)}", self.path)
+            out = np.empty(entry.shape, dtype=dt)
+            try:
+                ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+            except OSError as err:
+                raise InputError(f"cannot read {entry.name!r} ({err})", self.path) from None
+            yield logical(out.reshape(-1), entry.dtype)
+            return
+        yield from rebuffer(self.iter_blocks(entry, block_elems * dt.itemsize), block_elems)
 
     def table(self, name: str):
         """A stored table (e.g. ``profiling``) as a pandas DataFrame."""

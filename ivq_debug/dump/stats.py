@@ -40,18 +40,24 @@ class StatsAccumulator:
         x = block
         if x.dtype.kind == "b":
             x = x.astype(np.uint8)
+        total = None
         if x.dtype.kind == "f":
-            finite = np.isfinite(x)
-            if not finite.all():
-                self.nonfinite += int(x.size - np.count_nonzero(finite))
-                x = x[finite]
-                if x.size == 0:
-                    return
+            # a float64 sum of float16/32 values cannot overflow, so it is finite exactly when every value
+            # is: the NaN/Inf pass (a bool array and a count) runs only for blocks that hold one
+            total = x.sum(dtype=np.float64)
+            if not math.isfinite(total):
+                finite = np.isfinite(x)
+                total = None
+                if not finite.all():
+                    self.nonfinite += int(x.size - np.count_nonzero(finite))
+                    x = x[finite]
+                    if x.size == 0:
+                        return
         self.count += int(x.size)
         # min/max in the native dtype; sums in float64 without BLAS (einsum is exact-enough and fast)
         self.min = min(self.min, float(x.min()))
         self.max = max(self.max, float(x.max()))
-        self.sum += float(x.sum(dtype=np.float64))
+        self.sum += float(x.sum(dtype=np.float64) if total is None else total)
         x64 = x.astype(np.float64, copy=False)
         self.sumsq += float(np.einsum("i,i->", x64.reshape(-1), x64.reshape(-1)))
 

@@ -58,16 +58,66 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
 
 
 def _chunk_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
-    """Chunk shape of about ``target`` bytes: trailing axes kept whole, leading axes cut."""
+    """Chunk shape of about ``target`` bytes: trailing axes kept whole, leading axes cut.
+
+    The cut axis is split into equal runs (``ceil(n / ceil(n / run))``): HDF5 stores an edge chunk at full
+    size, so a run of 170 rows over 197 would store 340 (ViT fc1 outputs [1, 197, 1536]: 22 % of
+    the float dump's 1,301 MB were edge-chunk padding); balanced runs of 99 store 198.
+    """
     chunk = [max(1, s) for s in shape]
     nbytes = math.prod(chunk) * itemsize
     for i in range(len(chunk)):
         if nbytes <= target:
             break
         inner = nbytes // chunk[i]
-        chunk[i] = max(1, target // max(inner, 1))
+        run = max(1, target // max(inner, 1))
+        pieces = -(-chunk[i] // run)
+        chunk[i] = -(-chunk[i] // pieces)
         nbytes = math.prod(chunk) * itemsize
     return tuple(chunk)
+
+
+class _AttrWriter:
+    """Writes the scalar attributes of a new HDF5 object with the datatypes h5py's ``attrs[k] = v`` gives them
+    (a str: variable-length UTF-8; an int: its numpy dtype; a bool: h5py's enum), without its per-call
+    type inference, property lists and existence checks (the object is new). Measured on a QDQ capture of
+    2,080 tensors × ~6 attributes, profiled at load 10–15: 380 → 140 µs per attribute."""
+
+    def __init__(self) -> None:
+        import h5py
+
+        self._h5a, self._h5s, self._h5t = h5py.h5a, h5py.h5s, h5py.h5t
+        self._str = h5py.string_dtype()
+        self._scalar = h5py.h5s.create(h5py.h5s.SCALAR)
+        self._types: dict[str, tuple[Any, Any, np.dtype]] = {}
+
+    def _type(self, value: Any) -> tuple[Any, Any, np.dtype] | None:
+        if isinstance(value, str):
+            key, dt = "str", self._str
+        elif isinstance(value, (bool, int, np.bool_, np.integer)):
+            dt = np.asarray(value).dtype
+            key = dt.str
+        else:
+            return None
+        t = self._types.get(key)
+        if t is None:
+            t = self._types[key] = (self._h5t.py_create(dt, logical=True), self._h5t.py_create(dt), dt)
+        return t
+
+    def write(self, obj: Any, items: list[tuple[str, Any]]) -> None:
+        """Create the attributes ``items`` on ``obj`` (an h5py object without them)."""
+        oid = obj.id
+        for name, value in items:
+            t = self._type(value)
+            if t is None:
+                obj.attrs[name] = value
+                continue
+            htype, mtype, dt = t
+            attr = self._h5a.create(oid, name.encode(), htype, self._scalar)
+            try:
+                attr.write(np.asarray(value, dtype=dt), mtype=mtype)
+            finally:
+                attr.close()
 
 
 class DumpWriter:
@@ -125,6 +175,8 @@ class DumpWriter:
         self._order: dict[str, int] = {}
         self._names: dict[tuple[str, str], set[str]] = {}
         self._incomplete: list[str] = []
+        self._groups: dict[tuple[str, str], Any] = {}  # (rid, group name) -> h5py group, made on first use
+        self._attrs = _AttrWriter()
         self._closed = False
         a = self._f.attrs
         a["format"] = fmt.FORMAT
@@ -158,6 +210,7 @@ class DumpWriter:
         g = self._f[fmt.RECORDS].create_group(rid)
         g.attrs["sample"], g.attrs["part"], g.attrs["step"] = key
         g.attrs["meta"] = fmt.to_json(meta)
+        self._groups = {(rid, ""): g}  # tensors go to the current record only: earlier groups can close
         rec = {"rid": rid, "sample": key[0], "part": key[1], "step": key[2], "meta": meta}
         self._records.append(rec)
         self._cur = rec
@@ -168,7 +221,7 @@ class DumpWriter:
         """Add keys to the current record's ``meta`` (e.g. the chosen token after the forward)."""
         rec = self._require_record()
         rec["meta"].update(meta)
-        self._f[fmt.RECORDS][rec["rid"]].attrs["meta"] = fmt.to_json(rec["meta"])
+        self._group(rec["rid"]).attrs["meta"] = fmt.to_json(rec["meta"])
 
     @property
     def current_record(self) -> str | None:
@@ -237,32 +290,31 @@ class DumpWriter:
         arr, dtype_name = to_numpy(value)
         stats = tensor_stats(self._logical(arr, dtype_name))
         key = fmt.escape_name(name)
-        grp = self._f[fmt.RECORDS][rid].require_group(fmt.KIND_GROUPS[kind])
+        grp = self._group(rid, fmt.KIND_GROUPS[kind])
         stored = "full"
+        attrs: list[tuple[str, Any]] = []
         if kind == "tensor" and self.summary_only and arr.size > self.summary_samples:
             stored = "summary"
             idx = sample_indices(arr.size, self.summary_samples)
-            sgrp = self._f[fmt.RECORDS][rid].require_group(fmt.SAMPLE_GROUP)
-            sgrp.create_dataset(key, data=arr.reshape(-1)[idx])
+            self._group(rid, fmt.SAMPLE_GROUP).create_dataset(key, data=arr.reshape(-1)[idx])
             ds = grp.create_dataset(key, shape=arr.shape, dtype=arr.dtype)  # shape only, no data written
-            ds.attrs["summary_only"] = True
+            attrs.append(("summary_only", True))
         else:
             ds = self._create(grp, key, arr, quantized=encoding is not None)
         if order is None:
             order = self._order[rid]
         self._order[rid] = max(self._order[rid], order + 1)
-        ds.attrs["name"] = name
-        ds.attrs["dtype"] = dtype_name
-        ds.attrs["order"] = order
-        for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout)):
-            if val is not None:
-                ds.attrs[attr] = val
+        attrs += [("name", name), ("dtype", dtype_name), ("order", order)]
+        attrs += [(attr, val) for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout))
+                  if val is not None]
         has_raw = False
         if encoding is not None:
-            ds.attrs["encoding"] = fmt.to_json(encoding)
+            attrs.append(("encoding", fmt.to_json(encoding)))
+        self._attrs.write(ds, attrs)
+        del ds  # closes the dataset (HDF5 flushes its chunks here)
         if raw is not None:
             raw_arr, _ = to_numpy(raw)
-            self._create(self._f[fmt.RECORDS][rid].require_group(fmt.RAW_GROUP), key, raw_arr)
+            self._create(self._group(rid, fmt.RAW_GROUP), key, raw_arr)
             has_raw = True
         self._rows.append(
             [
@@ -382,6 +434,17 @@ class DumpWriter:
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("dump writer is closed", self.path)
+
+    def _group(self, rid: str, name: str = "") -> Any:
+        """The group of record ``rid`` (``name=""``) or its subgroup ``name``, created on first use."""
+        g = self._groups.get((rid, name))
+        if g is None:
+            g = self._groups.get((rid, ""))
+            if g is None:
+                g = self._groups[(rid, "")] = self._f[fmt.RECORDS][rid]
+            if name:
+                g = self._groups[(rid, name)] = g.require_group(name)
+        return g
 
     def _require_record(self) -> dict[str, Any]:
         self._check_open()

@@ -92,10 +92,10 @@ def test_rlimit_is_enforced(tmp_path: Path) -> None:
     bench = _bench_module()
     tiny = [tmp_path / "a.h5", tmp_path / "b.h5"]
     bench.step_tiny_dumps({"paths": [str(x) for x in tiny], "block": False})
-    ok = bench.run_measured([bench._bin("ivq-diff"), *map(str, tiny), "-q"], log=tmp_path / "ok",
+    ok = bench.run_measured([bench.bin_path("ivq-diff"), *map(str, tiny), "-q"], log=tmp_path / "ok",
                             ok_codes=bench.DIFF_OK)
     assert ok.ok and ok.peak_rss > 0
-    starved = bench.run_measured([bench._bin("ivq-diff"), *map(str, tiny), "-q", "--json", str(tmp_path / "s.json")],
+    starved = bench.run_measured([bench.bin_path("ivq-diff"), *map(str, tiny), "-q", "--json", str(tmp_path / "s.json")],
                                  log=tmp_path / "starved", limit_as=64 << 20, ok_codes=bench.DIFF_OK,
                                  require=tmp_path / "s.json")
     assert not starved.ok

@@ -151,6 +151,75 @@ def test_flat_reads_match_hdf5_for_every_layout(tmp_path: Path) -> None:
         d.close()
 
 
+def test_chunks_split_evenly_so_edge_chunks_store_no_padding(tmp_path: Path) -> None:
+    from ivq_debug.dump.writer import _chunk_shape
+
+    # a ViT fc1 output [1, 197, 1536] fp32 (1.16 MiB): 2 chunks of 99 rows, not 170 + a padded edge chunk of 170
+    assert _chunk_shape((1, 197, 1536), 4, 1 << 20) == (1, 99, 1536)
+    assert _chunk_shape((8, 1025, 1025), 4, 1 << 20) == (1, 205, 1025)
+    a = np.ones((1, 197, 1536), np.float32)
+    with DumpWriter(tmp_path / "c.h5", backend="x", compression=None) as w:
+        w.add_tensor("fc1", a)
+    with h5py.File(tmp_path / "c.h5") as f:
+        ds = f["records/r000000/t/fc1"]
+        assert ds.chunks == (1, 99, 1536)
+        assert ds.id.get_storage_size() <= a.nbytes * 1.01  # was 2 × 170 rows = 1.73 × the data
+    d = open_dump(tmp_path / "c.h5")
+    assert d.raw_layout(d.entry("fc1")) is not None
+    np.testing.assert_array_equal(d.read("fc1"), a)
+
+
+def test_attributes_have_the_types_h5py_gives_them(tmp_path: Path) -> None:
+    enc = {"bitwidth": 8, "dtype": "uint8", "scale": 0.1, "zero_point": 3, "axis": None, "qmin": 0, "qmax": 255}
+    values = {"name": "x/y", "dtype": "float32", "order": np.int32(7), "op_type": "Add", "scope": "blocks.0",
+              "layout": "NCHW"}
+    with DumpWriter(tmp_path / "a.h5", backend="x", summary_only=True, summary_samples=4) as w:
+        w.add_tensor("x/y", np.zeros((3, 5), np.float32), op_type="Add", order=np.int32(7), scope="blocks.0",
+                     layout="NCHW", encoding=enc, raw=np.zeros((3, 5), np.uint8))
+    with h5py.File(tmp_path / "a.h5") as f, h5py.File(tmp_path / "ref.h5", "w", libver="latest") as g:
+        ds = f["records/r000000/t/x%2Fy"]
+        ref = g.create_dataset("r", data=0)
+        for k, v in {**values, "encoding": ds.attrs["encoding"], "summary_only": True}.items():
+            ref.attrs[k] = v  # what h5py itself writes for these values
+        assert sorted(ds.attrs) == sorted(ref.attrs)
+        for k in ref.attrs:
+            assert ds.attrs.get_id(k).get_type().encode() == ref.attrs.get_id(k).get_type().encode(), k
+            assert ds.attrs[k] == ref.attrs[k], k
+    e = open_dump(tmp_path / "a.h5").entry("x/y")
+    assert (e.order, e.op_type, e.scope, e.layout, e.encoding, e.stored) == (7, "Add", "blocks.0", "NCHW", enc, "summary")
+
+
+def test_stats_overflowing_float64_sum_is_not_non_finite(tmp_path: Path) -> None:
+    big = np.array([1e308, 1e308, -3.0], np.float64)  # finite values whose float64 sum overflows
+    with DumpWriter(tmp_path / "b.h5", backend="x") as w:
+        w.add_tensor("big", big)
+        w.add_tensor("nan", np.array([1.0, np.nan, np.inf, 2.0], np.float32))
+    d = open_dump(tmp_path / "b.h5")
+    assert d.entry("big").stats["nonfinite"] == 0 and d.entry("big").stats["max"] == 1e308
+    s = d.entry("nan").stats
+    assert (s["nonfinite"], s["min"], s["max"], s["mean"]) == (2, 1.0, 2.0, 1.5)
+
+
+@pytest.mark.parametrize("comp", [None, "lzf"])
+def test_manifest_shape_that_lies_is_an_input_error(tmp_path: Path, comp: str | None) -> None:
+    p = tmp_path / "lie.h5"
+    with DumpWriter(p, backend="x", compression=comp) as w:
+        w.add_tensor("small", np.ones((4, 8), np.float32))
+        w.add_tensor("big", np.ones((4, 300, 100), np.float32))
+    with h5py.File(p, "r+") as f:  # replace the data by smaller arrays, keeping the manifest
+        for name, shape in (("small", (2, 8)), ("big", (2, 300, 100))):
+            g = f["records/r000000/t"]
+            attrs = dict(g[name].attrs)
+            del g[name]
+            ds = g.create_dataset(name, data=np.zeros(shape, np.float32), chunks=True if comp else None,
+                                  compression=comp)
+            ds.attrs.update(attrs)
+    d = open_dump(p)
+    for name in ("small", "big"):
+        with pytest.raises(InputError, match="manifest says shape"):
+            list(d.iter_flat(d.entry(name), 1 << 20))
+
+
 def test_selection_skips_attention_probs_and_views() -> None:
     from ivq_debug.capture.base import Selection
 

@@ -1,0 +1,176 @@
+"""Bit-identity check for changes that must not change any result: dumps, diff tables, ``ivq-diff/1`` JSON.
+
+Three modes:
+
+- ``table REF.h5 TEST.h5 -o OUT.json``: run ``compare()`` and write every column of every row of the table
+  (floats as ``float.hex``, so equal means bit-equal) and the ``ivq-diff/1`` document. Run it once with each
+  revision (``PYTHONPATH=<checkout>``), on the same or on re-captured dumps.
+- ``compare A.json B.json``: both outputs of ``table`` (or two ``ivq-diff --json`` files) must be equal:
+  every metric of every pair, statuses, verdicts, findings, summary; the dumps' paths and creation times are
+  ignored. Prints the number of pairs and values checked and the first differences; exit 1 on any.
+- ``dumps A.h5 B.h5``: two dumps of the same capture must hold the same manifest rows, record attributes and
+  the same bytes in every dataset (provenance attributes such as ``created`` and ``command``, and the QNN
+  profiling timings, are ignored).
+
+    python bench/check_identity.py table golden/a.h5 golden/b.h5 -o /tmp/after.json
+    python bench/check_identity.py compare /tmp/before.json /tmp/after.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+#: root attributes that differ between two captures of the same thing (provenance)
+PROVENANCE = {"created", "command", "host", "tool_version", "backend_info", "model"}
+#: datasets that hold measured timings (QNN profiling), which differ from run to run
+TIMINGS = {"tables/profiling"}
+#: keys of an ivq-diff/1 document's ref/test blocks that name the file rather than describe results
+DUMP_IDENTITY = {"path", "created", "backend_info", "model"}
+
+
+def exact(v: Any) -> Any:
+    """A JSON value in which floats are exact (``float.hex``) and numpy scalars / tuples are plain."""
+    import numpy as np
+
+    if isinstance(v, (float, np.floating)):
+        return float(v).hex() if math.isfinite(v) else repr(float(v))
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, dict):
+        return {str(k): exact(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [exact(x) for x in v]
+    return v
+
+
+def table_mode(ref: str, test: str, out: str) -> int:
+    """Full comparison table + ivq-diff/1 document of one dump pair, exactly."""
+    from ivq_debug.comparator import compare
+
+    cmp = compare(ref, test, progress=False)
+    rows = [exact(r) for r in cmp.table.to_dict(orient="records")]
+    doc = {"columns": list(cmp.table.columns), "rows": rows, "ivq-diff": exact(cmp.to_json())}
+    Path(out).write_text(json.dumps(doc))
+    print(f"{out}: {len(rows)} rows × {len(doc['columns'])} columns")
+    return 0
+
+
+def _normalize(doc: dict[str, Any]) -> dict[str, Any]:
+    d = doc.get("ivq-diff", doc)
+    for side in ("ref", "test"):
+        if isinstance(d.get(side), dict):
+            d[side] = {k: v for k, v in d[side].items() if k not in DUMP_IDENTITY}
+    return doc
+
+
+def _walk(a: Any, b: Any, where: str, diffs: list[str], counter: list[int]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                diffs.append(f"{where}.{k}: only in {'B' if k not in a else 'A'}")
+                continue
+            _walk(a[k], b[k], f"{where}.{k}", diffs, counter)
+        return
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            diffs.append(f"{where}: {len(a)} vs {len(b)} items")
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            _walk(x, y, f"{where}[{i}]", diffs, counter)
+        return
+    counter[0] += 1
+    if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+        diffs.append(f"{where}: {a!r} != {b!r}")
+
+
+def compare_mode(a: str, b: str, show: int = 20) -> int:
+    """Every value of two ``table`` outputs (or two ivq-diff/1 files) must be equal."""
+    da, db = _normalize(json.loads(Path(a).read_text())), _normalize(json.loads(Path(b).read_text()))
+    diffs: list[str] = []
+    counter = [0]
+    _walk(da, db, "$", diffs, counter)
+    pairs = len(da["rows"]) if "rows" in da else len(da.get("layers", []))
+    verdict = "IDENTICAL" if not diffs else f"{len(diffs)} DIFFERENCES"
+    print(f"{a} vs {b}: {pairs} pairs, {counter[0]} values compared: {verdict}")
+    for d in diffs[:show]:
+        print("  " + d)
+    return 0 if not diffs else 1
+
+
+def _attrs(obj: Any) -> dict[str, tuple[str, bytes]]:
+    """An object's attributes as (value, serialized HDF5 datatype): equal means same value and same type."""
+    return {k: (str(obj.attrs[k]), obj.attrs.get_id(k).get_type().encode()) for k in obj.attrs}
+
+
+def dumps_mode(a: str, b: str, show: int = 20) -> int:
+    """Two dumps: manifest, record attributes and every dataset's bytes must be equal."""
+    import h5py
+    import numpy as np
+
+    diffs: list[str] = []
+    n = 0
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        for k in sorted(set(fa.attrs) | set(fb.attrs)):
+            if k in PROVENANCE:
+                continue
+            if k not in fa.attrs or k not in fb.attrs or _attrs(fa).get(k) != _attrs(fb).get(k):
+                diffs.append(f"root attribute {k}")
+        if fa["manifest"][()] != fb["manifest"][()]:
+            diffs.append("manifest differs")
+        names_a: list[str] = []
+        names_b: list[str] = []
+        fa.visit(names_a.append)
+        fb.visit(names_b.append)
+        if sorted(names_a) != sorted(names_b):
+            diffs.append(f"object lists differ ({len(names_a)} vs {len(names_b)})")
+        for name in sorted(set(names_a) & set(names_b)):
+            oa, ob = fa[name], fb[name]
+            if name != "manifest" and _attrs(oa) != _attrs(ob):
+                diffs.append(f"{name}: attributes differ")
+            if isinstance(oa, h5py.Dataset):
+                n += 1
+                if name == "manifest" or name in TIMINGS:
+                    continue
+                if oa.dtype != ob.dtype or oa.shape != ob.shape:
+                    diffs.append(f"{name}: {oa.dtype}{oa.shape} vs {ob.dtype}{ob.shape}")
+                elif oa.attrs.get("summary_only", False):
+                    continue
+                elif np.asarray(oa[()]).tobytes() != np.asarray(ob[()]).tobytes():
+                    diffs.append(f"{name}: data differs")
+    verdict = "IDENTICAL" if not diffs else f"{len(diffs)} DIFFERENCES"
+    print(f"{a} vs {b}: {n} datasets compared: {verdict}")
+    for d in diffs[:show]:
+        print("  " + d)
+    return 0 if not diffs else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    t = sub.add_parser("table")
+    t.add_argument("ref")
+    t.add_argument("test")
+    t.add_argument("-o", "--output", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    d = sub.add_parser("dumps")
+    d.add_argument("a")
+    d.add_argument("b")
+    o = ap.parse_args(argv)
+    if o.mode == "table":
+        return table_mode(o.ref, o.test, o.output)
+    if o.mode == "compare":
+        return compare_mode(o.a, o.b)
+    return dumps_mode(o.a, o.b)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
