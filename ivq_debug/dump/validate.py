@@ -232,6 +232,10 @@ def _object_kind(group: Any, name: str) -> str:
     return {h5py.h5o.TYPE_GROUP: "group", h5py.h5o.TYPE_DATASET: "dataset"}.get(t, "named datatype")
 
 
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 def member(group: Any, name: str, kind: str, what: str, path: Path, required: bool = True) -> Any:
     """``group[name]`` when it is a hard link to an object of ``kind`` (``group`` or ``dataset``); a soft,
     external or user-defined link is never followed. None when absent and not ``required``."""
@@ -241,7 +245,7 @@ def member(group: Any, name: str, kind: str, what: str, path: Path, required: bo
             raise InputError(f"{what} is missing", path)
         return None
     if link != "hard":
-        raise InputError(f"{what} is a {link} link (links are never followed)", path)
+        raise InputError(f"{what} is {_article(link)} {link} link (links are never followed)", path)
     try:
         got = _object_kind(group, name)
     except (KeyError, RuntimeError, ValueError, OSError) as e:
@@ -377,7 +381,7 @@ def open_dataset(group: Any, key: str, what: str, path: Path, dapl: Any = None) 
     if link is None:
         raise InputError(f"manifest lists {what} but its data is missing", path)
     if link != "hard":
-        raise InputError(f"{what} is a {link} link (links are never followed)", path)
+        raise InputError(f"{what} is {_article(link)} {link} link (links are never followed)", path)
     try:
         ds = h5py.Dataset(h5py.h5d.open(group.id, key.encode("utf-8", "surrogateescape"), dapl), readonly=True)
     except (KeyError, ValueError, RuntimeError, OSError):
