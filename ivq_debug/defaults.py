@@ -34,6 +34,8 @@ COMPARE_BLOCK_BYTES = 4 << 20
 MAX_UNMATCHED_FRACTION = 0.5
 #: number of worst layers printed by ivq-diff.
 TOP_N = 10
+#: ``ivq-diff --fail-on``: findings of this severity or worse fail the run (exit 1), like a broken budget
+DIFF_FAIL_ON = "error"
 
 #: Threshold presets (see docs/metrics.md). Each maps a metric to a (direction, value) budget:
 #: "min" means the metric must be >= value, "max" means <= value.

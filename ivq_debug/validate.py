@@ -45,7 +45,8 @@ _METRIC_VALUE = {
     "x-message": "must be a number, 'inf', '-inf', 'nan' or null",
 }
 
-#: ``--baseline``: an ``ivq-diff/1`` document; only what :func:`~ivq_debug.comparator.regressions_against` reads
+#: ``--baseline``: an ``ivq-diff/1`` document; only what :func:`~ivq_debug.comparator.regressions_against` and
+#: ``--fail-on`` (its findings) read
 BASELINE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["schema", "layers"],
@@ -67,6 +68,20 @@ BASELINE_SCHEMA: dict[str, Any] = {
                     "metrics": {"type": "object", "additionalProperties": _METRIC_VALUE},
                     "status": {"type": "string"},
                     "violations": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+        # what ivq-diff --fail-on reads (cli.diff.failing_findings: kind, tensor, node, record)
+        "findings": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "kind": {"type": "string"},
+                    "where": {
+                        "type": ["object", "null"],
+                        "properties": {"tensor": {"type": ["string", "null"]}, "node": {"type": ["string", "null"]}},
+                    },
                 },
             },
         },

@@ -98,3 +98,6 @@ def test_map_and_baseline_documents(tmp_path: Path) -> None:
     b.write_text(json.dumps({**doc, "schema": "ivq-diff/99"}))
     with pytest.raises(InputError, match="schema: must be 'ivq-diff/1'"):
         read_baseline(b)
+    b.write_text(json.dumps({**doc, "findings": [{"kind": "x", "where": ["t"]}]}))  # what --fail-on reads
+    with pytest.raises(InputError, match=r"findings\[0\]\.where: "):
+        read_baseline(b)

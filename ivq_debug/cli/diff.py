@@ -1,23 +1,30 @@
 """``ivq-diff``: compare two golden dumps for regression CI (contract: ``docs/cli.md``).
 
-Exit codes: 0 pass · 1 a threshold or regression failed · 2 usage error · 3 an input is unreadable or
-corrupt · 4 alignment left more unmatched tensors than allowed. Errors are one line on stderr.
+Exit codes: 0 pass · 1 a threshold or regression failed, or a finding at ``--fail-on`` severity (default:
+error) · 2 usage error · 3 an input is unreadable or corrupt · 4 alignment left more unmatched tensors than
+allowed. Errors are one line on stderr; the verdict line says why a run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.api import compare
-from ivq_debug.cli.common import run, write_json
+from ivq_debug.cli.common import escape, run, write_json
 from ivq_debug.cli.render import comparison_report
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import console
+from ivq_debug.diagnose.findings import SEVERITIES, Finding, severity_rank
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.report import write_report
 from ivq_debug.validate import check_outputs, read_baseline, read_name_map
+
+#: ``--fail-on`` choices: the lowest finding severity that fails the run (``never``: findings never fail)
+FAIL_ON = ("error", "warning", "never")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,6 +57,9 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {defaults.MAX_UNMATCHED_FRACTION})")
     p.add_argument("--map", metavar="MAP.json", help="explicit {ref_name: test_name} pairs")
     p.add_argument("--records", metavar="PARTS", help="only these parts, comma-separated (e.g. prefill,decode)")
+    p.add_argument("--fail-on", choices=FAIL_ON, default=defaults.DIFF_FAIL_ON,
+                   help="fail (exit 1) on findings of this severity or worse (default: error; with --baseline, "
+                        "only findings the baseline did not have)")
     p.add_argument("--force", action="store_true", help="overwrite existing --json/--report outputs")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
 
@@ -69,6 +79,47 @@ def parse_allowance(value: str | None) -> int | float | None:
     return int(v) if v.is_integer() else v
 
 
+def _finding_key(f: Finding | dict[str, Any]) -> tuple[Any, ...]:
+    d = f if isinstance(f, dict) else f.to_dict()
+    where = d.get("where") or {}
+    return d.get("kind"), where.get("tensor"), where.get("node"), json.dumps(where.get("record"), sort_keys=True)
+
+
+def failing_findings(findings: list[Finding], fail_on: str, baseline: dict[str, Any] | None = None) -> list[Finding]:
+    """The findings that fail a run at ``fail_on`` (``error``, ``warning`` or ``never``); with a baseline
+    ``ivq-diff/1`` document, only those it did not hold (same kind, tensor, node and record)."""
+    if fail_on == "never":
+        return []
+    floor = SEVERITIES.index(fail_on)
+    out = [f for f in findings if severity_rank(f.severity) >= floor]
+    if baseline is not None:
+        known = {_finding_key(f) for f in baseline.get("findings") or []}
+        out = [f for f in out if _finding_key(f) not in known]
+    return out
+
+
+def verdict_reasons(cmp: Any, failing: list[Finding]) -> list[str]:
+    """Why a diff fails, one phrase per cause (empty: it passes)."""
+    reasons = []
+    if cmp.regressions is not None:
+        if cmp.regressions:
+            reasons.append(f"{len(cmp.regressions)} regression(s)")
+    elif not cmp.passed:
+        reasons.append(f"{cmp.summary['failed']} tensor(s) over budget")
+    if failing:
+        by_kind: dict[str, list[Finding]] = {}
+        for f in failing:
+            by_kind.setdefault(f.kind, []).append(f)
+        parts = []
+        for kind, fs in by_kind.items():
+            rec = fs[0].where.get("record") or {}
+            at = f" ({rec.get('part')} step {rec.get('step')})" if rec else ""
+            parts.append(f"{kind}{at}" + (f" x{len(fs)}" if len(fs) > 1 else ""))
+        sevs = sorted({f.severity for f in failing}, key=severity_rank, reverse=True)
+        reasons.append(f"{len(failing)} {'/'.join(sevs)} finding(s): {', '.join(parts)}")
+    return reasons
+
+
 def execute_diff(args: argparse.Namespace) -> int:
     """Run a diff from parsed arguments; returns the exit code."""
     check_outputs([args.json, args.report], [args.ref, args.test, args.map, args.baseline], args.force)
@@ -83,9 +134,14 @@ def execute_diff(args: argparse.Namespace) -> int:
     if baseline is not None:
         cmp.regressions = regressions_against(cmp, baseline)
     allowance = parse_allowance(args.max_unmatched)
+    fail_on = getattr(args, "fail_on", defaults.DIFF_FAIL_ON)
+    failing = failing_findings(cmp.findings, fail_on, baseline)
+    reasons = verdict_reasons(cmp, failing)
     if args.json:
-
-        write_json(cmp.to_json(), args.json, overwrite=args.force)
+        doc = cmp.to_json()
+        doc["verdict"] = {"passed": not reasons, "fail_on": fail_on, "reasons": reasons,
+                          "failing_findings": [f.kind for f in failing]}
+        write_json(doc, args.json, overwrite=args.force)
     if args.report:
 
         write_report(cmp, args.report, overwrite=args.force)
@@ -94,10 +150,8 @@ def execute_diff(args: argparse.Namespace) -> int:
         for r in comparison_report(cmp, args.top):
             con.print(r)
     cmp.alignment.check(allowance)
-    ok = cmp.passed
-    failed = len(cmp.regressions) if cmp.regressions is not None else cmp.summary["failed"]
-    what = "regression(s)" if cmp.regressions is not None else "tensor(s) over budget"
-    con.print(("[bold green]PASS[/bold green]" if ok else f"[bold red]FAIL[/bold red] {failed} {what}")
+    ok = not reasons
+    con.print(("[bold green]PASS[/bold green]" if ok else f"[bold red]FAIL[/bold red] {escape('; '.join(reasons))}")
               + (f" · json: {args.json}" if args.json and args.json != "-" else "")
               + (f" · report: {args.report}" if args.report else ""))
     return EXIT_OK if ok else EXIT_FAIL

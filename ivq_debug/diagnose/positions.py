@@ -34,7 +34,6 @@ attributes (``rope_theta``, or an HF config dict under ``config``).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.util import read_json
 
 
 def _pos_array(v: Any) -> np.ndarray:
@@ -174,12 +174,7 @@ def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
         if path.is_dir():
             path = path / "config.json"
         source = str(path)
-        try:
-            cfg = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError("no such config.json", path) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InputError(f"not a readable config.json ({type(e).__name__})", path) from None
+        cfg = read_json(path, "config.json")
         if not isinstance(cfg, dict):
             raise InputError("config.json is not a JSON object", path)
     tc = cfg.get("text_config") or cfg.get("llm_config") or cfg

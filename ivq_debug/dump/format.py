@@ -46,7 +46,11 @@ MANIFEST_COLUMNS = (
     "nonfinite",
     "encoding",
     "has_raw",
+    "qnn_name",
+    "source_file",
 )
+#: manifest columns added after version 1 was fixed (optional: older dumps lack them, readers give ``None``)
+OPTIONAL_COLUMNS = ("qnn_name", "source_file")
 
 #: dtypes numpy cannot hold natively: stored as a same-width integer view, named in the ``dtype`` attribute
 VIEW_DTYPES = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}

@@ -41,6 +41,8 @@ class Entry:
     encoding: dict[str, Any] | None
     has_raw: bool
     stats: dict[str, Any]
+    qnn_name: str | None = None  # ingests: the device's (sanitized QNN) name of the tensor
+    source_file: str | None = None  # ingests: the file it was read from
 
     @property
     def record(self) -> RecordKey:
@@ -149,6 +151,7 @@ class Dump:
                     dtype=r[c["dtype"]], layout=r[c["layout"]], stored=r[c["stored"]], nbytes=r[c["nbytes"]],
                     encoding=r[c["encoding"]], has_raw=bool(r[c["has_raw"]]),
                     stats={k: r[c[k]] for k in STAT_FIELDS},
+                    **{k: r[c[k]] for k in fmt.OPTIONAL_COLUMNS if k in c},
                 )
                 for r in self._rows
             ]
@@ -355,7 +358,11 @@ class Dump:
                 ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
             yield logical(out.reshape(-1), entry.dtype)
             return
-        yield from rebuffer(self.iter_blocks(entry, block_elems * dt.itemsize), block_elems)
+        # compressed: read at least a chunk per HDF5 call (no chunk cache: a smaller block would decompress
+        # the same chunk again for every block), then cut into blocks of the size asked
+        chunks = self.dataset(entry).chunks
+        chunk_bytes = math.prod(chunks) * dt.itemsize if chunks else 0
+        yield from rebuffer(self.iter_blocks(entry, max(block_elems * dt.itemsize, chunk_bytes)), block_elems)
 
     def table(self, name: str):
         """A stored table (e.g. ``profiling``) as a pandas DataFrame."""

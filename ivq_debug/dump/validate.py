@@ -97,6 +97,8 @@ MANIFEST_COLUMN_TYPES: dict[str, dict[str, Any]] = {
     "encoding": {"type": ["object", "null"],
                  "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]}},
     "has_raw": {"type": "boolean"},
+    "qnn_name": _STR_OR_NULL,
+    "source_file": _STR_OR_NULL,
 }
 
 #: one record group's attributes (``meta`` parsed), all records checked in one call
@@ -114,8 +116,8 @@ _COMPILED: dict[Any, Any] = {}
 
 def manifest_schema(columns: tuple[str, ...]) -> dict[str, Any]:
     """The JSON Schema (draft 7) of a manifest with these columns: every column of
-    :data:`~ivq_debug.dump.format.MANIFEST_COLUMNS` present once, each row as long as ``columns``, each cell
-    of its column's type (:data:`MANIFEST_COLUMN_TYPES`)."""
+    :data:`~ivq_debug.dump.format.MANIFEST_COLUMNS` present once (but the ``OPTIONAL_COLUMNS`` older dumps
+    lack), each row as long as ``columns``, each cell of its column's type (:data:`MANIFEST_COLUMN_TYPES`)."""
     n = len(columns)
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
@@ -287,7 +289,7 @@ def manifest(f: Any, records: set[str], path: Path) -> tuple[list[str], list[lis
     cols = doc["columns"]
     if not all(isinstance(c, str) for c in cols):
         raise InputError("manifest: columns must be strings", path)
-    missing = [c for c in fmt.MANIFEST_COLUMNS if c not in cols]
+    missing = [c for c in fmt.MANIFEST_COLUMNS if c not in cols and c not in fmt.OPTIONAL_COLUMNS]
     if missing:
         raise InputError(f"manifest: missing column(s) {missing}", path)
     key = tuple(cols)

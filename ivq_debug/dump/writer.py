@@ -246,7 +246,10 @@ class DumpWriter:
         return rec is not None and name in self._names.get((rec["rid"], kind), set())
 
     def add_input(self, name: str, value: Any, **kw: Any) -> None:
-        """Store one model input of the current record (always stored whole)."""
+        """Store one model input of the current record (always stored whole).
+
+        Keywords are those of :meth:`add_tensor` (an ingest passes ``qnn_name`` and ``source_file``).
+        """
         self._add("input", name, value, **kw)
 
     def add_tensor(
@@ -260,6 +263,8 @@ class DumpWriter:
         layout: str | None = None,
         encoding: dict[str, Any] | None = None,
         raw: Any | None = None,
+        qnn_name: str | None = None,
+        source_file: str | None = None,
     ) -> None:
         """Store one captured tensor of the current record.
 
@@ -273,10 +278,12 @@ class DumpWriter:
             encoding: quantization encoding (``bitwidth``, ``scale``, ``zero_point`` in the ONNX
                 convention, ``axis``, ``dtype``, ``symmetric``), see ``docs/dump-format.md``.
             raw: the raw quantized integers the backend produced, stored beside the float values.
+            qnn_name: the tensor's name on the device (an ingested qnn-net-run file's sanitized QNN name).
+            source_file: the file the values were read from (ingests); provenance, never opened again.
         """
         self._add(
             "tensor", name, value, op_type=op_type, order=order, scope=scope, layout=layout,
-            encoding=encoding, raw=raw,
+            encoding=encoding, raw=raw, qnn_name=qnn_name, source_file=source_file,
         )
 
     @guarded
@@ -292,6 +299,8 @@ class DumpWriter:
         layout: str | None = None,
         encoding: dict[str, Any] | None = None,
         raw: Any | None = None,
+        qnn_name: str | None = None,
+        source_file: str | None = None,
     ) -> None:
         rec = self._require_record()
         rid = rec["rid"]
@@ -318,7 +327,8 @@ class DumpWriter:
             order = self._order[rid]
         self._order[rid] = max(self._order[rid], order + 1)
         attrs += [("name", name), ("dtype", dtype_name), ("order", order)]
-        attrs += [(attr, val) for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout))
+        attrs += [(attr, val) for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout),
+                                                ("qnn_name", qnn_name), ("source_file", source_file))
                   if val is not None]
         has_raw = False
         if encoding is not None:
@@ -333,7 +343,7 @@ class DumpWriter:
             [
                 rid, rec["sample"], rec["part"], rec["step"], kind, name, key, order, op_type, scope,
                 list(arr.shape), dtype_name, layout, stored, int(arr.nbytes), stats["min"], stats["max"],
-                stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw,
+                stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file,
             ]
         )
 

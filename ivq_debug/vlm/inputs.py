@@ -99,15 +99,53 @@ def text_positions(length: int) -> np.ndarray:
 
 def mrope_positions(model: Any, bucket: int) -> np.ndarray:
     """M-RoPE prefill positions ``[3, 1, S]`` of the task prompt, from HF's own ``get_rope_index``."""
+    ids = np.asarray([task.prompt_ids(num_image_tokens(bucket))], dtype=np.int64)
+    g = bucket // PATCH
+    pos, _ = rope_index(model, (ids == task.VOCAB[task.IMAGE]).astype(np.int32), np.asarray([[1, g, g]]))
+    return pos
+
+
+def _rope_index_owner(model_or_config: Any) -> Any:
+    """The object whose ``get_rope_index`` to call: a model's (``model.model``), or, for an HF config (a dict
+    or ``PretrainedConfig``), an instance of the config's base model class that holds only the config: the
+    method reads ``self.config`` alone, so no weights are built."""
+    inner = getattr(model_or_config, "model", model_or_config)
+    if hasattr(inner, "get_rope_index"):
+        return inner
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    cfg = model_or_config
+    if isinstance(cfg, dict):
+        d = dict(cfg)
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    cls = MODEL_MAPPING[type(cfg)]
+    owner = cls.__new__(cls)
+    object.__setattr__(owner, "config", cfg)
+    return owner
+
+
+def rope_index(model_or_config: Any, mm_token_type_ids: np.ndarray, image_grid_thw: np.ndarray,
+               attention_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """M-RoPE positions ``[3, B, S]`` and ``rope_deltas`` ``[B, 1]`` of prompts, from transformers' own
+    ``get_rope_index`` (Qwen2-VL family).
+
+    Args:
+        model_or_config: a loaded model, or its HF config (``config.json`` as a dict, or a ``PretrainedConfig``).
+        mm_token_type_ids: ``[B, S]``, 1 at image tokens, 0 at text.
+        image_grid_thw: ``[n_images, 3]`` patch grids (before the spatial merge).
+        attention_mask: ``[B, S]`` 1/0 (padding), optional.
+    """
     import torch
 
-    ids = torch.tensor([task.prompt_ids(num_image_tokens(bucket))], dtype=torch.long)
-    g = bucket // PATCH
-    pos, _ = model.model.get_rope_index(
-        ids, mm_token_type_ids=(ids == task.VOCAB[task.IMAGE]).to(torch.int32),
-        image_grid_thw=torch.tensor([[1, g, g]], dtype=torch.long),
-    )
-    return pos.numpy().astype(np.int64)
+    owner = _rope_index_owner(model_or_config)
+    tt = torch.from_numpy(np.ascontiguousarray(mm_token_type_ids, dtype=np.int32))
+    kw: dict[str, Any] = {"mm_token_type_ids": tt,
+                          "image_grid_thw": torch.from_numpy(np.asarray(image_grid_thw, dtype=np.int64))}
+    if attention_mask is not None:
+        kw["attention_mask"] = torch.from_numpy(np.asarray(attention_mask, dtype=np.int64))
+    pos, deltas = owner.get_rope_index(torch.zeros(tt.shape, dtype=torch.long), **kw)
+    return pos.numpy().astype(np.int64), np.asarray(deltas, dtype=np.int64).reshape(-1, 1)
 
 
 def prefill_positions(family: str, model: Any, bucket: int) -> np.ndarray:

@@ -72,6 +72,8 @@ def test_a_valid_dump_reads_back(tmp_path: Path) -> None:
     (_manifest(lambda d: d["rows"][0].__setitem__(6, "../x")), "key '../x' is not one HDF5 link name"),
     (_manifest(lambda d: d["rows"][0].__setitem__(14, 7)), "nbytes 7 is not shape"),
     (_manifest(lambda d: d.__setitem__("rows", [[1, 2]])), "manifest row 0"),
+    (_manifest(lambda d: d["rows"][0].__setitem__(d["columns"].index("qnn_name"), 5)),
+     "manifest row 0 qnn_name: must be string or null"),
 ])
 def test_bad_attributes_and_manifests_are_refused_at_open(tmp_path: Path, edit: Any, message: str) -> None:
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("(", r"\(")):

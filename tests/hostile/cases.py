@@ -1385,6 +1385,9 @@ def _diff_json_cases() -> list[Case]:
         "baseline-metrics-strings": ("--baseline", base(layers(lambda lr: lr["metrics"].__setitem__("sqnr_db", "high"))), 3),
         "baseline-metrics-missing": ("--baseline", base(layers(lambda lr: lr.pop("metrics"))), 3),
         "baseline-record-string": ("--baseline", base(layers(lambda lr: lr.__setitem__("record", "0/model/0"))), 3),
+        "baseline-findings-ints": ("--baseline", base(lambda d: d.__setitem__("findings", [1, 2])), 3),
+        "baseline-finding-where-list": ("--baseline", base(lambda d: d.__setitem__(
+            "findings", [{"kind": "x", "severity": "error", "where": ["t"]}])), 3),
         "baseline-deep": ("--baseline", raw('{"a":' * 50000 + "1" + "}" * 50000), 3),
         "baseline-truncated": ("--baseline", lambda ws: ws.write("b.json", ws.corpus["baseline.json"].read_bytes()[:700]), 3),
         "baseline-not-utf8": ("--baseline", raw(b'{"schema": "\xff"}'), 3),

@@ -51,7 +51,7 @@ DEFAULT_EXTRA = (
     "outputs/capture-o-model/same-force", "outputs/ingest-o-graph/symlink-force",
     "outputs/quantize-o-calibration/hardlink-force", "outputs/report-o-ref/dot-force",
     "names/tensor-surrogate/show", "names/tensor-html/report", "names/path-too-long/ls",
-    "diffjson/baseline-deep/diff",
+    "diffjson/baseline-deep/diff", "diffjson/baseline-findings-ints/diff",
 )
 
 

@@ -1,27 +1,49 @@
-"""qnn-net-run capture: ingest an ``--output_dir`` into a golden dump (backend ``qnn-net-run``).
+"""qnn-net-run capture: ingest run folders into a golden dump (backend ``qnn-net-run``).
 
-Each ``Result_<i>`` folder becomes one record: sample ``i`` (default) or decode step ``first_step + i``
-(``as_steps=True``); with several graphs each graph is its own ``part``. Tensors are keyed by ONNX names
-when the model is given (QDQ ``QuantizeLinear`` outputs under their float names, as the ORT and QNN EP
-captures key them), stored as float32 values in the source layout with their raw integers and encoding.
-Problems (missing files, wrong sizes, unknown names) are collected: the dump is then marked incomplete
-with the reasons, or, with ``strict=True``, the first one is raised as a one-line ``InputError``.
+Steps follow the dump's one convention (``docs/architecture.md``): step 0 is a single forward or a prefill,
+decode call ``k`` is step ``k >= 1``; a decode record at step 0 is refused.
+
+With a QNN graph JSON (:func:`capture_net_run`): each ``Result_<i>`` folder becomes one record: sample ``i``
+(default) or decode step ``first_step + i`` (``as_steps=True``, ``first_step`` 1 by default); with several
+graphs each graph is its own ``part``. Tensors are keyed by ONNX names when the model is given (QDQ
+``QuantizeLinear`` outputs under their float names, as the ORT and QNN EP captures key them), stored as
+float32 values in the source layout with their raw integers and encoding. Problems (missing files, wrong
+sizes, unknown names) are collected: the dump is then marked incomplete with the reasons, or, with
+``strict=True``, the first one is raised as a one-line ``InputError``.
+
+With only the ONNX graph (:func:`capture_net_run_model`, :func:`capture_session`): names, dtypes and shapes
+come from the graph (:func:`~ivq_debug.capture.qnn_net_run.io.read_net_run_folder`), the inputs of
+``input_list.txt`` become the record inputs, and every problem is a one-line ``InputError`` (nothing is
+written). A *session* puts a device's vision, prefill and decode folders of one or more samples into one dump.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.capture.qnn_net_run.io import Ingest, IngestProblem, ingest_output
+import numpy as np
+
+from ivq_debug.capture.base import model_facts
+from ivq_debug.capture.qnn_net_run.io import (
+    GraphIO,
+    Ingest,
+    IngestProblem,
+    NetRunCall,
+    NetRunFolder,
+    ingest_output,
+    read_net_run_folder,
+)
 from ivq_debug.dump.writer import DumpWriter, check_writable
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap
 from ivq_debug.qnn.profiling import join_tensors, read_profile
-from ivq_debug.util import sha256_file
+from ivq_debug.util import read_json, sha256_file
 
 BACKEND = "qnn-net-run"
 PARTS = ("vision", "prefill", "decode", "model")
@@ -29,7 +51,11 @@ PARTS = ("vision", "prefill", "decode", "model")
 
 @dataclass
 class NetRunCapture:
-    """What :func:`capture_net_run` wrote."""
+    """What an ingest wrote.
+
+    ``mapping``: every file read, with the ONNX tensor, its QNN name and the record it went to;
+    ``unmatched``: files no tensor claimed (``{"file", "reason"}``); ``parts``: the ONNX graph of each part.
+    """
 
     path: Path
     records: list[tuple[int, str, int]]
@@ -37,6 +63,29 @@ class NetRunCapture:
     complete: bool
     problems: list[IngestProblem] = field(default_factory=list)
     profiling_rows: int = 0
+    mapping: list[dict[str, Any]] = field(default_factory=list)
+    unmatched: list[dict[str, str]] = field(default_factory=list)
+    parts: dict[str, Path] = field(default_factory=dict)
+    config_source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``ivq-ingest/1`` document of ``ivq ingest --json``."""
+        return {"schema": INGEST_SCHEMA, "dump": str(self.path), "complete": self.complete,
+                "records": [{"sample": s, "part": p, "step": k} for s, p, k in self.records],
+                "parts": {k: str(v) for k, v in self.parts.items()}, "config": self.config_source,
+                "tensors": self.mapping, "unmatched": self.unmatched,
+                "problems": [{"kind": p.kind, "file": p.path, "message": p.message, "fatal": p.fatal}
+                             for p in self.problems]}
+
+
+INGEST_SCHEMA = "ivq-ingest/1"
+
+
+def check_step(part: str, step: int, where: str = "") -> None:
+    """The one step convention: decode calls are steps ``k >= 1`` (step 0 is the prefill)."""
+    if part == "decode" and step < 1:
+        raise UsageError(f"a decode record at step {step}{where}: decode call k is step k >= 1 "
+                         "(step 0 is the prefill); pass --as-steps / as_steps=True")
 
 
 def _part_of(graph: str, n_graphs: int, parts: Mapping[str, str] | None) -> str:
@@ -51,7 +100,7 @@ def write_ingest(
     writer: Any,
     ing: Ingest,
     as_steps: bool = False,
-    first_step: int = 0,
+    first_step: int = 1,
     sample: int = 0,
     parts: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[int, str, int]], int]:
@@ -66,6 +115,7 @@ def write_ingest(
     for graph, ri, tensors in ing.records():
         part = _part_of(graph, len(ing.results), parts)
         key = (sample, part, first_step + ri) if as_steps else (ri, part, 0)
+        check_step(part, key[2], f" (graph {graph!r}, Result_{ri})")
         writer.begin_record(sample=key[0], part=key[1], step=key[2], qnn_graph=graph, result_dir=f"Result_{ri}")
         records.append(key)
         for t in tensors:
@@ -74,7 +124,7 @@ def write_ingest(
                 mismatches.append({"graph": graph, "result": ri, "tensor": t.key, "max_abs": d.max_mismatch})
             writer.add_tensor(
                 t.key, d.values, op_type=t.op_type, order=t.order, scope=t.scope, layout=t.layout,
-                encoding=t.encoding(), raw=d.raw,
+                encoding=t.encoding(), raw=d.raw, qnn_name=t.qnn_name, source_file=str(t.float_file or t.native_file),
             )
             n += 1
     for p in ing.fatal:
@@ -95,7 +145,7 @@ def capture_net_run(
     profiling: str | os.PathLike | None = None,
     strict: bool = False,
     as_steps: bool = False,
-    first_step: int = 0,
+    first_step: int = 1,
     parts: Mapping[str, str] | None = None,
     overwrite: bool = False,
     backend_info: Mapping[str, Any] | None = None,
@@ -112,7 +162,8 @@ def capture_net_run(
         profiling: a profiling file (QNN EP CSV, qnn-profile-viewer text, Chrome trace) stored as the
             ``profiling`` table (joined to tensors when ``model`` is given).
         strict: raise the first problem instead of writing a dump marked incomplete.
-        as_steps: ``Result_<i>`` are decode steps ``first_step + i`` of sample 0 (default: samples).
+        as_steps: ``Result_<i>`` are decode steps ``first_step + i`` of sample 0 (default: samples);
+            ``first_step`` is 1 (decode call 1 follows the prefill, step 0), as on the CLI.
         parts: graph name → record part (default ``model`` for one graph, else the graph name).
         overwrite: replace an existing dump.
         backend_info: extra provenance (device, SDK version, soc_model, …).
@@ -128,6 +179,8 @@ def capture_net_run(
         bad = {v for v in parts.values() if v not in PARTS}
         if bad:
             raise UsageError(f"unknown part(s) {sorted(bad)} (use {', '.join(PARTS)})")
+    if as_steps and first_step < 1:
+        raise UsageError(f"first_step {first_step}: decode steps start at 1 (step 0 is the prefill)")
     ing = ingest_output(output_dir, graphs, model=model, strict=strict, allow_outside=allow_outside)
     prof = None
     if profiling is not None:
@@ -151,10 +204,401 @@ def capture_net_run(
         if prof is not None:
             w.add_table("profiling", prof.astype(object).where(prof.notna(), None))
         path = w.path
+    mapping = [{"record": {"sample": key[0], "part": key[1], "step": key[2]}, "graph": graph, "result": ri,
+                "kind": "tensor", "name": t.key, "qnn_name": t.qnn_name, "file": str(t.float_file or t.native_file)}
+               for key, (graph, ri, tensors) in zip(records, ing.records(), strict=True) for t in tensors]
+    unmatched = [{"file": p.path, "reason": p.message} for p in ing.problems if p.kind in ("unknown_tensor", "unmapped")]
     return NetRunCapture(Path(path), records, n, ing.complete, list(ing.problems),
-                         0 if prof is None else len(prof))
+                         0 if prof is None else len(prof), mapping, unmatched)
 
 
 def _is_namemap(model: Any) -> bool:
 
     return isinstance(model, NameMap)
+
+
+# ==================================================================================== ONNX-described ingests
+SESSION_PARTS = ("vision", "prefill", "decode")
+SESSION_SCHEMA = "ivq-session/1"
+#: name of the output whose last row's argmax is a record's ``token`` (HF exports)
+LOGITS = "logits"
+_PAST = re.compile(r"^past(?:_key_values)?[._](\d+)[._](key|value)$")
+
+
+def token_of(values: np.ndarray) -> int:
+    """The greedy token of a ``logits`` output: argmax of its last position."""
+    v = np.asarray(values)
+    return int(np.argmax(v.reshape(-1, v.shape[-1])[-1]))
+
+
+def decode_cache_len(call: NetRunCall) -> int | None:
+    """Valid cache slots before a decode call: the ``past`` input's length when the graph's cache grows, else
+    the attended slots of ``attention_mask`` (1/0 mask: ones; additive mask: zeros) minus the new token."""
+    past = [t for t in call.inputs if _PAST.match(t.name)]
+    if past and len(past[0].shape) >= 2 and isinstance(past[0].tensor.dims[-2], str):
+        return int(past[0].shape[-2])
+    mask = call.input("attention_mask")
+    if mask is None:
+        return None
+    m = mask.load()
+    last = m.reshape(-1, m.shape[-1])[-1] if m.ndim else m.reshape(1)
+    attended = int(np.count_nonzero(last)) if m.dtype.kind in "iub" else int(np.count_nonzero(last == 0))
+    return attended - 1
+
+
+def _record_rows(writer: Any, call: NetRunCall, key: tuple[int, str, int],
+                 meta: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """Write one inference as one record (inputs, then outputs); returns its mapping rows and tensor count."""
+    s, part, step = key
+    check_step(part, step, f" ({call.result_dir})")
+    writer.begin_record(sample=s, part=part, step=step, result_dir=call.result_dir.name if call.result_dir else None,
+                        input_list_line=call.line, **meta)
+    rows = []
+    for t in call.inputs:
+        writer.add_input(t.name, t.load(), qnn_name=t.qnn_name, source_file=str(t.path))
+    token = None
+    for t in call.outputs:
+        v = t.load()
+        writer.add_tensor(t.name, v, op_type=t.tensor.op_type or ("GraphOutput" if t.tensor.kind == "output" else None),
+                          order=t.tensor.order if t.tensor.order >= 0 else None, qnn_name=t.qnn_name,
+                          source_file=str(t.path))
+        if t.name == LOGITS and v.ndim >= 1 and v.size:
+            token = token_of(v)
+    if token is not None:
+        writer.update_record_meta(token=token)
+    rec = {"sample": s, "part": part, "step": step}
+    for kind, ts in (("input", call.inputs), ("tensor", call.outputs)):
+        rows += [{"record": rec, "kind": kind, "name": t.name, "qnn_name": t.qnn_name, "file": str(t.path),
+                  "shape": list(t.shape)} for t in ts]
+    return rows, len(call.inputs) + len(call.outputs)
+
+
+def load_config(config: str | os.PathLike | Mapping[str, Any] | None,
+                model_dir: str | os.PathLike | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """The HF ``config.json`` of a model as a dict and where it came from: ``config`` (a file, a folder
+    holding one, or a dict), else ``model_dir/config.json`` when it exists, else ``(None, None)``.
+
+    Raises:
+        InputError: a named config that is missing or not a JSON object.
+    """
+    if isinstance(config, Mapping):
+        return dict(config), "argument"
+    path = Path(config) if config is not None else None
+    if path is None and model_dir is not None and (Path(model_dir) / "config.json").is_file():
+        path = Path(model_dir) / "config.json"
+    if path is None:
+        return None, None
+    if path.is_dir():
+        path = path / "config.json"
+    doc = read_json(path, "config.json")
+    if not isinstance(doc, dict):
+        raise InputError("config.json is not a JSON object", path)
+    return doc, str(path.resolve())
+
+
+def part_candidates(model_dir: str | os.PathLike, part: str) -> list[Path]:
+    """The ONNX files of ``part`` in a parts folder: those its ``export.json`` lists (ivq exports), else
+    ``<part>*.onnx`` (``vision_b112.onnx``, ``prefill.onnx``, ``decode.onnx``, ...)."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise InputError("no such model folder" if not d.exists() else "not a folder", d)
+    manifest = d / "export.json"
+    if manifest.is_file():
+        try:
+            listed = [d / p["path"] for p in json.loads(manifest.read_text()).get("parts", []) if p.get("part") == part]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            listed = []
+        if listed:
+            return [p for p in listed if p.is_file()]
+    return sorted(p for p in d.iterdir() if p.suffix == ".onnx" and p.name.lower().startswith(part))
+
+
+def find_part_model(part: str, model_dir: str | os.PathLike | None, explicit: str | os.PathLike | None,
+                    fits: Callable[[Path], str | None]) -> Path:
+    """The ONNX graph of one part: ``explicit``, else the one candidate of ``model_dir`` that ``fits`` (a check
+    returning why a graph does not fit the data, or None).
+
+    Raises:
+        UsageError: no model folder nor explicit file, no candidate, or several that fit.
+        InputError: the only candidates do not fit the data (the first reason, naming the file).
+    """
+    if explicit is not None:
+        p = Path(explicit)
+        if not p.is_file():
+            raise InputError("no such ONNX model", p)
+        return p
+    if model_dir is None:
+        raise UsageError(f"no ONNX graph for the {part} part: pass --model-dir PARTS/ or --{part}-model FILE")
+    cands = part_candidates(model_dir, part)
+    if not cands:
+        raise UsageError(f"no {part} model in {model_dir} (looked for export.json parts and {part}*.onnx); "
+                         f"name it with --{part}-model FILE")
+    if len(cands) == 1:
+        return cands[0]
+    reasons = {c: fits(c) for c in cands}
+    ok = [c for c, r in reasons.items() if r is None]
+    if len(ok) == 1:
+        return ok[0]
+    if not ok:
+        c, r = next(iter(reasons.items()))
+        raise InputError(f"none of the {part} models {[p.name for p in cands]} fits the data ({r})", c)
+    raise UsageError(f"several {part} models fit the data ({', '.join(p.name for p in ok)}); "
+                     f"name one with --{part}-model FILE")
+
+
+@dataclass
+class SessionSpec:
+    """What ``ivq ingest session`` reads: per part the folders (one per sample, or one holding every sample's
+    calls in order), the ONNX parts and the model config.
+
+    Attributes:
+        folders: ``{"vision": [...], "prefill": [...], "decode": [...]}`` (vision and decode optional).
+        model_dir: folder of the ONNX parts (:func:`part_candidates`); ``models`` names files per part.
+        config: the HF ``config.json`` (default ``model_dir/config.json`` when present).
+        native_inputs: input files are in the graph's dtypes (``--use_native_input_files``); default float32.
+        allow_outside_inputs: read input paths that leave their session folder.
+        dims: dynamic axis values to pin (``{"batch_size": 1}``).
+    """
+
+    folders: dict[str, list[Path]]
+    model_dir: Path | None = None
+    models: dict[str, Path] = field(default_factory=dict)
+    config: Path | None = None
+    native_inputs: bool = False
+    allow_outside_inputs: bool = False
+    dims: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> SessionSpec:
+        """A spec file (schema ``ivq-session/1``, ``docs/device-sessions.md``); paths relative to the file.
+
+        Raises:
+            InputError: not JSON, another schema, an unknown field or a field of the wrong type (named).
+        """
+        p = Path(path)
+        doc = read_json(p, "JSON session spec")
+        _validate_spec(doc, p)
+        base = p.parent
+
+        def path_of(v: str) -> Path:
+            q = Path(v)
+            return q if q.is_absolute() else base / q
+
+        folders = {}
+        for part in SESSION_PARTS:
+            v = doc.get(part)
+            if v is not None:
+                folders[part] = [path_of(x) for x in ([v] if isinstance(v, str) else v)]
+        return cls(folders, path_of(doc["model_dir"]) if doc.get("model_dir") else None,
+                   {k: path_of(v) for k, v in (doc.get("models") or {}).items()},
+                   path_of(doc["config"]) if doc.get("config") else None, bool(doc.get("native_inputs", False)),
+                   bool(doc.get("allow_outside_inputs", False)), {k: int(v) for k, v in (doc.get("dims") or {}).items()})
+
+
+#: field -> (JSON types, what it is) of an ``ivq-session/1`` spec
+SPEC_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "schema": ((str,), f"the string {SESSION_SCHEMA!r}"),
+    "model_dir": ((str,), "a folder path"),
+    "models": ((dict,), "an object {part: ONNX path}"),
+    "config": ((str,), "a config.json path"),
+    "vision": ((str, list), "a folder path or a list of them"),
+    "prefill": ((str, list), "a folder path or a list of them"),
+    "decode": ((str, list), "a folder path or a list of them"),
+    "native_inputs": ((bool,), "true or false"),
+    "allow_outside_inputs": ((bool,), "true or false"),
+    "dims": ((dict,), "an object {axis name: positive integer}"),
+}
+
+
+def _validate_spec(doc: Any, path: Path) -> None:
+    if not isinstance(doc, dict):
+        raise InputError("a session spec is a JSON object", path)
+    if doc.get("schema") != SESSION_SCHEMA:
+        raise InputError(f"field 'schema' must be {SESSION_SCHEMA!r} (got {doc.get('schema')!r})", path)
+    for k, v in doc.items():
+        if k not in SPEC_FIELDS:
+            raise InputError(f"unknown field {k!r} (known: {', '.join(SPEC_FIELDS)})", path)
+        types, what = SPEC_FIELDS[k]
+        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+        if ok and isinstance(v, list):
+            ok = bool(v) and all(isinstance(x, str) for x in v)
+        if ok and k == "models":
+            ok = all(part in SESSION_PARTS and isinstance(x, str) for part, x in v.items())
+        if ok and k == "dims":
+            ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v.values())
+        if not ok:
+            raise InputError(f"field {k!r} must be {what}", path)
+    if "prefill" not in doc:
+        raise InputError("field 'prefill' is required (the prefill folder(s))", path)
+
+
+def _read_part(folders: Sequence[Path], model: Path, spec: SessionSpec) -> list[NetRunFolder]:
+    graph = GraphIO.from_model(model)
+    return [read_net_run_folder(f, model, native_inputs=spec.native_inputs,
+                                allow_outside_inputs=spec.allow_outside_inputs, dims=spec.dims,
+                                require_inputs=True, graph=graph) for f in folders]
+
+
+def _fits(folder: Path, spec: SessionSpec) -> Callable[[Path], str | None]:
+    def check(model: Path) -> str | None:
+        try:
+            read_net_run_folder(folder, model, native_inputs=spec.native_inputs,
+                                allow_outside_inputs=spec.allow_outside_inputs, dims=spec.dims)
+        except InputError as e:
+            return e.one_line()
+        return None
+
+    return check
+
+
+def split_sessions(calls: list[tuple[NetRunFolder, NetRunCall]], n: int, folder: Path
+                   ) -> list[list[tuple[NetRunFolder, NetRunCall]]]:
+    """The decode calls of ``n`` samples run one after the other in one folder, split where the cache restarts
+    (its length, :func:`decode_cache_len`, does not grow by one).
+
+    Raises:
+        InputError: the cache length cannot be told, or the folder does not split into ``n`` sessions.
+    """
+    lens = [decode_cache_len(c) for _, c in calls]
+    if any(v is None for v in lens):
+        raise InputError(f"one decode folder for {n} samples, but the cache length of its calls cannot be told; "
+                         "give one decode folder per sample", folder)
+    out: list[list[tuple[NetRunFolder, NetRunCall]]] = []
+    for i, c in enumerate(calls):
+        if i == 0 or lens[i] != lens[i - 1] + 1:  # type: ignore[operator]
+            out.append([])
+        out[-1].append(c)
+    if len(out) != n:
+        raise InputError(f"the decode calls split into {len(out)} session(s) where the cache restarts, "
+                         f"but there are {n} prefill call(s); give one decode folder per sample", folder)
+    return out
+
+
+def capture_session(spec: SessionSpec, dump_path: str | os.PathLike, *, overwrite: bool = False,
+                    backend_info: Mapping[str, Any] | None = None) -> NetRunCapture:
+    """Ingest a device session (vision, prefill, decode folders) into one dump.
+
+    Sample ``i`` is prefill call ``i`` (the ``i``-th line of the prefill folders, in order) with vision call
+    ``i`` and its decode calls: decode folder ``i`` when there is one per sample, else the calls of the one
+    decode folder split where the cache restarts (:func:`split_sessions`). Records: ``(i, "vision", 0)``,
+    ``(i, "prefill", 0)`` and ``(i, "decode", k)`` for decode call ``k = 1, 2, ...``. Each record holds the
+    device's inputs (cast to the graph's types) and outputs, with their QNN names and files; meta ``token``
+    (argmax of ``logits``), ``cache_len`` (decode), ``result_dir`` and ``input_list_line``. The HF config is
+    stored in the model attributes (``config``), where the position checks read ``rope_theta``.
+
+    Raises:
+        UsageError: the dump exists (``overwrite``), no prefill folder, ambiguous or missing parts.
+        InputError: any problem in the folders (one line naming the file); nothing is written.
+    """
+    check_writable(dump_path, overwrite)
+    unknown = set(spec.folders) - set(SESSION_PARTS)
+    if unknown:
+        raise UsageError(f"unknown part(s) {sorted(unknown)} (use {', '.join(SESSION_PARTS)})")
+    if not spec.folders.get("prefill"):
+        raise UsageError("a session needs its prefill folder(s) (--prefill DIR)")
+    cfg, cfg_src = load_config(spec.config, spec.model_dir)
+    models: dict[str, Path] = {}
+    read: dict[str, list[NetRunFolder]] = {}
+    for part in SESSION_PARTS:
+        folders = spec.folders.get(part) or []
+        if not folders:
+            continue
+        models[part] = find_part_model(part, spec.model_dir, spec.models.get(part), _fits(folders[0], spec))
+        read[part] = _read_part(folders, models[part], spec)
+    calls = {p: [(f, c) for f in fs for c in f.calls] for p, fs in read.items()}
+    n = len(calls["prefill"])
+    if "vision" in calls and len(calls["vision"]) != n:
+        raise InputError(f"{len(calls['vision'])} vision call(s) for {n} prefill call(s) (one per sample)",
+                         spec.folders["vision"][0])
+    decode: list[list[tuple[NetRunFolder, NetRunCall]]] = [[] for _ in range(n)]
+    if "decode" in read:
+        if len(read["decode"]) == n:
+            decode = [[(f, c) for c in f.calls] for f in read["decode"]]
+        elif len(read["decode"]) == 1:
+            decode = split_sessions(calls["decode"], n, spec.folders["decode"][0]) if n > 1 else [calls["decode"]]
+        else:
+            raise UsageError(f"{len(read['decode'])} decode folders for {n} samples: give one per sample, or one "
+                             "holding every sample's calls")
+    info = {"source": "qnn-net-run session folders", "emulated": None,
+            "folders": {p: [str(f.resolve()) for f in fs] for p, fs in spec.folders.items()},
+            "native_inputs": spec.native_inputs}
+    info.update(backend_info or {})
+    model_attrs = {"parts": {p: model_facts(m, p) for p, m in models.items()}, "config": cfg,
+                   "config_source": cfg_src}
+    records: list[tuple[int, str, int]] = []
+    mapping: list[dict[str, Any]] = []
+    n_tensors = 0
+    with DumpWriter(dump_path, backend=BACKEND, backend_info=info, model=model_attrs, overwrite=overwrite) as w:
+        for s in range(n):
+            plan: list[tuple[tuple[int, str, int], NetRunFolder, NetRunCall]] = []
+            if "vision" in calls:
+                plan.append(((s, "vision", 0), *calls["vision"][s]))
+            plan.append(((s, "prefill", 0), *calls["prefill"][s]))
+            plan += [((s, "decode", k), f, c) for k, (f, c) in enumerate(decode[s], start=1)]
+            for key, f, c in plan:
+                meta: dict[str, Any] = {"folder": str(f.folder)}
+                if key[1] == "decode":
+                    cl = decode_cache_len(c)
+                    if cl is not None:
+                        meta["cache_len"] = cl
+                rows, k = _record_rows(w, c, key, meta)
+                mapping += rows
+                n_tensors += k
+                records.append(key)
+        unmatched = [u for fs in read.values() for f in fs for u in f.unmatched]
+        w.set_meta("ingest_unmatched", unmatched)
+        path = w.path
+    return NetRunCapture(Path(path), records, n_tensors, True, [], 0, mapping, unmatched, models, cfg_src)
+
+
+def capture_net_run_model(
+    output_dir: str | os.PathLike,
+    dump_path: str | os.PathLike,
+    model: str | os.PathLike,
+    *,
+    part: str = "model",
+    as_steps: bool = False,
+    first_step: int = 1,
+    input_list: str | os.PathLike | None = None,
+    native_inputs: bool = False,
+    allow_outside_inputs: bool = False,
+    dims: Mapping[str, int] | None = None,
+    config: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    backend_info: Mapping[str, Any] | None = None,
+) -> NetRunCapture:
+    """Ingest one qnn-net-run run folder described by the ONNX graph it ran (no QNN JSON).
+
+    ``Result_<i>`` (with line ``i`` of ``input_list.txt`` as its inputs, when the folder has one) becomes
+    record ``(i, part, 0)``, or ``(0, part, first_step + i)`` with ``as_steps`` (decode calls; ``first_step``
+    >= 1). See :func:`~ivq_debug.capture.qnn_net_run.io.read_net_run_folder` for what is read and checked.
+
+    Raises:
+        UsageError: the dump exists, an unknown part, a decode record at step 0.
+        InputError: any problem in the folder (one line naming the file); nothing is written.
+    """
+    check_writable(dump_path, overwrite)
+    if part not in PARTS:
+        raise UsageError(f"unknown part {part!r} (use {', '.join(PARTS)})")
+    if as_steps and first_step < 1:
+        raise UsageError(f"first_step {first_step}: decode steps start at 1 (step 0 is the prefill)")
+    check_step(part, first_step if as_steps else 0)
+    folder = read_net_run_folder(output_dir, model, input_list=input_list, native_inputs=native_inputs,
+                                 allow_outside_inputs=allow_outside_inputs, dims=dims)
+    cfg, cfg_src = load_config(config, Path(model).parent)
+    info = {"source": "qnn-net-run output folder", "output_dir": str(folder.output_dir.resolve()),
+            "input_list": str(folder.input_list.resolve()) if folder.input_list else None, "emulated": None,
+            "native_inputs": native_inputs}
+    info.update(backend_info or {})
+    attrs = model_facts(model, part) | {"config": cfg, "config_source": cfg_src}
+    records, mapping, n = [], [], 0
+    with DumpWriter(dump_path, backend=BACKEND, backend_info=info, model=attrs, overwrite=overwrite) as w:
+        for c in folder.calls:
+            key = (0, part, first_step + c.index) if as_steps else (c.index, part, 0)
+            rows, k = _record_rows(w, c, key, {})
+            mapping += rows
+            n += k
+            records.append(key)
+        w.set_meta("ingest_unmatched", folder.unmatched)
+        path = w.path
+    return NetRunCapture(Path(path), records, n, True, [], 0, mapping, folder.unmatched, {part: Path(model)}, cfg_src)

@@ -4,7 +4,9 @@ Writing inputs and reading output folders work anywhere (no SDK needed). Output 
 (``docs/qnn-formats.md``): ``<output_dir>/Result_<i>/<qnn_name>.raw`` (float32; quantized tensors dequantized on
 the host) and / or ``<qnn_name>_native.raw`` (the graph's native dtype), one ``Result_<i>`` per
 ``input_list.txt`` line, with an extra ``<graph>/`` level when the run holds several graphs. Raw files carry no
-shape: dims and encodings come from the graph JSON (:mod:`ivq_debug.qnn.netjson`).
+shape: dims and encodings come from the graph JSON (:mod:`ivq_debug.qnn.netjson`, :func:`ingest_output`), or,
+without one, names, dtypes and shapes come from the ONNX graph the device ran, dynamic axes resolved from the
+byte sizes, and ``input_list.txt`` with its ``inputs/`` is read too (:func:`read_net_run_folder`).
 """
 
 from __future__ import annotations
@@ -590,3 +592,528 @@ def _make_tensor(
                     "unmapped", where, f"QNN tensor {t.name!r} has no ONNX counterpart; kept under its QNN name",
                     fatal=False))
     return IngestedTensor(gname, ri, t, key, onnx_name, ff, nf, pos, op_type, scope)
+
+
+# ============================================================================ ONNX-described folders
+# What a device run leaves without a QNN converter's JSON: ``input_list.txt``, ``inputs/``, ``output/Result_<i>``,
+# described by the ONNX graph the device ran (names, dtypes and shapes; dynamic axes resolved from byte sizes).
+_NATIVE = "_native"
+_HEADER = "#"
+_SKIP = "%"
+
+
+@dataclass(frozen=True)
+class InputToken:
+    """One token of an ``input_list.txt`` line: ``name:=path`` (``name`` set) or a bare path."""
+
+    name: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class InputLine:
+    """One inference of an ``input_list.txt``: its 1-based line number and its tokens."""
+
+    line: int
+    tokens: tuple[InputToken, ...]
+
+
+def parse_input_list(path: str | os.PathLike) -> list[InputLine]:
+    """The inferences of a qnn-net-run ``input_list.txt``, with qnn-net-run's rules (SDK ``readInputList``).
+
+    Empty lines are skipped; a first line starting with ``#`` is a header (SNPE-style output names) and
+    skipped; lines starting with ``%`` are skipped anywhere. Every other line is one inference: tokens
+    separated by spaces, each ``name:=path`` or a bare path (a line uses one form: names map tokens to
+    graph inputs, bare paths go in graph-input order).
+
+    Raises:
+        InputError: the file is missing or not text, holds no inference, a ``#`` line after the first line
+            (qnn-net-run would read it as an inference), a token without a name or path, or a line mixing
+            both token forms; the message names the file and the line.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("no such input list" if not p.exists() else "input list is not a file", p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"not a readable text input list ({type(e).__name__})", p) from None
+    out: list[InputLine] = []
+    first = True
+    for no, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith(_HEADER):
+            if first:
+                first = False
+                continue
+            raise InputError(f"line {no}: a '#' line after the first line (qnn-net-run skips only a first-line "
+                             "header and would read this as an inference)", p)
+        first = False
+        if line.startswith(_SKIP):
+            continue
+        tokens = []
+        for tok in line.split():
+            if ":=" in tok:
+                name, _, tp = tok.partition(":=")
+                if not name or not tp:
+                    raise InputError(f"line {no}: token {tok!r} needs a tensor name and a path (name:=path)", p)
+                tokens.append(InputToken(name, tp))
+            else:
+                tokens.append(InputToken(None, tok))
+        if len({t.name is None for t in tokens}) > 1:
+            raise InputError(f"line {no}: mixes name:=path tokens and bare paths", p)
+        out.append(InputLine(no, tuple(tokens)))
+    if not out:
+        raise InputError("input list holds no inference line", p)
+    return out
+
+
+@dataclass(frozen=True)
+class GraphTensor:
+    """A tensor as an ONNX graph declares it: what a headerless raw file needs to be read.
+
+    ``dims`` holds ints and, for dynamic axes, their names (``dim_param``, or ``<tensor>:<axis>`` when the
+    graph leaves the axis unnamed). ``order`` / ``op_type``: producer node index and op (graph inputs: -1).
+    """
+
+    name: str
+    dtype: np.dtype
+    dims: tuple[int | str, ...]
+    kind: str  # "input" | "output" | "value"
+    order: int = -1
+    op_type: str | None = None
+
+    @property
+    def dynamic(self) -> tuple[str, ...]:
+        """Names of the dynamic axes."""
+        return tuple(d for d in self.dims if isinstance(d, str))
+
+
+@dataclass
+class GraphIO:
+    """Names, dtypes and shapes of an ONNX graph's inputs, outputs and typed intermediates (``value_info``)."""
+
+    path: Path | None
+    name: str
+    inputs: list[GraphTensor]
+    outputs: list[GraphTensor]
+    values: dict[str, GraphTensor] = field(default_factory=dict)
+
+    @classmethod
+    def from_model(cls, model: Any) -> GraphIO:
+        """Read them from a model (path or proto); intermediates come from the graph's ``value_info``."""
+        from onnx.helper import tensor_dtype_to_np_dtype
+
+        m = load_model(model)
+        g = m.graph
+        inits = {i.name for i in g.initializer}
+        producers = {o: (i, n.op_type) for i, n in enumerate(g.node) for o in n.output if o}
+
+        def one(v: Any, kind: str) -> GraphTensor | None:
+            tt = v.type.tensor_type
+            if not v.type.HasField("tensor_type") or not tt.elem_type or not tt.HasField("shape"):
+                return None
+            dims: list[int | str] = []
+            for j, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value"):
+                    dims.append(int(d.dim_value))
+                else:
+                    dims.append(d.dim_param or f"{v.name}:{j}")
+            order, op = producers.get(v.name, (-1, None))
+            return GraphTensor(v.name, np.dtype(tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims), kind, order, op)
+
+        ins = [t for v in g.input if v.name not in inits and (t := one(v, "input")) is not None]
+        outs = [t for v in g.output if (t := one(v, "output")) is not None]
+        seen = {t.name for t in ins + outs}
+        vals = {t.name: t for v in g.value_info if v.name not in seen and (t := one(v, "value")) is not None}
+        path = Path(model) if isinstance(model, (str, os.PathLike)) else None
+        return cls(path, path.name if path else (g.name or "model"), ins, outs, vals)
+
+    def input_names(self) -> NameMap:
+        """Reverse map of QNN-sanitized names to the graph input names."""
+        return NameMap.from_names([t.name for t in self.inputs])
+
+    def output_names(self) -> NameMap:
+        """Reverse map of QNN-sanitized names to the graph outputs and typed intermediates."""
+        return NameMap.from_names([t.name for t in self.outputs] + list(self.values))
+
+    def tensor(self, name: str) -> GraphTensor:
+        """The declared tensor of a name (inputs, outputs, intermediates)."""
+        for t in self.inputs + self.outputs:
+            if t.name == name:
+                return t
+        return self.values[name]
+
+
+def _fmt_dims(dims: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+@dataclass(frozen=True)
+class _SizedFile:
+    path: Path
+    tensor: GraphTensor
+    itemsize: int
+    nbytes: int
+    file_dtype: str
+
+
+def resolve_dims(files: Sequence[_SizedFile], known: Mapping[str, int] | None = None,
+                 optional: Sequence[_SizedFile] = ()) -> tuple[dict[Path, tuple[int, ...]], dict[str, int], list[Path]]:
+    """Shapes of raw files from their graph dims and byte sizes; dynamic axes shared across the files.
+
+    A file whose only unknown axis is one dynamic name fixes it (``bytes / itemsize / static dims``); the
+    value then holds for every file with that name, until nothing changes. ``optional`` files (intermediates)
+    are shaped with the bindings the others gave and returned as unresolved rather than raising.
+
+    Returns ``(shape per file, bindings, unresolved optional files)``.
+
+    Raises:
+        InputError: naming the file: a size that is not a whole number of elements, a size that contradicts
+            the static dims or an axis another file fixed, or dynamic axes its size cannot separate
+            (``--dim NAME=VALUE`` pins them).
+    """
+    bind: dict[str, int] = dict(known or {})
+    origin: dict[str, str] = {k: "--dim" for k in bind}
+
+    def attempt(f: _SizedFile, strict: bool) -> bool | None:
+        """True: shaped; None: needs other bindings first; raises (strict) or False on a contradiction."""
+        t = f.tensor
+        what = f"tensor {t.name!r} {_fmt_dims(t.dims)} x {f.file_dtype}"
+        if f.nbytes % f.itemsize:
+            raise InputError(f"byte size {f.nbytes} is not a whole number of {f.file_dtype} values ({what})", f.path)
+        total = f.nbytes // f.itemsize
+        fixed = 1
+        unknown: dict[str, int] = {}
+        for d in t.dims:
+            if isinstance(d, int):
+                fixed *= d
+            elif d in bind:
+                fixed *= bind[d]
+            else:
+                unknown[d] = unknown.get(d, 0) + 1
+        if not unknown:
+            if fixed != total:
+                if not strict:
+                    return False
+                via = [f"{d}={bind[d]} (from {origin[d]})" for d in t.dynamic]
+                raise InputError(f"wrong byte size {f.nbytes}, expected {fixed * f.itemsize} ({what}"
+                                 + (f"; {', '.join(via)}" if via else "") + ")", f.path)
+            return True
+        if len(unknown) > 1:
+            return None
+        (sym, power), = unknown.items()
+        v = round((total / fixed) ** (1.0 / power)) if fixed else 0
+        if fixed == 0 or v ** power * fixed != total:
+            if not strict:
+                return False
+            raise InputError(f"wrong byte size {f.nbytes}: not a whole number of {sym} for {what}", f.path)
+        bind[sym] = int(v)
+        origin[sym] = f.path.name
+        return True
+
+    pending = list(files)
+    while pending:
+        left = [f for f in pending if attempt(f, strict=True) is None]
+        if len(left) == len(pending):
+            f = left[0]
+            open_axes = sorted({d for d in f.tensor.dynamic if d not in bind})
+            raise InputError(
+                f"cannot resolve dynamic axes {', '.join(open_axes)} of tensor {f.tensor.name!r} "
+                f"{_fmt_dims(f.tensor.dims)} from its byte size {f.nbytes} alone; pin them with --dim NAME=VALUE",
+                f.path)
+        pending = left
+    shapes = {f.path: tuple(int(d) if isinstance(d, int) else bind[d] for d in f.tensor.dims) for f in files}
+    unresolved = []
+    for f in optional:
+        if f.nbytes % f.itemsize or attempt(f, strict=False) is not True:
+            unresolved.append(f.path)
+        else:
+            shapes[f.path] = tuple(int(d) if isinstance(d, int) else bind[d] for d in f.tensor.dims)
+    return shapes, bind, unresolved
+
+
+def cast_values(values: np.ndarray, dtype: np.dtype, path: Path, name: str) -> np.ndarray:
+    """Float file values cast to a graph dtype; integer / bool types must receive whole numbers in range.
+
+    qnn-net-run reads and writes float32 unless told otherwise, so an int64 ``attention_mask`` arrives as
+    float32 values. A float file holding non-integers for an integer input is a native file read as float
+    (``--native-inputs``) or corrupt: an :class:`InputError` naming the file.
+    """
+    if values.dtype == dtype:
+        return values
+    if dtype.kind in "iub" and values.dtype.kind == "f":
+        v = values.astype(np.float64)
+        bad = ~np.isfinite(v) | (v != np.round(v))
+        if bad.any():
+            first = float(v.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
+            raise InputError(f"tensor {name!r} is {dtype.name} in the graph but the float32 file holds a "
+                             f"non-integer value ({first!r}); is it in the graph's own dtype (--native-inputs)?",
+                             path)
+        lo, hi = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        if v.size and (v.min() < lo or v.max() > hi):
+            raise InputError(f"tensor {name!r}: values [{v.min():g}, {v.max():g}] do not fit {dtype.name}", path)
+        return v.astype(dtype)
+    return values.astype(dtype)
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One raw file of one inference: checked, shaped, not yet read (:meth:`load`)."""
+
+    name: str  # the ONNX name
+    qnn_name: str  # the name the folder uses (input-list token name or file stem)
+    path: Path
+    file_dtype: np.dtype
+    shape: tuple[int, ...]
+    tensor: GraphTensor
+
+    def load(self) -> np.ndarray:
+        """The values, cast to the graph's dtype."""
+        a = np.fromfile(self.path, dtype=self.file_dtype.newbyteorder("<")).astype(self.file_dtype)
+        return cast_values(a.reshape(self.shape), self.tensor.dtype, self.path, self.name)
+
+
+@dataclass
+class NetRunCall:
+    """One inference of a folder: an ``input_list.txt`` line and its ``Result_<index>``."""
+
+    index: int
+    line: int | None
+    result_dir: Path | None
+    inputs: list[PlannedTensor]
+    outputs: list[PlannedTensor]
+    dims: dict[str, int]
+
+    def input(self, name: str) -> PlannedTensor | None:
+        """The planned input of that ONNX name."""
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> PlannedTensor | None:
+        """The planned output of that ONNX name."""
+        return next((t for t in self.outputs if t.name == name), None)
+
+
+@dataclass
+class NetRunFolder:
+    """A qnn-net-run run folder described by an ONNX graph: every inference's files, checked and shaped."""
+
+    folder: Path
+    output_dir: Path
+    input_list: Path | None
+    graph: GraphIO
+    calls: list[NetRunCall]
+    unmatched: list[dict[str, str]] = field(default_factory=list)
+
+    def mapping(self) -> list[dict[str, Any]]:
+        """Every file with the ONNX tensor it was read as (JSON-ready)."""
+        rows = []
+        for c in self.calls:
+            for kind, ts in (("input", c.inputs), ("tensor", c.outputs)):
+                rows += [{"result": c.index, "line": c.line, "kind": kind, "name": t.name, "qnn_name": t.qnn_name,
+                          "file": str(t.path), "shape": list(t.shape), "file_dtype": t.file_dtype.name}
+                         for t in ts]
+        return rows
+
+
+def locate_run(folder: str | os.PathLike, input_list: str | os.PathLike | None = None) -> tuple[Path, Path, Path | None]:
+    """``(run folder, output dir, input list)`` of a qnn-net-run run.
+
+    ``folder`` is the run folder (``input_list.txt`` + ``output/Result_<i>``) or the ``--output_dir`` itself
+    (its ``input_list.txt``, else its parent's). Without an input list the third item is None.
+    """
+    f = Path(folder)
+    if not f.exists():
+        raise InputError("no such folder", f)
+    if not f.is_dir():
+        raise InputError("not a folder (expected a qnn-net-run run folder or --output_dir)", f)
+    out = f / "output" if (f / "output").is_dir() and _result_dirs(f / "output") else f
+    if not _result_dirs(out):
+        nested = [p.name for p in sorted(f.iterdir()) if p.is_dir() and _result_dirs(p)]
+        hint = f" (graph folders {nested}: name one)" if nested else ""
+        raise InputError(f"no Result_<i> folders (is this a qnn-net-run run folder or --output_dir?){hint}", f)
+    if input_list is not None:
+        lst: Path | None = Path(input_list)
+    else:
+        cands = [f / "input_list.txt"] + ([f.parent / "input_list.txt"] if out == f else [])
+        lst = next((c for c in cands if c.is_file()), None)
+    return (lst.parent if lst is not None else f), out, lst
+
+
+def _rebase(token: str, base: Path) -> Path | None:
+    """An absolute device path (``/data/local/tmp/run/inputs/0/x.raw``) re-rooted at the session folder: the
+    longest tail of it that exists under ``base``."""
+    parts = Path(token).parts[1:]
+    for i in range(len(parts)):
+        cand = base.joinpath(*parts[i:])
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _input_path(tok: InputToken, base: Path, lst: Path, line: int, allow_outside: bool) -> Path:
+    p = Path(tok.path)
+    if not p.is_absolute():
+        cand: Path | None = base / p
+    elif p.exists():
+        cand = p
+    else:
+        cand = _rebase(tok.path, base) or p
+    assert cand is not None
+    try:
+        inside = cand.resolve().is_relative_to(base.resolve())
+    except OSError:  # pragma: no cover - unresolvable path
+        inside = False
+    if not inside and not allow_outside:
+        raise InputError(f"line {line}: input path {tok.path!r} leaves the session folder {base} "
+                         "(pass --allow-outside-inputs to read it)", lst)
+    if not cand.is_file():
+        what = f"tensor {tok.name!r}, " if tok.name else ""
+        raise InputError(f"missing raw input file ({what}{lst.name} line {line})", cand)
+    return cand
+
+
+def _map_line(ln: InputLine, graph: GraphIO, names: NameMap, lst: Path) -> list[tuple[GraphTensor, InputToken]]:
+    want = graph.inputs
+    if len(ln.tokens) != len(want):
+        raise InputError(f"line {ln.line}: {len(ln.tokens)} token(s) for the {len(want)} input(s) of "
+                         f"{graph.name} ({', '.join(t.name for t in want)})", lst)
+    if ln.tokens[0].name is None:
+        return list(zip(want, ln.tokens, strict=True))
+    by_name = {t.name: t for t in want}
+    out: dict[str, tuple[GraphTensor, InputToken]] = {}
+    for tok in ln.tokens:
+        assert tok.name is not None
+        m = names.resolve(tok.name, kinds=("tensor",))
+        if m.onnx_name is None:
+            why = f"matches several inputs {list(m.candidates)}" if m.ambiguous else \
+                f"is not an input of {graph.name} ({', '.join(by_name)})"
+            raise InputError(f"line {ln.line}: tensor {tok.name!r} {why}", lst)
+        if m.onnx_name in out:
+            raise InputError(f"line {ln.line}: two tokens for input {m.onnx_name!r}", lst)
+        out[m.onnx_name] = (by_name[m.onnx_name], tok)
+    return [out[t.name] for t in want]
+
+
+def _result_files(rdir: Path, names: NameMap, graph: GraphIO
+                  ) -> tuple[dict[str, dict[str, tuple[Path, str]]], list[dict[str, str]]]:
+    """ONNX name -> {"float"|"native": (file, stem)} of a Result folder, and the files no tensor claims."""
+    found: dict[str, dict[str, tuple[Path, str]]] = {}
+    unmatched = []
+    for f in sorted(rdir.rglob("*.raw")):
+        stem = f.relative_to(rdir).with_suffix("").as_posix()
+        hit = None
+        forms = [(stem, "float")] + ([(stem[: -len(_NATIVE)], "native")] if stem.endswith(_NATIVE) else [])
+        for cand, kind in forms:
+            for form in dict.fromkeys((cand, qnn_sanitize(cand))):
+                m = names.resolve(form, kinds=("tensor",))
+                if m.onnx_name is not None:
+                    hit = (m.onnx_name, kind)
+                    break
+                if m.ambiguous:
+                    unmatched.append({"file": str(f), "reason": f"matches several tensors {list(m.candidates)}"})
+                    hit = ("", "")
+                    break
+            if hit:
+                break
+        if hit is None:
+            unmatched.append({"file": str(f), "reason": f"no tensor of {graph.name} is named {stem!r}"})
+        elif hit[0]:
+            slot = found.setdefault(hit[0], {})
+            if hit[1] in slot:
+                unmatched.append({"file": str(f), "reason": f"second {hit[1]} file for {hit[0]!r} "
+                                                            f"(kept {slot[hit[1]][0].name})"})
+            else:
+                slot[hit[1]] = (f, stem[: -len(_NATIVE)] if hit[1] == "native" else stem)
+    return found, unmatched
+
+
+def read_net_run_folder(
+    folder: str | os.PathLike,
+    model: Any,
+    *,
+    input_list: str | os.PathLike | None = None,
+    native_inputs: bool = False,
+    allow_outside_inputs: bool = False,
+    dims: Mapping[str, int] | None = None,
+    require_inputs: bool = False,
+    graph: GraphIO | None = None,
+) -> NetRunFolder:
+    """Inventory a qnn-net-run run folder with names, dtypes and shapes from the ONNX graph it ran.
+
+    Inputs: the ``input_list.txt`` (:func:`parse_input_list`) line ``i`` is ``Result_<i>``; token names are
+    mapped back from their sanitized form to the graph inputs; relative paths resolve against the input
+    list's folder, absolute ones as given or, when they do not exist here (a device path), re-rooted at the
+    folder; a path that leaves the folder is refused unless ``allow_outside_inputs``. Input files are
+    float32 (qnn-net-run's default) or, with ``native_inputs``, in the graph's dtypes.
+    Outputs: ``Result_<i>/<name>.raw`` (float32) or ``<name>_native.raw`` (the graph's dtype) of every graph
+    output (required) and of typed intermediates (``--debug`` runs; optional); files no tensor claims are
+    listed in ``unmatched``. Dynamic axes are resolved per inference from the byte sizes (:func:`resolve_dims`,
+    ``dims`` pins names).
+
+    Raises:
+        InputError: one line naming the file: no Result folders, a missing Result index or raw file, a bad
+            input-list line, a path outside the folder, a size the graph does not allow.
+    """
+    run, out, lst = locate_run(folder, input_list)
+    graph = graph or GraphIO.from_model(model)
+    results = _result_dirs(out)
+    idx = [i for i, _ in results]
+    if idx != list(range(len(idx))):
+        gap = next(i for i in range(len(idx) + 1) if i not in idx)
+        raise InputError(f"Result folders are not numbered 0..{len(idx) - 1}: Result_{gap} is missing", out)
+    lines: list[InputLine] | None = None
+    if lst is not None:
+        lines = parse_input_list(lst)
+        if len(lines) != len(results):
+            raise InputError(f"{len(lines)} inference line(s) but {len(results)} Result folder(s) in {out}", lst)
+    elif require_inputs:
+        raise InputError("no input_list.txt here (the device's inputs are needed)", run)
+    in_names, out_names = graph.input_names(), graph.output_names()
+    nf = NetRunFolder(run, out, lst, graph, [])
+    in_dtype = (lambda t: t.dtype) if native_inputs else (lambda t: np.dtype(np.float32))
+    for i, rdir in results:
+        sized: list[_SizedFile] = []
+        planned_in: list[tuple[GraphTensor, str, Path, np.dtype]] = []
+        if lines is not None:
+            assert lst is not None
+            ln = lines[i]
+            for t, tok in _map_line(ln, graph, in_names, lst):
+                p = _input_path(tok, run, lst, ln.line, allow_outside_inputs)
+                dt = in_dtype(t)
+                planned_in.append((t, tok.name or qnn_sanitize(t.name), p, dt))
+                sized.append(_SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
+        found, unmatched = _result_files(rdir, out_names, graph)
+        nf.unmatched += unmatched
+        planned_out: list[tuple[GraphTensor, str, Path, np.dtype]] = []
+        optional: list[_SizedFile] = []
+        for t in graph.outputs:
+            files = found.get(t.name)
+            if not files:
+                raise InputError(f"missing raw file for graph output {t.name!r} (Result_{i})",
+                                 rdir / f"{qnn_sanitize(t.name)}.raw")
+            kind = "float" if "float" in files else "native"
+            p, stem = files[kind]
+            dt = np.dtype(np.float32) if kind == "float" else t.dtype
+            planned_out.append((t, stem, p, dt))
+            sized.append(_SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
+        for name, files in found.items():
+            if name in graph.values:
+                t = graph.values[name]
+                kind = "float" if "float" in files else "native"
+                p, stem = files[kind]
+                dt = np.dtype(np.float32) if kind == "float" else t.dtype
+                planned_out.append((t, stem, p, dt))
+                optional.append(_SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
+            elif name not in {t.name for t in graph.outputs}:  # a graph input written back as an output file
+                nf.unmatched.append({"file": str(files[next(iter(files))][0]), "reason": f"{name!r} is a graph input"})
+        shapes, bind, unresolved = resolve_dims(sized, dims, optional)
+        for p in unresolved:
+            nf.unmatched.append({"file": str(p), "reason": "its shape cannot be told from the graph and its size"})
+        ins = [PlannedTensor(t.name, q, p, dt, shapes[p], t) for t, q, p, dt in planned_in]
+        outs = [PlannedTensor(t.name, q, p, dt, shapes[p], t) for t, q, p, dt in planned_out if p in shapes]
+        outs.sort(key=lambda pt: (pt.tensor.kind == "output", pt.tensor.order))
+        nf.calls.append(NetRunCall(i, lines[i].line if lines is not None else None, rdir, ins, outs, bind))
+    return nf
