@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, one_line, printable
+from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
 from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 
 
@@ -16,12 +16,14 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
     """Run a CLI body; turn :class:`IvqError` into a one-line message and its exit code.
 
     An ``OSError`` that only writing can raise (no space left, quota, file too large, read-only file
-    system) is an output that cannot be written: one line, exit 2. Other unexpected exceptions print one
-    line too, exit 1 (set ``IVQ_TRACEBACK=1`` to see the traceback). Messages are escaped
-    (:func:`~ivq_debug.errors.printable`): names in them come from files.
+    system) is an output that cannot be written: one line, exit 2. A module of a missing optional extra
+    (pandas, torch, ...) exits 5 naming the extra to install (:func:`~ivq_debug.errors.missing_extra`).
+    Other unexpected exceptions print one line too, exit 1 (set ``IVQ_TRACEBACK=1`` to see the
+    traceback). Messages are escaped (:func:`~ivq_debug.errors.printable`): names in them come from files.
     """
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        return fn(sys.argv[1:] if argv is None else argv)
+        return fn(argv)
     except IvqError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
@@ -32,15 +34,20 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         return EXIT_FAIL
     except OSError as e:
         if e.errno not in WRITE_ERRNOS or os.environ.get("IVQ_TRACEBACK"):
-            return _internal(prog, e)
+            return _internal(prog, argv, e)
         where = f"{printable(os.fsdecode(e.filename))}: " if e.filename else ""
         print(f"{prog}: error: {where}cannot write output ({os.strerror(e.errno)})", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as e:  # pragma: no cover - last resort, keeps the one-line contract
-        return _internal(prog, e)
+    except Exception as e:  # last resort, keeps the one-line contract
+        return _internal(prog, argv, e)
 
 
-def _internal(prog: str, e: Exception) -> int:
+def _internal(prog: str, argv: list[str], e: Exception) -> int:
+    command = next((a for a in argv if not a.startswith("-")), None) if prog == "ivq" else None
+    extra = missing_extra(e, f"`{prog} {command}`" if command else f"`{prog}`")
+    if extra is not None:  # an optional extra's module is not installed (exit 5)
+        print(f"{prog}: error: {extra.one_line()}", file=sys.stderr)
+        return extra.exit_code
     if os.environ.get("IVQ_TRACEBACK"):
         raise e
     msg = one_line(f"{type(e).__name__}: {e}", 500)
