@@ -296,10 +296,6 @@ def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: 
                     reference: Path, cap: list[Any], ev: list[Any], workdir: Path, log: Callable[[str], None]) -> Any:
     """Suggest overrides for the projector fault, verify them on HTP with the caption accuracy as task metric."""
 
-    vision_only = [s for s in suggest(cmp) if s.tensor in {e.name for e in cmp.test.tensors() if e.part == "vision"}]
-    if not vision_only:
-        log("tune: nothing to suggest for the vision part")
-        return None
     refs = [s.caption for s in ev]
 
     def task(vision_qdq: Path) -> dict[str, Any]:
@@ -311,8 +307,18 @@ def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: 
     feeds = [fp32.vision_feeds(s.image) for s in cap]
     tuner = Tuner(prep.paths["vision"], store["vision"], feeds, reference, workdir, preset="a8w8", part="vision",
                   task=task, base_overrides=miss)
+    vision = {e.name for e in cmp.test.tensors() if e.part == "vision"}
+    # widened ranges come from the calibration data (the float vision part over the calibration images)
+    vision_only = [s for s in suggest(cmp, ranges=tuner.calibration_ranges()) if s.tensor in vision]
+    if not vision_only:
+        log("tune: nothing to suggest for the vision part")
+        return None
     rep = verify(tuner, vision_only, ["image_features"])
-    write_suggestions(rep.after.suggestions, workdir / "overrides.json", overwrite=True)
+    if not rep.recommended:
+        log("tune: no override set kept the projector output and the captions: " + "; ".join(
+            r["reason"] for r in rep.refused))
+        return rep
+    write_suggestions(rep.after.suggestions, workdir / "overrides.json", float_model=tuner.source(), overwrite=True)
     e2e = rep.end_to_end.set_index("what")
     b, a = e2e.loc["sqnr_db image_features", "before"], e2e.loc["sqnr_db image_features", "after"]
     log(f"tuned the projector fault with {len(vision_only)} override(s) ({workdir / 'overrides.json'}): "

@@ -211,7 +211,7 @@ BACKENDS: dict[str, Backend] = {
                    "ivq_debug.capture.qnn_ep.runner:QnnHtpRunner",
                    ("exposure", "verify", "soc_model", "htp_arch", "allow_cpu_fallback", "profiling_level",
                     "profiling_path", "overwrite", "config", "require_bit_identical", "drop_unexposable",
-                    "op_trace_dir", "json_graph_dir")),
+                    "op_trace_dir", "json_graph_dir", "max_probes", "channels_last", "qnn_cache", "fast_compile")),
 }
 _COMMON = ("selection", "optimization", "max_outputs_per_run", "threads")
 

@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
     p.add_argument("--allow-cpu-fallback", action="store_true", help="qnn: let unsupported nodes run on the CPU")
     p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="qnn: QNN profiling")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--qnn-cache", default=None, metavar="DIR",
+                       help="qnn: compiled-context cache folder (default $IVQ_QNN_CACHE or "
+                            "${XDG_CACHE_HOME:-~/.cache}/ivq-debug/qnn-contexts)")
+    cache.add_argument("--no-qnn-cache", action="store_true", help="qnn: compile every session, cache nothing")
+    p.add_argument("--fast-compile", action="store_true",
+                   help="qnn: QNN's faster, less optimized finalization (outputs can differ by a step; recorded)")
     p.add_argument("--force", action="store_true", help="overwrite the output dump")
 
 
@@ -84,7 +91,8 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--session-option applies to the onnx backend only")
     else:
         opts.update(soc_model=args.soc_model, htp_arch=args.htp_arch, allow_cpu_fallback=args.allow_cpu_fallback,
-                    overwrite=args.force)
+                    overwrite=args.force, qnn_cache=False if args.no_qnn_cache else args.qnn_cache,
+                    fast_compile=args.fast_compile or None)
         if args.profiling != "off":
             opts.update(profiling_level=args.profiling, profiling_path=Path(args.output).with_suffix(".profile.csv"))
     return opts

@@ -52,11 +52,13 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("cpu_fallback", 3, cpu_fallback, "QNN nodes that ran on the CPU"),
     Diagnostic("platform_kernel", 3, platform_findings, "kernels that differ between two platforms (same model)"),
     Diagnostic("introduced_error", 4, None, "units that introduce the error (ivq diagnose: replay)"),
-    Diagnostic("saturation", 5, saturation, "values outside the encoding's range"),
-    Diagnostic("non_finite", 6, non_finite, "NaN / Inf in a dump"),
-    Diagnostic("fp64_op", 7, fp64, "float64 tensors (no QNN fp64 path)"),
-    Diagnostic("token_divergence", 8, token_divergence, "the first step whose chosen token differs"),
-    Diagnostic("first_divergence", 9, first_divergence, "the first tensor over the budgets"),
+    Diagnostic("weight_range_spread", 5, None, "per-tensor weights whose channel ranges spread (needs the model)"),
+    Diagnostic("saturation", 6, saturation, "values outside the encoding's range"),
+    Diagnostic("non_finite", 7, non_finite, "NaN / Inf in a dump"),
+    Diagnostic("fp64_op", 8, fp64, "float64 tensors (no QNN fp64 path)"),
+    Diagnostic("token_divergence", 9, token_divergence, "the first step whose chosen token differs"),
+    Diagnostic("first_divergence", 10, first_divergence, "the first tensor over the budgets"),
+    Diagnostic("replay_approximate", 11, None, "replayed units the backend computes differently in the full graph"),
 )
 _RANK = {d.kind: d.rank for d in DIAGNOSTICS}
 

@@ -20,6 +20,8 @@ KINDS = (
     "non_finite",
     "fp64_op",
     "token_divergence",
+    "weight_range_spread",
+    "replay_approximate",
     "platform_kernel",
 )
 SEVERITIES = ("info", "warning", "error")

@@ -746,9 +746,22 @@ def to_legacy(encs: EncodingSet) -> dict[str, Any]:
     return d
 
 
+def _scale_from_range(enc: Encoding) -> Encoding:
+    """A per-tensor range-only encoding with the scale / zero point QNN computes from its min / max (the range
+    widened to hold 0; symmetric: ``max|x| / (2^(bw-1) - 1)``, zero point ``2^(bw-1)``)."""
+    lo, hi = min(enc.min[0], 0.0), max(enc.max[0], 0.0)
+    if enc.symmetric:
+        s = max(abs(lo), abs(hi)) / ((1 << (enc.bitwidth - 1)) - 1) or 1e-12
+        return replace(enc, scale=(s,), zero_point=(1 << (enc.bitwidth - 1),), signed=False)
+    s = (hi - lo) / ((1 << enc.bitwidth) - 1) or 1e-12
+    return replace(enc, scale=(s,), zero_point=(round(-lo / s),), signed=False)
+
+
 def _v1_entry(name: str, enc: Encoding) -> dict[str, Any]:
     if enc.is_float:
         return {"name": name, "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": enc.bitwidth, "is_sym": True}
+    if not enc.scale and enc.min and len(enc.min) == 1:
+        enc = _scale_from_range(enc)  # the grid QNN derives from min/max (range widened to hold 0)
     if not enc.scale:
         raise UsageError(f"{name!r}: the 1.0.0 format needs scale/offset (this encoding only has a range)")
     u = enc.as_unsigned()

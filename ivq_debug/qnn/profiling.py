@@ -176,12 +176,15 @@ def _parse_qnn_ep_csv(text: str, p: Path, graph: str | Sequence[str] | None, gra
         if not math.isfinite(value):
             raise InputError(f"line {lineno}: Time {tval[:40]!r} is not a finite number", p)
         msg_u, lvl = msg.upper(), level.upper()
-        if msg_u in _PHASE_MSG and lvl == "ROOT":
-            if msg_u in ("INIT", "FINALIZE") and executed_in_session:
+        # a session loaded from an EPContext model writes "BACKEND ... Accelerator (load binary) time" before its
+        # "INIT ... QNN (load binary) time": both belong to the init phase
+        load = lvl == "ROOT" and "(load binary)" in ident.lower()
+        if (msg_u in _PHASE_MSG or load) and lvl == "ROOT":
+            if (msg_u in ("INIT", "FINALIZE") or load) and executed_in_session:
                 session += 1
                 executed_in_session = False
             force_new_run = True
-            phase = _PHASE_MSG[msg_u]
+            phase = _PHASE_MSG.get(msg_u, "init")
         elif lvl == "SUB-EVENT" and phase != "execute" and msg_u != "NODE":
             pass  # a sub-stage of the current init / finalize / de-init
         else:

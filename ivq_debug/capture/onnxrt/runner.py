@@ -23,6 +23,7 @@ import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -93,6 +94,22 @@ class CpuSessions:
         return ort.InferenceSession(model, sess_options=options(), providers=["CPUExecutionProvider"])
 
 
+@dataclass(frozen=True)
+class ExposedAs:
+    """How a composing runner exposes one tensor instead of adding it as a graph output directly.
+
+    ``nodes`` (``onnx.NodeProto``) are appended to the derived graph and compute ``fetch`` from the tensor; the
+    runner fetches ``fetch`` and stores ``restore(value)`` as the tensor. ``restore`` must be pure data movement
+    (e.g. a transpose back), so the stored values are exactly the tensor's. Example: the QNN HTP runner exposes a
+    channels-last tensor through ``Transpose(perm=[0, 2, 3, 1])`` (which ORT cancels against the layout transpose
+    QNN would otherwise add per exposed output) and transposes it back in numpy (``docs/qnn-compile.md``).
+    """
+
+    fetch: str
+    nodes: tuple[Any, ...]
+    restore: Callable[[np.ndarray], np.ndarray]
+
+
 class OrtRunner(Closing):
     """Run an ONNX model with ONNX Runtime and capture intermediate tensors.
 
@@ -159,6 +176,9 @@ class OrtRunner(Closing):
         # graph outputs are captured too (under their own names) so the logits align
         self._producers = {o: (i, n) for i, n in enumerate(self.model.graph.node) for o in n.output if o}
         self.sessions: dict[int, Any] = {}
+        #: site output -> how it is exposed, set by a composing runner (whole-model runs only: the partitioned
+        #: CPU capture exposes every tensor directly)
+        self.exposed_as: dict[str, ExposedAs] = {}
         self._plain: Any = None
         self._verified: dict[str, Any] | None = None
         self._kernels_for: Any = None  # weak reference to the writer that has /meta/kernels
@@ -256,9 +276,18 @@ class OrtRunner(Closing):
         m.CopyFrom(self.model)
         existing = {o.name for o in m.graph.output}
         for name in outputs:
+            how = self.exposed_as.get(name)
+            if how is not None:
+                m.graph.node.extend(how.nodes)
+                name = how.fetch
             if name not in existing:
                 m.graph.output.append(onnx.ValueInfoProto(name=name))
         return self.serialized(m)
+
+    def fetch_name(self, output: str) -> str:
+        """The graph output fetched for exposed value ``output`` (see :class:`ExposedAs`)."""
+        how = self.exposed_as.get(output)
+        return how.fetch if how is not None else output
 
     def serialized(self, m: Any) -> bytes | str:
         """A derived model (same folder, same weights) as bytes, or as a temporary file in the model's folder
@@ -362,7 +391,7 @@ class OrtRunner(Closing):
         groups = self.groups() if writer is not None else [[]]
         for gi, group in enumerate(groups):
             sess = self.session_for(gi if writer is not None else -1, group if writer is not None else [])
-            names = self.output_names + [s.output for s in group]
+            names = self.output_names + [self.fetch_name(s.output) for s in group]
             try:
                 values = sess.run(names, feeds)
             except Exception as e:
@@ -372,7 +401,8 @@ class OrtRunner(Closing):
                 result = out
             if writer is not None:
                 for site, val in zip(group, values[len(self.output_names) :], strict=True):
-                    self._write_site(writer, site, val)
+                    how = self.exposed_as.get(site.output)
+                    self._write_site(writer, site, how.restore(val) if how is not None else val)
                     del val
         assert result is not None
         if writer is not None:
