@@ -268,6 +268,13 @@ def replay_units(model: Any) -> list[Unit]:
     return sorted(units, key=lambda u: u.order)
 
 
+def unit_value(pre: str, name: str) -> str:
+    """The replay graph's name for the model tensor (or node) ``name`` inside the unit whose names start with
+    ``pre``: in its own ``v:`` namespace, so a model tensor called ``out``, ``fq`` or ``xq0`` cannot collide with
+    the unit's result outputs (``{pre}out``, ``{pre}fq``, ...)."""
+    return f"{pre}v:{name}"
+
+
 def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shadow: bool = False,
                        keys: list[int] | None = None, xq: bool = True) -> tuple[Any, dict[str, tuple[int, str]]]:
     """One model holding the given units side by side.
@@ -308,7 +315,7 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shad
         def ren(name: str, pre: str = pre) -> str:
             if not name or name in const:
                 return name
-            return pre + name
+            return unit_value(pre, name)
 
         for x in u.inputs:
             gi = ren(x)
@@ -316,7 +323,7 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shad
                 feeds[gi] = (k, x)
                 g.input.append(onnx.ValueInfoProto(name=gi))
         for n in u.nodes:
-            g.node.append(copy_node(n, pre + n.name, [ren(i) for i in n.input], [ren(o) for o in n.output]))
+            g.node.append(copy_node(n, unit_value(pre, n.name), [ren(i) for i in n.input], [ren(o) for o in n.output]))
         outs = [(pre + "out", ren(u.out_value))]
         if shadow and u.compute is not None:  # a dynamic INT8 unit quantizes its float inputs itself: fq = ref
             raw = {dq: x for x, dq in u.qin.items()}  # DQ output N reads -> its float input
@@ -710,7 +717,7 @@ def replay(
                                    for e, x in zip(ents, [*u.inputs, u.output], strict=True)):
                                 chk_ok.add(k)
                                 for x in u.inputs:
-                                    gi = f"u{k}::{x}"
+                                    gi = unit_value(f"u{k}::", x)
                                     cf[gi] = idx.test.read(idx.test_by_name[x]).reshape(bf[gi].shape).astype(
                                         bf[gi].dtype, copy=False)
                         if chk_ok:

@@ -39,6 +39,20 @@ def has_external_data(model: Any) -> bool:
     return any(uses_external_data(t) for t in model.graph.initializer)
 
 
+def model_file_bytes(path: str | os.PathLike) -> int:
+    """Bytes on disk of the model at ``path``: the file and every external data file it names (each once)."""
+    from onnx.external_data_helper import uses_external_data
+
+    path = Path(path)
+    files = {path.resolve()}
+    for t in load_model(path).graph.initializer:
+        if uses_external_data(t):
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if loc:
+                files.add((path.parent / loc).resolve())
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
 def load_model(
     model: Any,
     *,

@@ -39,7 +39,7 @@ from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, one_line
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import load_model, model_file_bytes
 from ivq_debug.qnn.encodings import EncodingSet, to_ort_overrides
 from ivq_debug.qnn.quantize import load_calibration, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
@@ -317,7 +317,7 @@ class Tuner:
             self._save(key, entry)
             return Trial(label, list(suggestions), qdq, dump, None, error=entry["error"],
                          seconds=entry["seconds"])
-        tr = Trial(label, list(suggestions), qdq, dump, cmp, task, qdq.stat().st_size, _cycles(dump),
+        tr = Trial(label, list(suggestions), qdq, dump, cmp, task, model_file_bytes(qdq), _cycles(dump),
                    time.perf_counter() - t0, None, ov_path)
         entry |= {"overrides": str(ov_path) if ov_path else None, "task": task, "model_bytes": tr.model_bytes,
                   "cycles": tr.cycles, "seconds": round(tr.seconds, 2)}
