@@ -39,7 +39,8 @@ def console():
         width = None
         if not sys.stderr.isatty():  # logs and CI: wide enough for tensor names
             width = int(os.environ.get("COLUMNS", "160"))
-        _console = Console(stderr=True, highlight=False, soft_wrap=False, width=width)
+        # no highlighting and no :emoji: codes: names from files are shown as they are (escaped by the callers)
+        _console = Console(stderr=True, highlight=False, emoji=False, soft_wrap=False, width=width)
     return _console
 
 

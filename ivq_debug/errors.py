@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -35,9 +36,32 @@ EXIT_TOOL = 5
 EXIT_CONTRACT = 6
 
 
+#: what must never reach a terminal raw: C0 controls (tab and newline included: a message is one line),
+#: DEL, C1 controls (``\x9b`` is a CSI on some terminals), lone surrogates (undecodable bytes of a file
+#: name), and the bidirectional overrides that reorder what a reader sees (``abc\u202egnp.exe``)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
+#: the same, tab and newline allowed (multi-line text: an HTML ``<pre>`` block)
+_UNSAFE_MULTILINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object, multiline: bool = False) -> str:
+    """``text`` with every control, surrogate or bidi-override character written as a visible escape
+    (``\x1b``, ``\udc80``, ``\u202e``): names come from files and must not drive the terminal.
+    ``multiline`` keeps tabs and newlines."""
+    s = text if isinstance(text, str) else str(text)
+    return (_UNSAFE_MULTILINE if multiline else _UNSAFE).sub(_escape_char, s)
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = m.group()
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+
+
 def one_line(e: BaseException | str, limit: int | None = None) -> str:
-    """An exception's (or a text's) message folded onto one line, cut to ``limit`` characters."""
-    text = " ".join(str(e).split())
+    """An exception's (or a text's) message folded onto one line (runs of whitespace become one space),
+    with control characters escaped (:func:`printable`), cut to ``limit`` characters."""
+    text = printable(" ".join(str(e).split()))
     return text[:limit] if limit is not None else text
 
 

@@ -9,9 +9,9 @@ from typing import Any
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts
 from ivq_debug.cli.common import escape
 from ivq_debug.console import console
-from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
+from ivq_debug.validate import check_feeds, check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -100,11 +100,12 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
-    check_writable(args.output, args.force)
+    check_outputs([args.output], [args.model, *args.inputs], args.force)
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")
     runner = make_runner(args.backend, args.model, **runner_options(args))
+    check_feeds(samples, runner.model, args.inputs)
     capture(runner, samples, args.output, part=args.part, model=model_facts(args.model, args.part), overwrite=args.force,
             summary_only=args.summary_only)
     con = console()

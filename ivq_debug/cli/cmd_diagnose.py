@@ -15,13 +15,14 @@ from typing import Any
 
 from rich.table import Table
 
+from ivq_debug import validate
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
 from ivq_debug.console import console, status
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
-from ivq_debug.dump import check_writable, open_dump
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
 from ivq_debug.onnxgraph.load import load_model
 
@@ -53,8 +54,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget."""
-    if args.json and args.json != "-":
-        check_writable(args.json, args.force)
+    validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     con = console()
     # cpu at ORT_DISABLE_ALL: the replay's own exact fake-quant session; another level (dynamic INT8 units fused, as a
@@ -107,6 +107,8 @@ def execute(args: argparse.Namespace) -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     findings = r.findings()
+    if args.json:  # written before anything is printed: a full disk is then the only stderr line
+        write_json(r.to_json(), args.json, overwrite=args.force)
     other = "iso" if args.attribution == "local" else "local"
     t = Table(title=f"introduced error ({r.backend}, {len(r.records)} record(s) from {r.record}); worst {args.top} "
                     f"by {args.attribution}", title_justify="left", header_style="bold")
@@ -136,6 +138,4 @@ def execute(args: argparse.Namespace) -> int:
                       f"{fmt_num(fb['intro_sqnr_db'])} dB")
     if not any(f.kind == "introduced_error" for f in findings):
         con.print(f"[green]no unit introduces more error than the budget ({r.budget_sqnr_db:g} dB)[/green]")
-    if args.json:
-        write_json(r.to_json(), args.json, overwrite=args.force)
     return EXIT_FAIL if r.first_breaking else EXIT_OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,15 @@ from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, write_json
 from ivq_debug.console import console, status
 from ivq_debug.diagnose.replay import replay
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.onnxgraph.load import load_model
-from ivq_debug.qnn.quantize import CALIBRATE_METHODS
+from ivq_debug.qnn.encodings import read_encodings
+from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
 from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
 from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, verify
 from ivq_debug.util import read_arrays
+from ivq_debug.validate import check_feeds, check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -88,19 +92,40 @@ def load_task_metric(spec: str) -> Callable[[list[dict[str, Any]]], Any]:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run the loop."""
+    """Run the loop: every input is read and checked before the workdir is created; a workdir this run
+    created is removed when it fails."""
     wd = Path(args.workdir)
     if wd.exists() and any(wd.iterdir()) and not (args.force or args.resume):
         raise UsageError("workdir is not empty; pass --force to reuse it (or --resume to reuse its trials)", wd)
     if args.max_candidates < 1:
         raise UsageError("--max-candidates must be >= 1")
-    wd.mkdir(parents=True, exist_ok=True)
     metric = load_task_metric(args.task_metric) if args.task_metric else None
+    model = load_model(args.model)
     feeds = [read_arrays(p) for p in args.inputs]
+    check_feeds(feeds, model, args.inputs)
+    calibration, _ = load_calibration(args.calibration, model)
+    if args.overrides:
+        read_encodings(args.overrides, model=args.model)  # checked now; read for the trials below
+    if args.reference:
+        open_dump(args.reference).close()
+    inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
+    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"])]
+    check_outputs([wd / n for n in outputs], inputs, overwrite=True)  # even --force never replaces an input
+    missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
+    wd.mkdir(parents=True, exist_ok=True)
+    try:
+        return _tune(args, wd, calibration, feeds, metric)
+    except BaseException:
+        if missing:  # the folders this run created, nothing else
+            shutil.rmtree(missing[-1], ignore_errors=True)
+        raise
+
+
+def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict], metric: Any) -> int:
     kw: dict[str, Any] = {"calibrate_method": args.calibrate_method}
     if args.per_channel:
         kw["per_channel"] = True
-    tuner = Tuner(Path(args.model), args.calibration, feeds, Path(args.reference or wd / "reference.h5"),
+    tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
                   output_metric=metric, resume=args.resume)
     if not args.reference and not (args.resume and tuner.reference.exists()):

@@ -10,9 +10,6 @@ compares anyway). Errors are one line on stderr; the verdict line says why a run
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.api import compare
@@ -21,9 +18,10 @@ from ivq_debug.cli.render import comparison_report
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import console
 from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
-from ivq_debug.dump import check_writable, open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, InputError, UsageError
+from ivq_debug.dump import open_dump
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.report import write_report
+from ivq_debug.validate import check_outputs, read_baseline, read_name_map
 
 __all__ = ["FAIL_ON", "add_budget_arguments", "add_diff_arguments", "execute_diff", "failing_findings", "main"]
 
@@ -76,17 +74,6 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
 
 
-def load_json(path: str, what: str) -> Any:
-    """Read a JSON file; one-line :class:`InputError` naming it when missing or invalid."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"no such {what} file", p)
-    try:
-        return json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"not valid JSON ({e.__class__.__name__}: line {getattr(e, 'lineno', '?')})", p) from None
-
-
 def parse_allowance(value: str | None) -> int | float | None:
     """``--max-unmatched``: ``N`` (a count) or ``F`` with a decimal point (a fraction when < 1)."""
     if value is None:
@@ -104,13 +91,11 @@ def parse_allowance(value: str | None) -> int | float | None:
 
 def execute_diff(args: argparse.Namespace) -> int:
     """Run a diff from parsed arguments; returns the exit code."""
-
-    for out in (args.json, args.report):
-        if out and out != "-":
-            check_writable(out, args.force)
+    check_outputs([args.json, args.report],
+                  [args.ref, args.test, getattr(args, "expected", None), args.map, args.baseline], args.force)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
-    mapping = load_json(args.map, "mapping") if args.map else None
-    baseline = load_json(args.baseline, "baseline") if args.baseline else None
+    mapping = read_name_map(args.map) if args.map else None
+    baseline = read_baseline(args.baseline) if args.baseline else None
     ref = open_dump(args.ref)
     test = open_dump(args.test)
     expected = open_dump(args.expected) if getattr(args, "expected", None) else None

@@ -59,9 +59,9 @@ from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs
 from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.metrics import MetricAccumulator, dot
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import (
     QDQ_DOMAINS,
     activation_quantizers,
@@ -511,11 +511,12 @@ def _steps(got: np.ndarray, want: np.ndarray, scale: float | None) -> float | No
 
 class _Sessions:
     """Replay sessions of one batch, one per (model kind, feed signature), reused across records; each model is
-    saved next to the QDQ model (hidden, removed on close: its weights may be references into the QDQ model's
-    own file, which ONNX Runtime reads only from inside the model's folder)."""
+    saved to TMPDIR, or next to the QDQ model when its weights are references into the QDQ model's own file
+    (external data, which ONNX Runtime reads only from inside the model's folder); hidden, removed on close."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, source: str | os.PathLike | None = None) -> None:
         self.folder = folder
+        self.source = source
         self.runners: dict[tuple[Any, ...], Any] = {}
         self.paths: list[str] = []
 
@@ -527,11 +528,15 @@ class _Sessions:
         r = self.runners.get(sig)
         if r is None:
             typed_inputs(m, feeds)
-            fd, path = tempfile.mkstemp(prefix=f".ivq-replay-{os.getpid()}-", suffix=".onnx", dir=self.folder)
+            fd, path = tempfile.mkstemp(prefix=f".ivq-replay-{os.getpid()}-", suffix=".onnx",
+                                        dir=self.folder if has_external_data(m) else None)
             os.close(fd)
             self.paths.append(path)
             onnx.save(m, path)
-            r = self.runners[sig] = factory(path)
+            try:
+                r = self.runners[sig] = factory(path)
+            except InputError as e:  # ONNX Runtime refused the model's own graph or weights: name the user's file
+                raise InputError(e.message, self.source or path) from None
         return r
 
     def close(self) -> None:
@@ -670,8 +675,7 @@ def replay(
     backend = None
     info: dict[str, Any] = {}
     sessions = 0
-    # replay models go next to the QDQ model (hidden, removed after use): their weights are references
-    # into the QDQ model's own file, which ONNX Runtime reads only from inside the model's folder
+    # replay models with external-data weights go next to the QDQ model, the others to TMPDIR (_Sessions)
     folder = Path(qdq_model).resolve().parent
     it = track(batches, "replaying", total=len(batches)) if progress else batches
     for batch in it:
@@ -680,7 +684,7 @@ def replay(
         shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
         bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
                          if on_backend else (None, {}))
-        pool = _Sessions(folder)
+        pool = _Sessions(folder, qdq_model)
         try:
             for rid in rids:
                 idx = indexes[rid]

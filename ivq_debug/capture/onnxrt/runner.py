@@ -33,7 +33,7 @@ from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.optimized import graph_kernels, optimized_model
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
 from ivq_debug.capture.onnxrt.platform import platform_info
-from ivq_debug.errors import CaptureError, UsageError, one_line
+from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
 
@@ -339,8 +339,20 @@ class OrtRunner(Closing):
         except CaptureError:
             raise
         except Exception as e:
-            raise CaptureError(f"session creation failed: {one_line(e, 400)}",
-                               self.model_path) from None
+            msg = one_line(e, 400)
+        if model == str(self.model_path) or not self._plain_loads():
+            # the user's own model does not load (invalid graph, opset, external data outside its folder or
+            # missing, initializer sizes): a bad input, exit 3
+            raise InputError(f"ONNX Runtime cannot load the model: {msg}", self.model_path)
+        raise CaptureError(f"session creation failed: {msg}", self.model_path)
+
+    def _plain_loads(self) -> bool:
+        """Whether the unmodified model gets a session (tells a bad model from a bad derived graph)."""
+        try:
+            self.create_session(str(self.model_path))
+        except Exception:
+            return False
+        return True
 
     @contextmanager
     def augmented(self, outputs: list[str]) -> Iterator[bytes | str]:

@@ -149,6 +149,7 @@ def capture_net_run(
     parts: Mapping[str, str] | None = None,
     overwrite: bool = False,
     backend_info: Mapping[str, Any] | None = None,
+    allow_outside: bool = False,
 ) -> NetRunCapture:
     """Ingest a qnn-net-run output folder into a new golden dump.
 
@@ -166,6 +167,7 @@ def capture_net_run(
         parts: graph name → record part (default ``model`` for one graph, else the graph name).
         overwrite: replace an existing dump.
         backend_info: extra provenance (device, SDK version, soc_model, …).
+        allow_outside: read raw files / Result folders that are symlinks leaving ``output_dir``.
 
     Raises:
         UsageError: the dump exists and ``overwrite`` is false.
@@ -179,7 +181,7 @@ def capture_net_run(
             raise UsageError(f"unknown part(s) {sorted(bad)} (use {', '.join(PARTS)})")
     if as_steps and first_step < 1:
         raise UsageError(f"first_step {first_step}: decode steps start at 1 (step 0 is the prefill)")
-    ing = ingest_output(output_dir, graphs, model=model, strict=strict)
+    ing = ingest_output(output_dir, graphs, model=model, strict=strict, allow_outside=allow_outside)
     prof = None
     if profiling is not None:
 
