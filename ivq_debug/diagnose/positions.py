@@ -445,7 +445,7 @@ def infer_offsets(ref: Any, test: Any, *, base: float | RopeSpec, layer: int = 0
 #: what a wrong decode position equals, most specific first: ``cause -> (message, suggestion)``. ``S`` is the
 #: prompt length, ``max`` the prefill's largest position, ``delta = max + 1 − S`` (M-RoPE: < 0 with an image)
 CAUSES: dict[str, tuple[str, str]] = {
-    "restart": ("decode positions restart at 0 (k − 1)",
+    "restart": ("decode positions restart at 0, at k − 1",
                 "decode step k must continue after the prompt: max(prefill positions) + k, not k − 1"),
     "pinned_zero": ("decode positions are pinned to 0",
                     "feed every decode step its own position (max(prefill positions) + k), not a constant 0"),
