@@ -50,7 +50,17 @@ from ivq_debug.util import read_json
 
 
 def _pos_array(v: Any) -> np.ndarray:
-    return np.asarray(v).astype(np.int64)
+    """Positions as int64, or float64 when any is fractional (InternVL3's V2PE visual positions)."""
+    a = np.asarray(v)
+    if a.dtype.kind == "f" and not np.all(a == np.round(a)):
+        return a.astype(np.float64)
+    return a.astype(np.int64)
+
+
+def _num(x: Any) -> int | float:
+    """A position as ``int`` when integral, else ``float`` (fractional positions flow through unrounded)."""
+    f = float(x)
+    return int(f) if f == round(f) else f
 
 
 def prefill_and_decode_positions(dump: Any, sample: int = 0) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
@@ -80,11 +90,11 @@ class PositionCheck:
     """Result of the direct check."""
 
     prefill_len: int
-    max_prefill_pos: int
-    rope_delta: int
-    offsets: dict[int, int]  # decode step -> observed - expected
-    expected: dict[int, int]
-    observed: dict[int, int]
+    max_prefill_pos: int | float  # float: fractional positions (V2PE)
+    rope_delta: int | float
+    offsets: dict[int, int | float]  # decode step -> observed - expected
+    expected: dict[int, int | float]
+    observed: dict[int, int | float]
 
     @property
     def first_wrong_step(self) -> int | None:
@@ -105,14 +115,14 @@ def check_positions(dump: Any, sample: int = 0) -> PositionCheck | None:
     if prefill is None or not steps:
         return None
     s_len = int(prefill.shape[-1])
-    mx = int(prefill.max())
+    mx = _num(prefill.max())
     offsets, expected, observed = {}, {}, {}
     for k, pos in sorted(steps.items()):
         rows = pos.reshape(-1)
-        obs = int(rows[0]) if np.all(rows == rows[0]) else int(rows.max())
+        obs = _num(rows[0] if np.all(rows == rows[0]) else rows.max())
         exp = mx + k
-        offsets[k], expected[k], observed[k] = obs - exp, exp, obs
-    return PositionCheck(s_len, mx, mx + 1 - s_len, offsets, expected, observed)
+        offsets[k], expected[k], observed[k] = _num(obs - exp), exp, obs
+    return PositionCheck(s_len, mx, _num(mx + 1 - s_len), offsets, expected, observed)
 
 
 # ================================================================================ RoPE parameters
@@ -464,7 +474,8 @@ CAUSES: dict[str, tuple[str, str]] = {
 }
 
 
-def position_cause(observed: Mapping[int, int], prefill_len: int | None, max_pos: int | None) -> str | None:
+def position_cause(observed: Mapping[int, int | float], prefill_len: int | None,
+                   max_pos: int | float | None) -> str | None:
     """Which wrong rule decode positions ``observed`` (step -> position) follow (a key of :data:`CAUSES`).
 
     Only steps whose position is wrong (not ``max_pos + k``) are judged; the cause must hold at every one
@@ -472,17 +483,21 @@ def position_cause(observed: Mapping[int, int], prefill_len: int | None, max_pos
     """
     if prefill_len is None or max_pos is None:
         return None
-    S, mx = int(prefill_len), int(max_pos)
-    wrong = {k: v for k, v in observed.items() if v != mx + k}
+    S, mx = int(prefill_len), max_pos
+    wrong = {k: v for k, v in observed.items() if abs(v - (mx + k)) > 1e-6}
     if not wrong:
         return None
     delta = mx + 1 - S
+
+    def eq(a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-6
+
     rules: dict[str, Any] = {
-        "restart": lambda k, v: v == k - 1 and len(observed) > 1,
-        "pinned_zero": lambda k, v: v == 0,
-        "rope_delta_dropped": lambda k, v: delta != 0 and v == S + k - 1,
-        "raw_token_count": lambda k, v: delta not in (0, 1) and v == S + k,
-        "off_by_one": lambda k, v: v == mx + k + 1,
+        "restart": lambda k, v: eq(v, k - 1) and len(observed) > 1,
+        "pinned_zero": lambda k, v: eq(v, 0),
+        "rope_delta_dropped": lambda k, v: not eq(delta, 0) and eq(v, S + k - 1),
+        "raw_token_count": lambda k, v: not (eq(delta, 0) or eq(delta, 1)) and eq(v, S + k),
+        "off_by_one": lambda k, v: eq(v, mx + k + 1),
         "pinned": lambda k, v: len(set(wrong.values())) == 1 and len(observed) > 1,
     }
     for cause, rule in rules.items():
@@ -520,7 +535,7 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
         cause = position_cause(chk.observed, chk.prefill_len, chk.max_prefill_pos)
         return [Finding(
             "position_id_offset", "error",
-            f"decode position_ids are off by {off:+d} from step {step}{_hint(cause)}",
+            f"decode position_ids are off by {off:+g} from step {step}{_hint(cause)}",
             where={"record": {"sample": sample, "part": "decode", "step": step}, "tensor": "position_ids"},
             evidence={"offset": off, "constant_offset": chk.offset, "first_wrong_step": step,
                       "prefill_len": chk.prefill_len, "rope_delta": chk.rope_delta,
@@ -548,7 +563,7 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
     ref_pre, _ = prefill_and_decode_positions(ref, sample)
     pre = ref_pre if ref_pre is not None else prefill_and_decode_positions(test, sample)[0]
     S = int(pre.shape[-1]) if pre is not None else prefill_length(ref, sample)
-    mx = int(pre.max()) if pre is not None else None
+    mx = _num(pre.max()) if pre is not None else None
     tensor = _layer_keys(test, test.record_keys()[(sample, "decode", step)]).get(st.layer, f"present.{st.layer}.key")
     cause = None
     if mx is not None and S is not None:  # the positions the rotations imply, on the steps that tell one
