@@ -32,7 +32,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.positions import _input
+from ivq_debug.diagnose.positions import record_input
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
@@ -59,7 +59,7 @@ class Stream:
 
 def residual_stream(dump: Any, rid: str) -> Stream | None:
     """The :class:`Stream` of a prefill record; None without ``inputs_embeds`` or scoped decoder layers."""
-    emb = _input(dump, rid, "inputs_embeds")
+    emb = record_input(dump, rid, "inputs_embeds")
     if emb is None or len(emb.shape) != 3:
         return None
     shape = tuple(emb.shape)
@@ -153,7 +153,7 @@ def deepstack_findings(ref: Any, test: Any, *, min_jump: float = defaults.DEEPST
             if err[b] <= max_error:
                 stray = np.setdiff1d(np.flatnonzero(_norm(jt[b], 1) >= min_jump * scale[b]), rows)
                 if stray.size:
-                    out.append(_misrouted_rows(record, where, ev, b, stray))
+                    out.append(_misrouted_rows(where, ev, b, stray))
                 continue
             moved = [c for c in err if c != b and err[c] <= max_error]
             if moved:
@@ -191,7 +191,7 @@ def deepstack_findings(ref: Any, test: Any, *, min_jump: float = defaults.DEEPST
     return out
 
 
-def _misrouted_rows(record: dict, where: dict, ev: dict, b: int, stray: np.ndarray) -> Finding:
+def _misrouted_rows(where: dict, ev: dict, b: int, stray: np.ndarray) -> Finding:
     ev.update(stray_positions=stray.tolist())
     return Finding(
         "deepstack_misrouted", "error",

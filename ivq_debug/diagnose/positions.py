@@ -323,11 +323,13 @@ class StepRotation:
                 "same_token": self.same_token, "reason": self.reason or None}
 
 
-def _layer_keys(dump: Any, rid: str) -> dict[int, str]:
+def layer_keys(dump: Any, rid: str) -> dict[int, str]:
+    """Layer index -> name of the ``present.{i}.key`` tensors of a record."""
     return {int(m.group(1)): e.name for e in dump.tensors(rid) if (m := _PRESENT_KEY.match(e.name))}
 
 
-def _input(dump: Any, rid: str, name: str) -> Any:
+def record_input(dump: Any, rid: str, name: str) -> Any:
+    """The input entry ``name`` of a record (None when it was not stored)."""
     return next((e for e in dump.tensors(rid, kind="input") if e.name == name), None)
 
 
@@ -344,10 +346,10 @@ def prefill_length(dump: Any, sample: int = 0) -> int | None:
     for (s, part, _), rid in dump.record_keys().items():
         if s != sample or part != "prefill":
             continue
-        keys = _layer_keys(dump, rid)
+        keys = layer_keys(dump, rid)
         if keys:
             return int(dump.entry(keys[min(keys)], rid).shape[-2])
-        pos = _input(dump, rid, "position_ids")
+        pos = record_input(dump, rid, "position_ids")
         if pos is not None:
             return int(pos.shape[-1])
     return None
@@ -389,7 +391,7 @@ def same_token(ref: Any, rr: str, test: Any, tr: str) -> bool | None:
     a, b = _fed_token(ref, rr), _fed_token(test, tr)
     if a is not None and b is not None:
         return a == b
-    fa, fb = _input(ref, rr, "inputs_embeds"), _input(test, tr, "inputs_embeds")
+    fa, fb = record_input(ref, rr, "inputs_embeds"), record_input(test, tr, "inputs_embeds")
     if fa is None or fb is None:
         return None
     ea, eb = ref.read(fa), test.read(fb)
@@ -418,7 +420,7 @@ def infer_offsets(ref: Any, test: Any, *, base: float | RopeSpec, layer: int = 0
         if key_name is not None:
             names_r = names_t = {layer: key_name}
         else:
-            names_r, names_t = _layer_keys(ref, rk[key]), _layer_keys(test, tk[key])
+            names_r, names_t = layer_keys(ref, rk[key]), layer_keys(test, tk[key])
         common = sorted(set(names_r) & set(names_t))
         if not common:
             continue
@@ -564,7 +566,7 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
     pre = ref_pre if ref_pre is not None else prefill_and_decode_positions(test, sample)[0]
     S = int(pre.shape[-1]) if pre is not None else prefill_length(ref, sample)
     mx = _num(pre.max()) if pre is not None else None
-    tensor = _layer_keys(test, test.record_keys()[(sample, "decode", step)]).get(st.layer, f"present.{st.layer}.key")
+    tensor = layer_keys(test, test.record_keys()[(sample, "decode", step)]).get(st.layer, f"present.{st.layer}.key")
     cause = None
     if mx is not None and S is not None:  # the positions the rotations imply, on the steps that tell one
         cause = position_cause({k: mx + k + s.offset for k, s in est.items() if s.offset is not None}, S, mx)

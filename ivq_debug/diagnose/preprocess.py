@@ -26,7 +26,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.positions import _input
+from ivq_debug.diagnose.positions import record_input
 
 PIXELS = "pixel_values"
 GRID = "image_grid_thw"
@@ -90,11 +90,11 @@ def preprocess_findings(ref: Any, test: Any, max_rel: float = defaults.PREPROCES
     rk, tk = ref.record_keys(), test.record_keys()
     out: list[Finding] = []
     for key in sorted(set(rk) & set(tk)):
-        pr, pt = _input(ref, rk[key], PIXELS), _input(test, tk[key], PIXELS)
+        pr, pt = record_input(ref, rk[key], PIXELS), record_input(test, tk[key], PIXELS)
         if pr is None or pt is None:
             continue
         record = {"sample": key[0], "part": key[1], "step": key[2]}
-        gr, gt = _input(ref, rk[key], GRID), _input(test, tk[key], GRID)
+        gr, gt = record_input(ref, rk[key], GRID), record_input(test, tk[key], GRID)
         grids = ([int(v) for v in np.asarray(ref.read(gr)).ravel()], [int(v) for v in np.asarray(test.read(gt)).ravel()]) \
             if gr is not None and gt is not None else None
         if (grids is not None and grids[0] != grids[1]) or tuple(pr.shape) != tuple(pt.shape):

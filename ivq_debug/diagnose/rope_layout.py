@@ -32,7 +32,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.positions import RopeSpec, _input, _layer_keys, rope_from_config, rope_of_dumps
+from ivq_debug.diagnose.positions import RopeSpec, layer_keys, record_input, rope_from_config, rope_of_dumps
 from ivq_debug.errors import UsageError
 from ivq_debug.vlm.build import MROPE_LAYOUTS
 from ivq_debug.vlm.inputs import mrope_frequency_axes
@@ -61,7 +61,7 @@ def rotate(keys: np.ndarray, angles: np.ndarray) -> np.ndarray:
 
 
 def _positions(dump: Any, rid: str) -> np.ndarray | None:
-    e = _input(dump, rid, "position_ids")
+    e = record_input(dump, rid, "position_ids")
     if e is not None:
         pos = np.asarray(dump.read(e))
     elif "position_ids" in dump.record_meta(rid):
@@ -87,7 +87,7 @@ def layout_residuals(ref: Any, test: Any, rid_ref: str, rid_test: str, rope: Rop
         pos = _positions(ref, rid_ref)
     if pos is None or rope.mrope_layout is None:
         return None
-    names_r, names_t = _layer_keys(ref, rid_ref), _layer_keys(test, rid_test)
+    names_r, names_t = layer_keys(ref, rid_ref), layer_keys(test, rid_test)
     common = sorted(set(names_r) & set(names_t))
     if not common:
         return None
