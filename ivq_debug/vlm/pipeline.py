@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.vlm.build import DEFAULT_BUCKET
+from ivq_debug.errors import UsageError
+from ivq_debug.vlm.build import DEFAULT_BUCKET, family
 from ivq_debug.vlm.export import DEFAULT_EXPORTER, ExportResult, export_parts
 from ivq_debug.vlm.load import load_vlm
 from ivq_debug.vlm.manifest import model_attrs
@@ -54,15 +55,20 @@ def prepare(
     verify: bool = True,
     overwrite: bool = False,
     trust_remote_code: bool = False,
-    variants: Sequence[str] = (),
+    variants: Sequence[str] | str = (),
 ) -> Prepared:
     """Load ``model``, export its three parts for ``bucket`` into ``workdir/<name>-<exporter>/``.
 
     Returns the part paths, the export checks and ``n_samples`` samples of the fixed eval set.
-    ``variants`` adds fault-variant graphs (``"mrope_sectioned"``; see :func:`export_parts`).
+    ``variants`` adds fault-variant graphs (``"mrope_sectioned"``; see :func:`export_parts`); ``"auto"``: the
+    ones the model's family has (the sectioned prefill of an interleaved M-RoPE model).
     """
 
     loaded = load_vlm(model, trust_remote_code=trust_remote_code)
+    if isinstance(variants, str):
+        if variants != "auto":
+            raise UsageError(f"variants takes a list of variant names or 'auto', got {variants!r}")
+        variants = ("mrope_sectioned",) if family(loaded.model).mrope_layout == "interleaved" else ()
     name = Path(os.fspath(model)).name
     folder = Path(workdir) / f"{name}-{exporter}-b{bucket}"
     res = export_parts(
