@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug import comparator
-from ivq_debug.capture.base import Selection, make_runner, model_facts
+from ivq_debug.capture.base import Selection, make_runner, model_facts, sample_shapes
 from ivq_debug.capture.base import capture as capture_runner
 from ivq_debug.diagnose import diagnose as run_diagnostics
 from ivq_debug.dump import Dump
@@ -58,6 +58,7 @@ def capture(
     """
     samples = [read_arrays(x) if isinstance(x, str | os.PathLike) else dict(x) for x in inputs]
     options.setdefault("selection", Selection())
+    options.setdefault("input_shapes", sample_shapes(backend, model, samples, flag="inputs") or None)
     runner = make_runner(backend, model, **options)
     return capture_runner(runner, samples, output, part=part, overwrite=overwrite, summary_only=summary_only,
                           model=model_facts(model, part))

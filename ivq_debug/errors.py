@@ -13,6 +13,7 @@ Exit codes (contract, see ``docs/cli.md``):
 3    an input is unreadable or corrupt (missing file, not HDF5, truncated, wrong byte size, bad JSON)
 4    alignment left more unmatched tensors than allowed
 5    a required external tool or backend is absent (QAIRT SDK, adb, QNN EP)
+6    a run failed: a capture, session or quantization could not run as asked, or a written model failed its check
 ==== =====================================================================
 """
 
@@ -26,6 +27,7 @@ EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_UNMATCHED = 4
 EXIT_TOOL = 5
+EXIT_RUN = 6
 
 
 def one_line(e: BaseException | str, limit: int | None = None) -> str:
@@ -73,7 +75,16 @@ class ToolNotFoundError(IvqError):
     exit_code = EXIT_TOOL
 
 
-class CaptureError(IvqError):
-    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled)."""
+class RunError(IvqError):
+    """A run failed (exit 6): distinct from a check that ran and failed (exit 1), so CI can tell a broken
+    capture from a missed budget."""
 
-    exit_code = EXIT_FAIL
+    exit_code = EXIT_RUN
+
+
+class CaptureError(RunError):
+    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled; exit 6)."""
+
+
+class CheckError(RunError):
+    """A model a command wrote failed its check (``onnx.checker`` or an ONNX Runtime load; exit 6)."""

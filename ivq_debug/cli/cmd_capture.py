@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts
+from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import escape
 from ivq_debug.console import console
 from ivq_debug.dump import check_writable
@@ -72,9 +72,12 @@ def execute(args: argparse.Namespace) -> int:
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")
-    runner = make_runner(args.backend, args.model, **runner_options(args))
+    shapes = sample_shapes(args.backend, args.model, samples)
+    runner = make_runner(args.backend, args.model, input_shapes=shapes or None, **runner_options(args))
     capture(runner, samples, args.output, part=args.part, model=model_facts(args.model, args.part), overwrite=args.force,
             summary_only=args.summary_only)
+    for line in runner.info.get("fixed_dims", []):
+        console().print(f"[yellow]note:[/yellow] intake: fixed {escape(line)}")
     console().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
                     f"({runner.backend})")
     return EXIT_OK

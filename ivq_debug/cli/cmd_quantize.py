@@ -24,6 +24,20 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--force", action="store_true", help="overwrite the output model")
 
 
+def effective_line(effective: dict) -> str:
+    """``activations uint16 x12 · weights uint8 x6 (per-channel 2) · biases int32 x3``."""
+    counts = effective.get("counts", {})
+    parts = []
+    for role, label in (("activation", "activations"), ("weight", "weights"), ("bias", "biases"),
+                        ("constant", "other constants")):
+        if role in counts:
+            txt = ", ".join(f"{dt} x{n}" for dt, n in sorted(counts[role].items()))
+            if role == "weight" and effective.get("per_channel_weights"):
+                txt += f" (per-channel {effective['per_channel_weights']})"
+            parts.append(f"{label} {txt}")
+    return " · ".join(parts) or "nothing quantized"
+
+
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
 
@@ -35,6 +49,9 @@ def execute(args: argparse.Namespace) -> int:
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "
               f"{r.calibration_samples} calibration sample(s) from {escape(r.calibration_source)}, "
               f"{r.quantize_nodes} Q / {r.dequantize_nodes} DQ nodes, {r.overrides} override(s), {r.seconds:.2f} s")
+    con.print(f"effective: {escape(effective_line(r.effective))}")
+    for m in r.effective.get("mismatches", []):
+        con.print(f"[bold yellow]preset did not hold:[/bold yellow] {escape(m)}")
     for w in r.warnings:
         con.print(f"[yellow]note:[/yellow] {escape(w)}")
     return EXIT_OK

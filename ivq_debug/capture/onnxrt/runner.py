@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +26,7 @@ import numpy as np
 from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
 from ivq_debug.errors import CaptureError, UsageError, one_line
+from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
 
@@ -103,6 +104,9 @@ class OrtRunner(Closing):
             kernels run, so the check would cost a session and a forward for nothing).
         threads: intra-op threads (``None``: ORT default).
         sessions: the session factory (default :class:`CpuSessions`).
+        input_shapes: static shapes for dynamic inputs (``{name: shape}``, e.g.
+            :func:`ivq_debug.onnxgraph.intake.input_shapes` of the samples): the graph run is the model with
+            those dims fixed (``info["fixed_dims"]``); QNN HTP takes only static shapes.
     """
 
     def __init__(
@@ -117,10 +121,17 @@ class OrtRunner(Closing):
         threads: int | None = None,
         partition: bool | None = None,
         sessions: SessionFactory | None = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.factory: SessionFactory = sessions if sessions is not None else CpuSessions()
         self.model_path = Path(model_path)
         self.model = load_model(self.model_path)
+        try:
+            fixed = intake.fix_input_dims(self.model, input_shapes) if input_shapes else []
+        except UsageError as e:
+            raise UsageError(e.message, self.model_path) from None
+        #: what a plain run loads: the file, or the model with its dims fixed (serialized on first use)
+        self._plain_model: bytes | str | None = None if fixed else str(self.model_path)
         self.selection = selection
         self.optimization = optimization
         self.max_outputs_per_run = max_outputs_per_run
@@ -143,6 +154,8 @@ class OrtRunner(Closing):
         self._verified: dict[str, Any] | None = None
         self.plan = self._partition_plan(partition)
         self.info: dict[str, Any] = self.base_info()
+        if fixed:
+            self.info["fixed_dims"] = fixed
         if len(self.groups()) > 1:
             self.info["capture_runs"] = {"mode": "partitioned" if self.plan else "whole-model",
                                          "runs": len(self.plan) if self.plan else len(self.groups())}
@@ -192,7 +205,8 @@ class OrtRunner(Closing):
 
     def create_session(self, model_bytes_or_path: bytes | str):
         """Create one session through the factory."""
-        plain = isinstance(model_bytes_or_path, str) and model_bytes_or_path == str(self.model_path)
+        plain = model_bytes_or_path is self._plain_model or (
+            isinstance(model_bytes_or_path, str) and model_bytes_or_path == str(self.model_path))
         return self.factory.create(model_bytes_or_path, self.session_options, plain=plain, proto=self.model)
 
     def model_with_outputs(self, outputs: list[str]) -> bytes | str:
@@ -201,7 +215,12 @@ class OrtRunner(Closing):
         import onnx
 
         if not outputs:
-            return str(self.model_path)
+            if self._plain_model is not None:
+                return self._plain_model
+            plain = self.serialized(self.model)
+            if isinstance(plain, bytes):  # (a temporary file is removed once loaded: not kept)
+                self._plain_model = plain
+            return plain
         m = onnx.ModelProto()
         m.CopyFrom(self.model)
         existing = {o.name for o in m.graph.output}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,8 @@ class QnnHtpRunner(Closing):
             given, and turned into per-session paths here).
         overwrite: replace existing profiling CSVs.
         threads: intra-op threads of the (CPU side of the) session.
+        input_shapes: static shapes for dynamic inputs (see :class:`OrtRunner`): QNN HTP takes only static
+            shapes ("Having zero graph inputs is not supported on this backend" otherwise).
 
     Raises:
         ToolNotFoundError: onnxruntime-qnn is not installed (at construction).
@@ -251,6 +253,7 @@ class QnnHtpRunner(Closing):
         config: QnnSessionConfig | None = None,
         overwrite: bool = False,
         threads: int | None = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         if config is None:
             config = QnnSessionConfig(allow_cpu_fallback=allow_cpu_fallback, profiling_level=profiling_level)
@@ -267,7 +270,7 @@ class QnnHtpRunner(Closing):
         self.qnn = QnnSessions(config, overwrite=overwrite, **artifacts)
         self.ort = OrtRunner(model_path, selection=selection, exposure=exposure, optimization=optimization,
                              max_outputs_per_run=max_outputs_per_run, verify=verify, threads=threads,
-                             sessions=self.qnn)
+                             sessions=self.qnn, input_shapes=input_shapes)
         self.qnn.main_profile = "capture" if self.ort.sites else "plain"
         self.require_bit_identical = require_bit_identical
         self.drop_unexposable = drop_unexposable
