@@ -1,6 +1,9 @@
-"""Terminal output: one rich console on stderr, and progress bars for long work.
+"""Terminal output: a command's results on stdout, everything else (progress, notes, errors) on stderr.
 
-Everything human-facing goes to stderr so that stdout stays clean for JSON (``ivq-diff --json -``).
+:func:`results` is the console for what a command produces (tables, verdicts, ``wrote ...`` lines): stdout, so
+``ivq ls d.h5 | less`` and ``ivq-diff a.h5 b.h5 | grep FAIL`` work, except when stdout carries JSON
+(``--json -``), where the results go to stderr and stdout holds only the document. :func:`console` (stderr) is
+for progress bars, notes and diagnostics.
 """
 
 from __future__ import annotations
@@ -14,19 +17,35 @@ from typing import TypeVar
 T = TypeVar("T")
 
 _console = None
+_results = None
+
+
+def _make(stderr: bool):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not stream.isatty():  # pipes, logs and CI: wide enough for tensor names
+        width = int(os.environ.get("COLUMNS", "160"))
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def console():
-    """The shared ``rich.console.Console`` writing to stderr."""
+    """The shared ``rich.console.Console`` writing to stderr (progress, notes, diagnostics)."""
     global _console
     if _console is None:
-        from rich.console import Console
-
-        width = None
-        if not sys.stderr.isatty():  # logs and CI: wide enough for tensor names
-            width = int(os.environ.get("COLUMNS", "160"))
-        _console = Console(stderr=True, highlight=False, soft_wrap=False, width=width)
+        _console = _make(stderr=True)
     return _console
+
+
+def results(json_to_stdout: bool = False):
+    """The console for a command's results: stdout, or stderr when ``json_to_stdout`` (``--json -``)."""
+    global _results
+    if json_to_stdout:
+        return console()
+    if _results is None:
+        _results = _make(stderr=False)
+    return _results
 
 
 def progress_enabled() -> bool:

@@ -72,6 +72,10 @@ PROJECTOR_COVERAGE_MISS = 1e-3
 QNN_SOC_MODEL = "60"
 QNN_HTP_ARCH = "73"
 QNN_EP_NAME = "QNNExecutionProvider"
+#: when nodes are unsupported at ORT optimization "disable", the session is tried once more at "all" (to say
+#: whether ``--optimization all`` fixes it) for models up to this size; larger ones get the advice unchecked.
+#: A retry is one more QNN compile: 1-4 s for the test models here, minutes for a 2B-parameter part.
+QNN_RETRY_ALL_MAX_BYTES = 64 << 20
 
 #: tensors whose names match these patterns also get logits metrics (top-1 agreement, KL)
 LOGITS_PATTERNS = ("*logits*", "lm_head", "*.lm_head")

@@ -8,7 +8,7 @@ from typing import Any
 
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import escape
-from ivq_debug.console import console
+from ivq_debug.console import console, results
 from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
@@ -78,6 +78,6 @@ def execute(args: argparse.Namespace) -> int:
             summary_only=args.summary_only)
     for line in runner.info.get("fixed_dims", []):
         console().print(f"[yellow]note:[/yellow] intake: fixed {escape(line)}")
-    console().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
+    results().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
                     f"({runner.backend})")
     return EXIT_OK

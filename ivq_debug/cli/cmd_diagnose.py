@@ -10,7 +10,7 @@ from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
-from ivq_debug.console import console
+from ivq_debug.console import results
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
@@ -43,7 +43,7 @@ def execute(args: argparse.Namespace) -> int:
     budget = args.budget_sqnr if args.budget_sqnr is not None else defaults.DIVERGENCE_SQNR_DB
     r = replay(args.model, ref, record=parse_record(args.record), runner_factory=factory, cumulative=cmp,
                budget_sqnr_db=budget, nodes=args.nodes.split(",") if args.nodes else None)
-    con = console()
+    con = results(json_to_stdout=args.json == "-")
     t = Table(title=f"introduced vs inherited error ({r.backend}, record {r.record}); worst {args.top} by "
                     f"introduced SQNR", title_justify="left", header_style="bold")
     for c in ("#", "tensor", "op", "introduced dB", "cumulative dB", "inherited share"):

@@ -20,7 +20,7 @@ from ivq_debug.capture.qnn_net_run.ingest import (
     capture_session,
 )
 from ivq_debug.cli.common import escape, write_json
-from ivq_debug.console import console, status
+from ivq_debug.console import console, results, status
 from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 
@@ -169,7 +169,7 @@ def execute(args: argparse.Namespace) -> int:
             session_spec(args), args.output, overwrite=args.force, backend_info=info)
     if args.json:
         write_json(cap.to_json(), args.json, overwrite=args.force)
-    con = console()
+    con = results(json_to_stdout=args.json == "-")
     samples = sorted({k[0] for k in cap.records})
     decode = sum(1 for k in cap.records if k[1] == "decode")
     con.print(f"wrote {escape(cap.path)}: {cap.n_tensors} tensors in {len(cap.records)} record(s) of "
@@ -180,10 +180,10 @@ def execute(args: argparse.Namespace) -> int:
     con.print("  config: " + (escape(cap.config_source) if cap.config_source else
                               "none (pass --config config.json: the KV-cache position check needs rope_theta)"))
     if cap.unmatched:
-        con.print(f"[yellow]{len(cap.unmatched)} file(s) matched no tensor[/yellow], first: "
-                  f"{escape(cap.unmatched[0]['file'])} ({escape(cap.unmatched[0]['reason'])})")
+        console().print(f"[yellow]{len(cap.unmatched)} file(s) matched no tensor[/yellow], first: "
+                        f"{escape(cap.unmatched[0]['file'])} ({escape(cap.unmatched[0]['reason'])})")
     if not cap.complete:
         for pr in cap.problems[:10]:
-            con.print(f"[yellow]incomplete:[/yellow] {escape(pr)}")
+            console().print(f"[yellow]incomplete:[/yellow] {escape(pr)}")
         return EXIT_FAIL
     return EXIT_OK

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug.cli.common import escape
-from ivq_debug.console import console, status
+from ivq_debug.cli.common import escape, write_json
+from ivq_debug.console import console, results, status
+from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_OK
 from ivq_debug.qnn.quantize import quantize_for_qnn
 
@@ -21,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--per-channel", action="store_true", help="per-channel weights (Conv/Gemm)")
     p.add_argument("--overrides", help="quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
     p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
+    p.add_argument("--json", metavar="OUT", help="write the result (effective quantization included) as JSON "
+                                                "('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite the output model")
 
 
@@ -41,11 +44,15 @@ def effective_line(effective: dict) -> str:
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
 
+    if args.json and args.json != "-":
+        check_writable(args.json, args.force)
     with status(f"quantizing {args.model} ({args.preset})"):
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
                              per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
                              overwrite=args.force)
-    con = console()
+    if args.json:
+        write_json(r.to_dict(), args.json, overwrite=args.force)
+    con = results(json_to_stdout=args.json == "-")
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "
               f"{r.calibration_samples} calibration sample(s) from {escape(r.calibration_source)}, "
               f"{r.quantize_nodes} Q / {r.dequantize_nodes} DQ nodes, {r.overrides} override(s), {r.seconds:.2f} s")
@@ -53,5 +60,5 @@ def execute(args: argparse.Namespace) -> int:
     for m in r.effective.get("mismatches", []):
         con.print(f"[bold yellow]preset did not hold:[/bold yellow] {escape(m)}")
     for w in r.warnings:
-        con.print(f"[yellow]note:[/yellow] {escape(w)}")
+        console().print(f"[yellow]note:[/yellow] {escape(w)}")
     return EXIT_OK

@@ -4,27 +4,47 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug.errors import EXIT_FAIL, IvqError, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_RUN, IvqError, UsageError
 from ivq_debug.util import atomic_write_text
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like SIGINT's ``KeyboardInterrupt`` so that every ``with`` / ``finally`` cleans up (a
+    dump's ``.partial`` file, a quantizer's work folder, QNN trace folders)."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Run a CLI body; turn :class:`IvqError` into a one-line message and its exit code.
 
-    Unexpected exceptions print one line too (set ``IVQ_TRACEBACK=1`` to see the traceback).
+    SIGINT and SIGTERM interrupt the body as an exception (what it was writing is removed) and exit 130 / 143
+    (128 + the signal). Unexpected exceptions print one line too (set ``IVQ_TRACEBACK=1`` to see the
+    traceback) and exit 6.
     """
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: leave the handler alone
+        pass
     try:
         return fn(sys.argv[1:] if argv is None else argv)
     except IvqError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{prog}: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        return 128 + int(signum)
     except BrokenPipeError:
         return EXIT_FAIL
     except Exception as e:  # pragma: no cover - last resort, keeps the one-line contract
@@ -32,7 +52,10 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
             raise
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         print(f"{prog}: internal error: {msg[:500]} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_RUN
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
