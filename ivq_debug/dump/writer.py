@@ -168,7 +168,11 @@ class DumpWriter:
         self.summary_only = summary_only
         self.summary_samples = summary_samples
         self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
-        self._f = h5py.File(self._tmp, "w", libver="latest")
+        try:
+            self._f = h5py.File(self._tmp, "w", libver="latest")
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
         self._rows: list[list[Any]] = []
         self._records: list[dict[str, Any]] = []
         self._cur: dict[str, Any] | None = None
@@ -178,6 +182,14 @@ class DumpWriter:
         self._groups: dict[tuple[str, str], Any] = {}  # (rid, group name) -> h5py group, made on first use
         self._attrs = _AttrWriter()
         self._closed = False
+        try:
+            self._write_header(backend, backend_info, model, command, summary_only, summary_samples)
+        except BaseException:  # (Ctrl-C / SIGTERM right after the file appeared: no .partial left behind)
+            self.abort()
+            raise
+
+    def _write_header(self, backend: str, backend_info: dict[str, Any] | None, model: dict[str, Any] | None,
+                      command: str | None, summary_only: bool, summary_samples: int) -> None:
         a = self._f.attrs
         a["format"] = fmt.FORMAT
         a["format_version"] = fmt.FORMAT_VERSION

@@ -96,7 +96,7 @@ def test_check_refuses_what_checker_or_ort_refuses(tmp_path: Path) -> None:
         if ok:
             intake.check_written_model(p)
         else:
-            with pytest.raises(CheckError, match="onnx.checker: Unrecognized attribute: axis") as ei:
+            with pytest.raises(CheckError, match=r"onnx\.checker: Unrecognized attribute: axis") as ei:
                 intake.check_written_model(p)
             assert ei.value.exit_code == EXIT_RUN and str(p) in str(ei.value)
     p = tmp_path / "unknown_op.onnx"  # onnx.checker passes an unknown domain; ORT does not load it
