@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
-from ivq_debug.cli.common import escape
+from ivq_debug.cli.common import escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_OK, UsageError
@@ -79,5 +79,5 @@ def execute(args: argparse.Namespace) -> int:
     for line in runner.info.get("fixed_dims", []):
         console().print(f"[yellow]note:[/yellow] intake: fixed {escape(line)}")
     results().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
-                    f"({runner.backend})")
+                    f"({runner.backend}), {fmt_bytes(Path(args.output).stat().st_size)}")
     return EXIT_OK

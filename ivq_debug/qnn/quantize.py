@@ -556,10 +556,11 @@ def quantize_for_qnn(
     old_handlers = [h for h in root.handlers if h is not cap]
     for h in old_handlers:
         root.removeHandler(h)  # the quantizer logs through the root logger: keep it off the console
-    source = src
+    intake_file: Path | None = None
     try:
+        source = src
         if intake_rep.changed:  # the model as the quantizer takes it; its external data stays beside the source
-            source = _write_intake(proto, src, work)
+            source = intake_file = _write_intake(proto, src, work)
         preprocessed = False
         if preprocess:
             pre = work / "preprocessed" / src.name
@@ -615,8 +616,8 @@ def quantize_for_qnn(
         for h in old_handlers:
             root.addHandler(h)
         shutil.rmtree(work, ignore_errors=True)
-        if source != src and work not in source.parents:
-            source.unlink(missing_ok=True)
+        if intake_file is not None and work not in intake_file.parents:
+            intake_file.unlink(missing_ok=True)
     qnodes = [n for n in qproto.graph.node if n.op_type == "QuantizeLinear"]
     dqnodes = [n for n in qproto.graph.node if n.op_type == "DequantizeLinear"]
     domains = sorted({n.domain or "ai.onnx" for n in qnodes + dqnodes})
@@ -669,5 +670,10 @@ def _write_intake(proto: Any, src: Path, work: Path) -> Path:
         onnx.save(proto, str(path))
         return path
     path = src.parent / f".{src.stem}.intake-{os.getpid()}.onnx"
-    onnx.save(proto, str(path), save_as_external_data=False)
+    try:
+        onnx.save(proto, str(path), save_as_external_data=False)
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise InputError(f"cannot write the intake model beside the model (its external data must stay in its "
+                         f"folder): {one_line(e, 200)}", src.parent) from None
     return path

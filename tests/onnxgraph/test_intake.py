@@ -133,3 +133,21 @@ def test_append_metadata_extends_the_file_without_reserializing(tmp_path: Path) 
     m = onnx.load(str(p))
     assert {q.key: q.value for q in m.metadata_props} == {"a": "1", "b": "2"} and p.stat().st_size < size + 16
     onnx.checker.check_model(m)
+
+
+def test_weights_in_place_intake_copy_beside_the_model_is_removed(tmp_path: Path, monkeypatch) -> None:
+    """A large model is loaded with its weights referenced in the file (external data relative to its folder): the
+    intake copy must live beside it while the quantizer runs, and nothing may remain there afterwards."""
+    from ivq_debug.onnxgraph import load
+
+    m = build_textline()
+    intake.constants_to_initializers(m)  # initializers > 4 KiB (conv2.w) become in-place references
+    src = tmp_path / "model" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    monkeypatch.setattr(load, "IN_PLACE_MIN_BYTES", 0)  # what a >= 64 MB file gets
+    assert load.has_external_data(load.load_model(src))
+    r = quantize_for_qnn(src, tmp_path / "q.onnx", textline_feeds(1, 2))
+    assert sorted(p.name for p in src.parent.iterdir()) == ["m.onnx"]
+    assert r.intake["metadata"] == sorted(METADATA) and r.effective["mismatches"] == []
+    assert np.isfinite(_run(r.model_path, textline_feeds(2, 1)[0])).all()
