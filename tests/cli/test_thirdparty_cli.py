@@ -153,3 +153,20 @@ def test_sigterm_during_qnn_capture_removes_its_trace_folder(files, tmp_path: Pa
     argv = ["capture", "qnn", str(q), "-o", str(tmp_path / "h.h5")]
     _signal_run(argv + [a for _ in range(100) for a in ("--inputs", str(files["in"]))], tmp_path, signal.SIGTERM,
                 143, 0.0, "ivq-qnn-trace-*")
+
+
+def test_cpu_capture_keeps_an_axis_the_samples_disagree_on(files, tmp_path: Path, capfd) -> None:
+    """ORT CPU runs dynamic shapes: two widths in one dump, from the CLI and from ``ivq.capture``."""
+    import ivq_debug
+    from ivq_debug.dump import open_dump
+
+    assert ivq("capture", "onnx", files["model"], "--inputs", files["in"], "--inputs", files["in48"],
+               "-o", tmp_path / "cli.h5") == 0
+    assert "intake: fixed" not in capfd.readouterr().err
+    api = ivq_debug.capture(files["model"], [files["in"], files["in48"]], tmp_path / "api.h5")
+    for path in (tmp_path / "cli.h5", api):
+        with open_dump(path) as d:
+            assert [d.read("logits", (s, "model", 0)).shape for s in (0, 1)] == [(1, 32, 10), (1, 48, 10)]
+            assert "fixed_dims" not in d.backend_info
+    with open_dump(ivq_debug.capture(files["model"], [files["in48"]], tmp_path / "one.h5")) as d:
+        assert d.backend_info["fixed_dims"] == ["input 'x' axis 3 ('width') = 48 from the inputs"]
