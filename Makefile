@@ -1,5 +1,6 @@
 # ivq-debug: set up a virtualenv and run the demo or the tests.
-# The CPU build of torch is installed first: an unpinned torch would pull a multi-GB CUDA build.
+# The CPU build of torch is installed first: an unpinned torch would pull a multi-GB CUDA build. The venv gets
+# every extra (`.[all,dev]`); a board needs only the core install (`pip install .`, docs/arm64.md).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -e '.[all,dev]'
 	touch $(STAMP)
 
 # headless Chromium for the report's browser test (Debian package; skipped when it cannot be installed)

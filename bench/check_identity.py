@@ -5,9 +5,10 @@ Three modes:
 - ``table REF.h5 TEST.h5 -o OUT.json``: run ``compare()`` and write every column of every row of the table
   (floats as ``float.hex``, so equal means bit-equal) and the ``ivq-diff/1`` document. Run it once with each
   revision (``PYTHONPATH=<checkout>``), on the same or on re-captured dumps.
-- ``compare A.json B.json``: both outputs of ``table`` (or two ``ivq-diff --json`` files) must be equal:
+- ``compare A.json B.json [--rel]``: both outputs of ``table`` (or two ``ivq-diff --json`` files) must be equal:
   every metric of every pair, statuses, verdicts, findings, summary; the dumps' paths and creation times are
-  ignored. Prints the number of pairs and values checked and the first differences; exit 1 on any.
+  ignored. Prints the number of pairs and values checked and the first differences; exit 1 on any. With
+  ``--rel``, also per field how many values differ and by how much (for a deliberately re-pinned definition).
 - ``dumps A.h5 B.h5``: two dumps of the same capture must hold the same manifest rows, record attributes and
   the same bytes in every dataset (provenance attributes such as ``created`` and ``command``, and the QNN
   profiling timings, are ignored).
@@ -70,36 +71,88 @@ def _normalize(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _walk(a: Any, b: Any, where: str, diffs: list[str], counter: list[int]) -> None:
+def _walk(a: Any, b: Any, where: str, diffs: list[str], counter: list[int],
+          values: list[tuple[str, Any, Any]] | None = None) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if k not in a or k not in b:
                 diffs.append(f"{where}.{k}: only in {'B' if k not in a else 'A'}")
                 continue
-            _walk(a[k], b[k], f"{where}.{k}", diffs, counter)
+            _walk(a[k], b[k], f"{where}.{k}", diffs, counter, values)
         return
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             diffs.append(f"{where}: {len(a)} vs {len(b)} items")
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            _walk(x, y, f"{where}[{i}]", diffs, counter)
+            _walk(x, y, f"{where}[{i}]", diffs, counter, values)
         return
     counter[0] += 1
     if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
         diffs.append(f"{where}: {a!r} != {b!r}")
+        if values is not None:
+            values.append((where, a, b))
 
 
-def compare_mode(a: str, b: str, show: int = 20) -> int:
-    """Every value of two ``table`` outputs (or two ivq-diff/1 files) must be equal."""
+def _number(v: Any) -> float | None:
+    """A value as a float when it is one (a number, or a ``float.hex`` string of ``table``), else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float.fromhex(v) if v.startswith(("0x", "-0x")) else None
+        except ValueError:
+            return None
+    return None
+
+
+def _field(where: str) -> str:
+    """The name of the value a difference is in (``$.rows[3].sqnr_db`` -> ``sqnr_db``)."""
+    last = where.rsplit(".", 1)[-1]
+    return last.split("[", 1)[0] or where
+
+
+def spread(values: list[tuple[str, Any, Any]]) -> list[str]:
+    """Per field: how many values differ and by how much (relative), for a re-pinned definition. With a
+    ``table`` output, only its rows (execution order) are summarized: the document's layers are sorted worst
+    first, and values that moved in their last bits can swap two layers, which differs everywhere."""
+    by: dict[str, list[float]] = {}
+    other = 0
+    rows = [v for v in values if v[0].startswith("$.rows[")]
+    if rows:
+        values = rows
+    for where, x, y in values:
+        fx, fy = _number(x), _number(y)
+        if fx is None or fy is None or not (math.isfinite(fx) and math.isfinite(fy)):
+            other += 1
+            continue
+        scale = max(abs(fx), abs(fy))
+        by.setdefault(_field(where), []).append(abs(fx - fy) / scale if scale else 0.0)
+    lines = [f"  {k}: {len(v)} values differ, relative difference max {max(v):.2e}, median "
+             f"{sorted(v)[len(v) // 2]:.2e}" for k, v in sorted(by.items())]
+    if other:
+        lines.append(f"  {other} other differences (not two finite numbers)")
+    return lines
+
+
+def compare_mode(a: str, b: str, show: int = 20, rel: bool = False) -> int:
+    """Every value of two ``table`` outputs (or two ivq-diff/1 files) must be equal; ``rel``: also say, per
+    field, how many values differ and by how much."""
     da, db = _normalize(json.loads(Path(a).read_text())), _normalize(json.loads(Path(b).read_text()))
     diffs: list[str] = []
+    values: list[tuple[str, Any, Any]] = []
     counter = [0]
-    _walk(da, db, "$", diffs, counter)
+    _walk(da, db, "$", diffs, counter, values)
     pairs = len(da["rows"]) if "rows" in da else len(da.get("layers", []))
     verdict = "IDENTICAL" if not diffs else f"{len(diffs)} DIFFERENCES"
     print(f"{a} vs {b}: {pairs} pairs, {counter[0]} values compared: {verdict}")
     for d in diffs[:show]:
         print("  " + d)
+    if rel and diffs:
+        print("by field" + (" (table rows)" if "rows" in da else "") + ":")
+        for ln in spread(values):
+            print(ln)
     return 0 if not diffs else 1
 
 
@@ -161,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
+    c.add_argument("--rel", action="store_true",
+                   help="also print, per field, how many values differ and their largest relative difference")
     d = sub.add_parser("dumps")
     d.add_argument("a")
     d.add_argument("b")
@@ -168,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if o.mode == "table":
         return table_mode(o.ref, o.test, o.output)
     if o.mode == "compare":
-        return compare_mode(o.a, o.b)
+        return compare_mode(o.a, o.b, rel=o.rel)
     return dumps_mode(o.a, o.b)
 
 

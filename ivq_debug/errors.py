@@ -12,13 +12,18 @@ Exit codes (contract, see ``docs/cli.md``):
 2    usage error (bad arguments, bad option values)
 3    an input is unreadable or corrupt (missing file, not HDF5, truncated, wrong byte size, bad JSON)
 4    alignment left more unmatched tensors than allowed
-5    a required external tool or backend is absent (QAIRT SDK, adb, QNN EP)
+5    a required external tool, backend or optional extra is absent (QAIRT SDK, adb, QNN EP, pandas, torch)
 6    a run failed: a capture, session or quantization could not run as asked, or a written model failed its check
 ==== =====================================================================
+
+The core install (``pip install ivq-debug``: numpy, onnx, onnxruntime, h5py, rich) captures with ONNX Runtime and
+reads dumps; the rest needs an extra (:data:`EXTRAS`). A command that reaches a missing extra's module exits 5
+with one line naming the extra (:func:`missing_extra`, used by ``cli/common.py:run``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 EXIT_OK = 0
@@ -88,3 +93,35 @@ class CaptureError(RunError):
 
 class CheckError(RunError):
     """A model a command wrote failed its check (``onnx.checker`` or an ONNX Runtime load; exit 6)."""
+
+
+#: third-party modules of the optional extras (``pyproject.toml``): top-level module -> extra
+EXTRAS: dict[str, str] = {
+    "pandas": "analysis", "matplotlib": "analysis",
+    "torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "onnxscript": "torch",
+    "onnxruntime_qnn": "qnn",
+}
+
+
+class MissingExtraError(ToolNotFoundError):
+    """A module of an optional extra is not installed (exit 5); the message names the extra to install."""
+
+    def __init__(self, module: str, extra: str, what: str | None = None) -> None:
+        self.module, self.extra = module, extra
+        super().__init__(f"{what or 'this'} needs {module}, which is not installed: "
+                         f"pip install 'ivq-debug[{extra}]'")
+
+
+def missing_extra(e: BaseException, what: str | None = None) -> MissingExtraError | None:
+    """The :class:`MissingExtraError` for an ``ImportError`` of an extra's module (``None`` for anything else)."""
+    name = getattr(e, "name", None)
+    if not isinstance(e, ImportError) or not name:
+        return None
+    top = name.split(".")[0]
+    return MissingExtraError(top, EXTRAS[top], what) if top in EXTRAS else None
+
+
+def require_extra(module: str, what: str | None = None) -> None:
+    """Raise :class:`MissingExtraError` unless ``module`` (one of :data:`EXTRAS`) is importable; imports nothing."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtraError(module, EXTRAS[module], what)

@@ -2,6 +2,8 @@
 
 ``r`` is the reference, ``t`` the test; every sum is accumulated in float64 over blocks, so a tensor of
 any size is compared in bounded memory. Each result carries a ``status`` instead of hidden epsilons.
+Sums of products are :func:`dot` per block (numpy's ``einsum`` loop, not BLAS), ``Σ |t − r|`` is numpy's
+pairwise sum per block, and blocks add up in order: a result does not depend on threads, workers or cores.
 
 =========== ======================================= ===================================
 name        definition                              undefined (None) when
@@ -71,18 +73,21 @@ class MetricAccumulator:
     top1_agree: int = 0
     kl_sum: float = 0.0
 
-    def update(self, r: np.ndarray, t: np.ndarray) -> None:
+    def update(self, r: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Add one block; ``r`` and ``t`` must have the same shape.
 
-        Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums use BLAS dot
-        products, and the non-finite check runs only when the sums say one is there.
+        Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums of products
+        are :func:`dot` (not BLAS), and the non-finite check runs only when the sums say one is there.
+        Returns the block of ``r`` as float64, flat (a view of this thread's buffer, valid until the
+        thread's next update), so that other statistics of the same block need not cast it again.
         """
         r, t = np.asarray(r), np.asarray(t)
         n = r.size
         r64, t64, d = _buffers(n)
         np.copyto(r64, r.reshape(-1), casting="unsafe")
         np.copyto(t64, t.reshape(-1), casting="unsafe")
-        s_rr, s_tt, s_tr = float(r64 @ r64), float(t64 @ t64), float(t64 @ r64)
+        ref64 = r64
+        s_rr, s_tt, s_tr = dot(r64, r64), dot(t64, t64), dot(t64, r64)
         bad_r = bad_t = 0
         if not (math.isfinite(s_rr) and math.isfinite(s_tt) and math.isfinite(s_tr)):
             fr, ft = np.isfinite(r64), np.isfinite(t64)
@@ -91,12 +96,12 @@ class MetricAccumulator:
                 both = fr & ft
                 r64, t64 = r64[both], t64[both]
                 d = np.empty_like(r64)
-                s_rr, s_tt, s_tr = float(r64 @ r64), float(t64 @ t64), float(t64 @ r64)
+                s_rr, s_tt, s_tr = dot(r64, r64), dot(t64, t64), dot(t64, r64)
         self.nonfinite_ref += bad_r
         self.nonfinite_test += bad_t
         if r64.size:
             np.subtract(t64, r64, out=d)
-            self.sum_sq_err += float(d @ d)
+            self.sum_sq_err += dot(d, d)
             np.abs(d, out=d)
             self.max_abs = max(self.max_abs, float(d.max()))
             self.sum_abs += float(d.sum())
@@ -112,6 +117,7 @@ class MetricAccumulator:
             lp = _log_softmax(rr2)
             lq = _log_softmax(tt2)
             self.kl_sum += float(np.sum(np.exp(lp) * (lp - lq)))
+        return ref64
 
     def result(self, encoding: dict[str, Any] | None = None) -> dict[str, Any]:
         """The metrics and their status."""
@@ -148,6 +154,18 @@ class MetricAccumulator:
             out["kl"] = max(0.0, self.kl_sum / self.rows)
         out["status"] = status
         return out
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``Σ a·b`` of two flat float64 arrays: numpy's own sum-of-products loop (``einsum``), never BLAS.
+
+    BLAS ``ddot`` (what ``a @ b`` calls) splits a long vector over OpenBLAS's thread pool, so its last bits
+    depend on the number of threads and cores (and on the BLAS library); ``einsum`` runs in the calling
+    thread, in one fixed order for a given numpy build. One call is up to ~2x slower than a one-thread
+    ``ddot``, but the diff no longer runs the workers' BLAS pools against each other on the cores: the
+    ``bench/bench_many.py`` diff went from 101-129 s to 10-12 s (``docs/scale.md``, ``docs/metrics.md``).
+    """
+    return float(np.einsum("i,i->", a, b))
 
 
 _local = threading.local()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +131,49 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     return obj
+
+
+class _Warnings(logging.Handler):
+    """WARNING and above, one line each, without repeats."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = " ".join(record.getMessage().split())
+        if msg not in self.messages:
+            self.messages.append(msg)
+
+
+@contextmanager
+def root_warnings() -> Iterator[list[str]]:
+    """Keep the root logger off the console for the block (ONNX Runtime's quantizers log through it) and yield
+    the list its warnings are collected in (one line each, without repeats)."""
+    cap = _Warnings()
+    root = logging.getLogger()
+    others = list(root.handlers)
+    for h in others:
+        root.removeHandler(h)
+    root.addHandler(cap)
+    try:
+        yield cap.messages
+    finally:
+        root.removeHandler(cap)
+        for h in others:
+            root.addHandler(h)
+
+
+def publish_staged(staged: Path, out: Path, externals: Iterable[str], *, overwrite: bool = False) -> None:
+    """Move a model written into a staging folder beside ``out`` into place: its external data files (names
+    relative to the staging folder) first, the model last, so that it appears only when complete. Refuses to
+    replace an existing file without ``overwrite``."""
+    for name in externals:
+        dst = out.parent / name
+        if dst.exists() and not overwrite:
+            raise UsageError("external data file exists; pass overwrite=True", dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged.parent / name, dst)
+    if out.exists() and not overwrite:
+        raise UsageError("output appeared while quantizing; not overwritten", out)
+    os.replace(staged, out)

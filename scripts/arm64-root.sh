@@ -4,12 +4,13 @@
 #   scripts/arm64-root.sh [--root DIR] [build] [--install-tools]   build (or check) the root
 #   scripts/arm64-root.sh [--root DIR] run CMD [ARG...]            run CMD inside it (qemu-aarch64-static)
 #   scripts/arm64-root.sh [--root DIR] path                        print the root folder
+#   scripts/arm64-root.sh tools                                    only install qemu-user-static, debootstrap, the keyring, CA certs (apt)
 #
 # build: `debootstrap --arch=arm64 --foreign --variant=minbase` (python3, python3-venv included), then every
 # downloaded .deb unpacked with dpkg-deb + tar instead of debootstrap's emulated second stage (no maintainer
 # scripts run: none is needed to run Python), the host CA bundle copied in, the root's own ld.so.cache, a
-# fake ARM /proc/cpuinfo, and a venv at ROOT/venv with `pip install` of the aarch64 wheels of numpy,
-# onnxruntime, onnx, h5py and rich at the requirement specifiers pyproject.toml gives them. Idempotent: a
+# fake ARM /proc/cpuinfo, and a venv at ROOT/venv with `pip install` of the aarch64 wheels of the core install
+# (pyproject.toml's [project] dependencies: numpy, onnx, onnxruntime, h5py, rich). Idempotent: a
 # stamp keyed by the suite, the mirror, the root's path and those specifiers; a rerun with the root up to date
 # returns at once, a changed specifier rebuilds only the venv.
 #
@@ -35,13 +36,12 @@ SUITE="${IVQ_ARM64_SUITE:-bookworm}"
 MIRROR="${IVQ_ARM64_MIRROR:-http://deb.debian.org/debian}"
 QCPU="${IVQ_QEMU_CPU:-cortex-a76}"
 HOSTPY="${PYTHON:-python3}"
-PACKAGES=(numpy onnxruntime onnx h5py rich)  # the capture-only install (issue 14)
 STAMP_VERSION=1  # bump when the build steps change
 
 die() { local code=$1; shift; echo "arm64-root: $*" >&2; exit "$code"; }
 say() { echo "arm64-root: $*" >&2; }
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 need_qemu() {
   command -v qemu-aarch64-static >/dev/null 2>&1 \
@@ -53,6 +53,8 @@ install_tools() {
   command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
   command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || missing+=(debian-archive-keyring)
+  # the CA bundle `build` copies into the root: Debian's pip there reads it for PyPI over HTTPS
+  [ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null 2>&1 || die 5 "no apt-get here: install ${missing[*]} yourself"
   [ "$(id -u)" -eq 0 ] || die 5 "installing ${missing[*]} needs root: sudo apt-get install ${missing[*]}"
@@ -64,22 +66,16 @@ install_tools() {
   apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }
 
-# The requirement specifier pyproject.toml gives each of PACKAGES (e.g. onnxruntime==1.32.0, numpy>=2.0).
+# The core install's requirement specifiers: pyproject.toml's [project] dependencies (e.g. onnxruntime==1.32.0).
 read_specs() {
   [ -f "$PYPROJECT" ] || die 1 "no pyproject.toml at $PYPROJECT"
-  "$HOSTPY" - "$PYPROJECT" "${PACKAGES[@]}" <<'EOF' || die 1 "cannot read the requirement specifiers from $PYPROJECT (host $HOSTPY needs Python >= 3.11)"
-import re, sys, tomllib
+  "$HOSTPY" - "$PYPROJECT" <<'EOF' || die 1 "cannot read the requirement specifiers from $PYPROJECT (host $HOSTPY needs Python >= 3.11)"
+import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     deps = tomllib.load(f)["project"]["dependencies"]
-by_name = {}
-for d in deps:
-    req = d.split(";")[0].strip()
-    name = re.match(r"[A-Za-z0-9._-]+", req).group(0).lower().replace("_", "-")
-    by_name[name] = req.replace(" ", "")
-missing = [p for p in sys.argv[2:] if p not in by_name]
-if missing:
-    sys.exit(f"arm64-root: pyproject.toml lists no {', '.join(missing)}")
-print(" ".join(by_name[p] for p in sys.argv[2:]))
+if any(";" in d for d in deps):
+    sys.exit("arm64-root: a core dependency has an environment marker; this script installs plain specifiers only")
+print(" ".join(d.replace(" ", "") for d in deps))
 EOF
 }
 
@@ -229,7 +225,7 @@ parse_opts() {  # options before the mode, and after `build`
 parse_opts "$@"; set -- "${rest[@]}"
 if [ $# -gt 0 ]; then
   case "$1" in
-    build|run|path) mode=$1; shift ;;
+    build|run|path|tools) mode=$1; shift ;;
     *) usage ;;
   esac
 fi
@@ -243,4 +239,5 @@ case "$mode" in
   build) cmd_build ;;
   run) cmd_run "$@" ;;
   path) echo "$ROOT" ;;
+  tools) [ $# -eq 0 ] || usage; install_tools ;;
 esac

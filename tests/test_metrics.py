@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ivq_debug.comparator import compare
+from ivq_debug.dump import DumpWriter
 from ivq_debug.metrics import MetricAccumulator, compute
 
 
@@ -67,3 +74,56 @@ def test_logits_metrics_and_lsb() -> None:
     q /= q.sum(1, keepdims=True)
     assert m["kl"] == pytest.approx(np.mean(np.sum(p * np.log(p / q), 1)), rel=1e-9)
     assert m["lsb_rmse"] == pytest.approx(m["rmse"] / 0.5)
+
+
+_SUMS = """
+import json, sys
+import numpy as np
+from ivq_debug.comparator.encoding_fit import EncodingAccumulator
+from ivq_debug.metrics import MetricAccumulator
+rng = np.random.default_rng(0)
+r = rng.standard_normal(400_000).astype(np.float32)  # long enough for OpenBLAS to split ddot over threads
+t = (r + 0.01 * rng.standard_normal(r.size)).astype(np.float32)
+acc, enc = MetricAccumulator(), EncodingAccumulator.for_encoding({"scale": 0.03, "zero_point": 128})
+for i in range(0, r.size, 150_000):  # three blocks
+    enc.update(acc.update(r[i:i + 150_000], t[i:i + 150_000]))
+r64 = r.astype(np.float64)
+print(json.dumps({"ours": {k: float(v).hex() for k, v in {**vars(acc), **vars(enc)}.items()
+                          if isinstance(v, float)}, "blas": float(r64 @ r64).hex()}))
+"""
+
+
+def test_sums_do_not_depend_on_the_blas_thread_count() -> None:
+    """The pinned sums are the same with 1 and 4 OpenBLAS threads (and run to run); BLAS ddot's are not
+    always (when they are equal, this machine's BLAS did not split the vector, and only ours are checked)."""
+
+    runs = []
+    for threads in ("1", "4", "4"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
+        out = subprocess.run([sys.executable, "-c", _SUMS], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout))
+    assert len(runs[0]["ours"]) == 16
+    assert all(r["ours"] == runs[0]["ours"] for r in runs)
+    blas = {r["blas"] for r in runs}
+    print(f"BLAS ddot over 1 and 4 threads: {len(blas)} distinct results")
+
+
+def test_workers_do_not_change_a_comparison(tmp_path: Path) -> None:
+    """The same table with 1 and 3 worker threads, and twice with the default."""
+
+    rng = np.random.default_rng(5)
+    for side, noise in (("r", 0.0), ("t", 0.02)):
+        rng_side = np.random.default_rng(5)
+        with DumpWriter(tmp_path / f"{side}.h5", backend="x", overwrite=True) as w:
+            w.begin_record()
+            for k in range(6):
+                x = rng_side.standard_normal((2, 197, 384)).astype(np.float32)
+                w.add_tensor(f"t{k}", x + np.float32(noise) * rng.standard_normal(x.shape).astype(np.float32),
+                             order=k, encoding={"scale": 0.02, "zero_point": 128} if side == "t" else None)
+    tables = [compare(tmp_path / "r.h5", tmp_path / "t.h5", progress=False, workers=w).table for w in (1, 3, None, None)]
+    cols = ["ref_name", "status", "max_abs", "mean_abs", "rmse", "rel_l2", "cosine", "sqnr_db", "clipped_fraction",
+            "clip_snr_db", "grid_snr_db"]
+    first = tables[0][cols].to_dict("records")
+    assert all(t[cols].to_dict("records") == first for t in tables[1:])
+    assert 30 < first[0]["sqnr_db"] < 40

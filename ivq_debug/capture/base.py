@@ -210,7 +210,8 @@ class Backend:
 #: runner backends by CLI name; add a backend here and it is a choice of ``ivq capture``
 BACKENDS: dict[str, Backend] = {
     "onnx": Backend("onnx", "ONNX Runtime CPU EP (float or CPU-QDQ reference)",
-                    "ivq_debug.capture.onnxrt.runner:OrtRunner", ("partition", "exposure", "verify")),
+                    "ivq_debug.capture.onnxrt.runner:OrtRunner",
+                    ("partition", "exposure", "verify", "session_config")),
     "qnn": Backend("qnn", "QNN HTP via onnxruntime-qnn (Qualcomm's emulation on x86_64)",
                    "ivq_debug.capture.qnn_ep.runner:QnnHtpRunner",
                    ("exposure", "verify", "soc_model", "htp_arch", "allow_cpu_fallback", "profiling_level",

@@ -37,7 +37,14 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--whole-model-runs", action="store_true",
                    help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
-                   help="ORT graph optimization level (default disable: exact reference)")
+                   help="ORT graph optimization level (default disable: exact reference, every node output). Above "
+                        "disable only the tensors of the optimized graph are exposed (no fusion is stopped) and "
+                        "the model outputs are checked bit-identical with and without the exposure")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads (default: ONNX Runtime's, one per core); recorded in the dump")
+    p.add_argument("--session-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="onnx: an ONNX Runtime session config entry as the deployment sets it, e.g. "
+                        "session.x64quantprecision=1 (repeatable); recorded in the dump")
     p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
     p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
     p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
@@ -47,6 +54,17 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 
+def session_config(items: list[str]) -> dict[str, str]:
+    """``--session-option KEY=VALUE`` values as a dict (a repeated key keeps the last value)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"--session-option takes KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def runner_options(args: argparse.Namespace) -> dict[str, Any]:
     """The runner keyword arguments the command line gives (``None``: the runner's default)."""
     sel = Selection(
@@ -54,10 +72,16 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
         op_types=[s.strip() for s in args.op_types.split(",")] if args.op_types else None,
         skip_attention_probs=args.skip_attention_probs, skip_views=args.skip_views,
     )
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be >= 1")
     opts: dict[str, Any] = {"selection": sel, "max_outputs_per_run": args.max_outputs_per_run,
-                            "optimization": args.optimization}
+                            "optimization": args.optimization, "threads": args.threads}
+    config = session_config(args.session_option)
     if args.backend == "onnx":
         opts["partition"] = False if args.whole_model_runs else None
+        opts["session_config"] = config or None
+    elif config:
+        raise UsageError("--session-option applies to the onnx backend only")
     else:
         opts.update(soc_model=args.soc_model, htp_arch=args.htp_arch, allow_cpu_fallback=args.allow_cpu_fallback,
                     overwrite=args.force)
@@ -76,8 +100,17 @@ def execute(args: argparse.Namespace) -> int:
     runner = make_runner(args.backend, args.model, input_shapes=shapes or None, **runner_options(args))
     capture(runner, samples, args.output, part=args.part, model=model_facts(args.model, args.part), overwrite=args.force,
             summary_only=args.summary_only)
+    con = console()
     for line in runner.info.get("fixed_dims", []):
-        console().print(f"[yellow]note:[/yellow] intake: fixed {escape(line)}")
+        con.print(f"[yellow]note:[/yellow] intake: fixed {escape(line)}")
     results().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
                     f"({runner.backend}), {fmt_bytes(Path(args.output).stat().st_size)}")
+    opt = runner.info.get("optimized_graph")
+    if opt and opt["dropped"]:
+        con.print(f"{opt['dropped']} selected tensor(s) do not exist in the optimized graph "
+                  f"({args.optimization}): not exposed, so no fusion is stopped")
+    check = runner.info.get("exposure_check")
+    if check is not None and not check["bit_identical"]:
+        con.print(f"[yellow]warning:[/yellow] exposing the tensors changed the model outputs (max abs "
+                  f"{check['max_abs']:.3g}): the captured tensors are not exactly what the deployment computes")
     return EXIT_OK

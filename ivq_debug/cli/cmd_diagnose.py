@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from rich.table import Table
 
@@ -23,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--model", required=True, help="the QDQ model the test backend ran")
     p.add_argument("--backend", choices=["cpu", "qnn"], default="cpu",
                    help="replay backend: cpu (exact fake-quant, ORT_DISABLE_ALL) or qnn (QNN HTP)")
+    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
+                   help="cpu: ORT graph optimization level of the replay (all: dynamic INT8 units run fused, "
+                        "DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them)")
     p.add_argument("--record", help="record to replay: sample/part/step (default: the first)")
     p.add_argument("--nodes", default=None, help="only these compute nodes or output tensors (comma-separated)")
     p.add_argument("--budget-sqnr", type=float, default=None, metavar="DB",
@@ -38,7 +42,8 @@ def execute(args: argparse.Namespace) -> int:
         check_writable(args.json, args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     cmp = compare(ref, test)  # the cumulative error per tensor (no diagnostics needed)
-    factory = (lambda path: make_runner("qnn", path)) if args.backend == "qnn" else None
+    factory = (partial(make_runner, "qnn") if args.backend == "qnn"
+               else partial(make_runner, "onnx", optimization=args.optimization))
 
     budget = args.budget_sqnr if args.budget_sqnr is not None else defaults.DIVERGENCE_SQNR_DB
     r = replay(args.model, ref, record=parse_record(args.record), runner_factory=factory, cumulative=cmp,

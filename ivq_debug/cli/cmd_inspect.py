@@ -37,8 +37,8 @@ def execute(args: argparse.Namespace) -> int:
                 t = Table(title=str(d.path), title_justify="left")
                 for c in ("rid", "sample", "part", "step", "meta"):
                     t.add_column(c)
-                for _, r in d.records.iterrows():
-                    t.add_row(r["rid"], str(r["sample"]), escape(r["part"]), str(r["step"]), escape(r["meta"]))
+                for (sample, part, step), rid in sorted(d.record_keys().items(), key=lambda kv: kv[1]):
+                    t.add_row(rid, str(sample), escape(part), str(step), escape(d.record_meta(rid)))
                 con.print(t)
             else:
                 con.print(manifest_table(d, args.limit, args.kind))

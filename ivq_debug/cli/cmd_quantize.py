@@ -1,4 +1,5 @@
-"""``ivq quantize MODEL -o OUT.qdq.onnx --calibration SRC``: QDQ model for QNN (ORT's QNN helpers)."""
+"""``ivq quantize MODEL -o OUT.onnx``: a QDQ model for QNN (``--calibration``, ORT's QNN helpers), or a dynamic
+INT8 model for ONNX Runtime on CPU (``--dynamic``, ``quantize_dynamic``: x86_64 and ARM64 boards)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,40 @@ import argparse
 from ivq_debug.cli.common import escape, write_json
 from ivq_debug.console import console, results, status
 from ivq_debug.dump import check_writable
-from ivq_debug.errors import EXIT_OK
+from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
+from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.qnn.quantize import quantize_for_qnn
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     """Arguments of ``ivq quantize``."""
     p.add_argument("model", help="float ONNX model")
-    p.add_argument("-o", "--output", required=True, help="QDQ model to write")
-    p.add_argument("--calibration", required=True,
-                   help="calibration data: a folder (one .npz/.npy/.png per sample), an .npz (leading axis = "
-                        "samples) or an .npy")
-    p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"], help="activation/weight bits")
-    p.add_argument("--per-channel", action="store_true", help="per-channel weights (Conv/Gemm)")
-    p.add_argument("--overrides", help="quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
-    p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
-    p.add_argument("--json", metavar="OUT", help="write the result (effective quantization included) as JSON "
-                                                "('-': stdout)")
+    p.add_argument("-o", "--output", required=True, help="quantized model to write")
+    p.add_argument("--calibration",
+                   help="QDQ (required without --dynamic): calibration data, a folder (one .npz/.npy/.png per "
+                        "sample), an .npz (leading axis = samples) or an .npy")
+    p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"], help="QDQ: activation/weight bits")
+    p.add_argument("--per-channel", action="store_true", help="per-channel weights (QDQ: Conv/Gemm; dynamic: every "
+                                                              "quantized weight)")
+    p.add_argument("--overrides", help="QDQ: quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
+    p.add_argument("--max-samples", type=int, default=None, help="QDQ: use at most N calibration samples")
+    p.add_argument("--dynamic", action="store_true",
+                   help="dynamic INT8 (onnxruntime quantize_dynamic): weights quantized once, activations at run "
+                        "time (DynamicQuantizeLinear + MatMulInteger / ConvInteger); no calibration")
+    p.add_argument("--weight-type", default="QInt8", choices=list(WEIGHT_TYPES),
+                   help="dynamic: QInt8 (s8 weights, u8s8 kernels; default) or QUInt8 (u8u8)")
+    p.add_argument("--reduce-range", action="store_true",
+                   help="dynamic: 7-bit weights (avoids the u8s8 int16 saturation of AVX2-only x86 CPUs)")
+    p.add_argument("--op-types", default=None, help="dynamic: op types to quantize, comma-separated (default: all "
+                                                     "that quantize_dynamic supports)")
+    p.add_argument("--exclude-nodes", default=None, help="dynamic: node names kept in float, comma-separated")
+    p.add_argument("--json", metavar="OUT", help="write the result (QDQ: the effective quantization included) as "
+                                                "JSON ('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite the output model")
+
+
+def _split(value: str | None) -> list[str]:
+    return [s.strip() for s in value.split(",") if s.strip()] if value else []
 
 
 def effective_line(effective: dict) -> str:
@@ -43,16 +60,40 @@ def effective_line(effective: dict) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
-
     if args.json and args.json != "-":
         check_writable(args.json, args.force)
+    con = results(json_to_stdout=args.json == "-")
+    if args.dynamic:
+        for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),
+                            ("--max-samples", args.max_samples)):
+            if given is not None:
+                raise UsageError(f"{flag} applies to QDQ quantization, not --dynamic")
+        with status(f"quantizing {args.model} (dynamic, {args.weight_type} weights)"):
+            d = quantize_dynamic_model(args.model, args.output, weight_type=args.weight_type,
+                                       per_channel=args.per_channel, reduce_range=args.reduce_range,
+                                       op_types=_split(args.op_types) or None,
+                                       nodes_to_exclude=_split(args.exclude_nodes), overwrite=args.force)
+        ops = ", ".join(f"{n} {k}" for k, n in d.integer_ops.items()) or "no integer op"
+        left = ", ".join(f"{n} {k}" for k, n in d.float_left.items())
+        if args.json:
+            write_json(d.to_dict(), args.json, overwrite=args.force)
+        con.print(f"wrote {escape(d.model_path)}: dynamic INT8 ({d.weight_type} weights"
+                  f"{', per-channel' if d.per_channel else ''}{', reduce_range' if d.reduce_range else ''}), "
+                  f"{escape(ops)}, {d.dynamic_quantizers} DynamicQuantizeLinear"
+                  + (f"; left in float: {escape(left)}" if left else "") + f", {d.seconds:.2f} s")
+        return EXIT_OK
+    for flag, given in (("--reduce-range", args.reduce_range), ("--op-types", args.op_types),
+                        ("--exclude-nodes", args.exclude_nodes), ("--weight-type", args.weight_type != "QInt8")):
+        if given:
+            raise UsageError(f"{flag} applies to --dynamic only")
+    if not args.calibration:
+        raise UsageError("--calibration is required for QDQ quantization (or pass --dynamic)")
     with status(f"quantizing {args.model} ({args.preset})"):
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
                              per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
                              overwrite=args.force)
     if args.json:
         write_json(r.to_dict(), args.json, overwrite=args.force)
-    con = results(json_to_stdout=args.json == "-")
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "
               f"{r.calibration_samples} calibration sample(s) from {escape(r.calibration_source)}, "
               f"{r.quantize_nodes} Q / {r.dequantize_nodes} DQ nodes, {r.overrides} override(s), {r.seconds:.2f} s")

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug.errors import EXIT_FAIL, EXIT_RUN, IvqError, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_RUN, IvqError, UsageError, missing_extra
 from ivq_debug.util import atomic_write_text
 
 
@@ -28,16 +28,18 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
     """Run a CLI body; turn :class:`IvqError` into a one-line message and its exit code.
 
     SIGINT and SIGTERM interrupt the body as an exception (what it was writing is removed) and exit 130 / 143
-    (128 + the signal). Unexpected exceptions print one line too (set ``IVQ_TRACEBACK=1`` to see the
-    traceback) and exit 6.
+    (128 + the signal). A module of a missing optional extra (pandas, torch, ...) exits 5 naming the extra to
+    install (:func:`~ivq_debug.errors.missing_extra`). Unexpected exceptions print one line too (set
+    ``IVQ_TRACEBACK=1`` to see the traceback) and exit 6.
     """
+    argv = sys.argv[1:] if argv is None else argv
     previous = None
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: leave the handler alone
         pass
     try:
-        return fn(sys.argv[1:] if argv is None else argv)
+        return fn(argv)
     except IvqError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
@@ -47,7 +49,12 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         return 128 + int(signum)
     except BrokenPipeError:
         return EXIT_FAIL
-    except Exception as e:  # pragma: no cover - last resort, keeps the one-line contract
+    except Exception as e:  # last resort, keeps the one-line contract
+        command = next((a for a in argv if not a.startswith("-")), None) if prog == "ivq" else None
+        extra = missing_extra(e, f"`{prog} {command}`" if command else f"`{prog}`")
+        if extra is not None:  # an optional extra's module is not installed (exit 5)
+            print(f"{prog}: error: {extra.one_line()}", file=sys.stderr)
+            return extra.exit_code
         if os.environ.get("IVQ_TRACEBACK"):
             raise
         msg = " ".join(f"{type(e).__name__}: {e}".split())

@@ -55,15 +55,15 @@ def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.
         return out
 
     def feed(ra: np.ndarray, tb: np.ndarray) -> None:
-        acc.update(ra, tb)
+        r64 = acc.update(ra, tb)
         if enc is not None:
-            enc.update(ra)
+            enc.update(r64)  # the reference block already cast to float64
 
     if a.stored != "full" or b.stored != "full":
         sampled = True
         feed(ref.read_sample(a), test.read_sample(b))
     else:  # stream both in C order, block by block (shapes may differ when element counts agree)
-        item = max(np.dtype(ref.dataset(a).dtype).itemsize, np.dtype(test.dataset(b).dtype).itemsize)
+        item = max(ref.stored_dtype(a).itemsize, test.stored_dtype(b).itemsize)
         row = a.shape[-1] if (logits and a.shape) else 1
         n = max(row, (block_bytes // item) // row * row)
         for ra, tb in zip(ref.iter_flat(a, n, reuse=True), test.iter_flat(b, n, reuse=True), strict=True):
@@ -121,11 +121,18 @@ class Comparison:
         return Budgets([Budget("sqnr_db", "min", defaults.DIVERGENCE_SQNR_DB)])
 
     def _diverged(self) -> Any:
+        """Per row: breaks the divergence budgets. With budgets that is ``~passed``; without, the default
+        budget ``sqnr_db >= DIVERGENCE_SQNR_DB`` (pattern ``*``) as :meth:`Budget.violated` judges a table row,
+        vectorized: identical and empty rows never break it, an undefined SQNR (NaN in the table) compares
+        false, as it did row by row."""
+        import pandas as pd
+
         t = self.table
-        if self.budgets:
+        if self.budgets or not len(t):
             return ~t["passed"]
-        b = self.divergence_budgets
-        return t.apply(lambda r: bool(b.check(r["ref_name"], r.to_dict())), axis=1) if len(t) else t["passed"]
+        sqnr = t["sqnr_db"].to_numpy(dtype=np.float64)
+        exempt = t["status"].isin(("identical", "empty")).to_numpy()
+        return pd.Series(~exempt & (sqnr < defaults.DIVERGENCE_SQNR_DB), index=t.index)
 
     @property
     def first_divergence(self) -> dict[str, Any] | None:
@@ -207,7 +214,8 @@ class Comparison:
     # ---------------------------------------------------------------- export
     def to_json(self, top: int | None = None) -> dict[str, Any]:
         """The ``ivq-diff/1`` JSON document (layers worst first; ``top`` limits them)."""
-        layers = [_layer_json(r) for _, r in self.worst(len(self.table) if top is None else top).iterrows()]
+        rows = self.worst(len(self.table) if top is None else top).to_dict("records")
+        layers = [_layer_json_from_dict(_clean(d)) for d in rows]
         doc = {
             "schema": SCHEMA,
             "ref": _dump_json(self.ref),
@@ -231,7 +239,11 @@ class Comparison:
 
 
 def _row_dict(row: Any) -> dict[str, Any]:
-    d = row.to_dict()
+    return _clean(row.to_dict())
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    """A table row as a dict with NaN (an undefined metric) as None."""
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
@@ -253,10 +265,6 @@ def _layer_json_from_dict(d: dict[str, Any] | None) -> dict[str, Any] | None:
         "passed": bool(d["passed"]),
         "violations": d["violations"],
     }
-
-
-def _layer_json(row: Any) -> dict[str, Any]:
-    return _layer_json_from_dict(_row_dict(row))  # type: ignore[return-value]
 
 
 def _dump_json(d: Dump) -> dict[str, Any]:
@@ -371,8 +379,8 @@ def regressions_against(cmp: Comparison, baseline: dict[str, Any], metric: str |
     metric = metric or cmp.rank_by
     base = {_key(layer): layer for layer in baseline.get("layers", [])}
     out = []
-    for _, r in cmp.table.iterrows():
-        cur = _layer_json(r)
+    for d in cmp.table.to_dict("records"):
+        cur = _layer_json_from_dict(_clean(d))
         old = base.get(_key(cur))
         if old is None:
             continue

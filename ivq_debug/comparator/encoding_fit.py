@@ -19,10 +19,13 @@ Computed on the reference tensor, streaming, in the same pass as the metrics (no
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ivq_debug.metrics import dot
 
 
 def encoding_range(enc: dict[str, Any]) -> tuple[float, float, float] | None:
@@ -70,32 +73,56 @@ class EncodingAccumulator:
         return cls(rng[0], rng[1], rng[2], zp, int(enc.get("qmin", 0)), int(enc.get("qmax", 2**bits - 1)))
 
     def update(self, r: np.ndarray) -> None:
-        """Add a block of reference values."""
+        """Add a block of reference values (a float64 block is used in place, without a copy).
+
+        The same elements in the same order as the plain formulation (filter non-finite values, then
+        the in-range ones, then those above the lowest bin, each by a copy), so the same sums to the last
+        bit, with fewer passes: the finiteness filter runs only when ``Σ x²`` is not finite; the range
+        mask only when the block's extremes leave the range; the bins are computed for the whole block
+        in one reused buffer, and the two masks combine into one selection (the order of the elements is
+        kept, so selecting once equals selecting twice); no selection at all when every value is kept.
+        """
         x = np.asarray(r, dtype=np.float64).reshape(-1)
-        x = x[np.isfinite(x)]
-        if not x.size:
+        sig = dot(x, x)
+        if not math.isfinite(sig):  # a non-finite value, or one whose square overflows: filter
+            x = x[np.isfinite(x)]
+            sig = dot(x, x)
+        n = x.size
+        if not n:
             return
-        self.n += x.size
+        self.n += n
         half = self.step / 2
-        inside = (x >= self.lo - half) & (x <= self.hi + half)
-        self.clipped += int(x.size - np.count_nonzero(inside))
-        self.sig_sq += float(np.einsum("i,i->", x, x))
+        inside = None  # None: every value is in range
+        if not (x.min() >= self.lo - half and x.max() <= self.hi + half):
+            inside = (x >= self.lo - half) & (x <= self.hi + half)
+            self.clipped += int(n - np.count_nonzero(inside))
+        self.sig_sq += sig
         if self.clipped:
             c = x - np.clip(x, self.lo, self.hi)
-            self.clip_sq += float(np.einsum("i,i->", c, c))
+            self.clip_sq += dot(c, c)
         # resolution is judged on the in-range values (clipping is the saturation check's business)
-        x = x[inside]
-        q = np.clip(np.round(x / self.step + self.zp), self.qmin, self.qmax)
+        q = _scratch(n)
+        np.divide(x, self.step, out=q)
+        np.add(q, self.zp, out=q)
+        np.rint(q, out=q)
+        np.clip(q, self.qmin, self.qmax, out=q)
         keep = q > self.qmin  # above the lowest bin: the values that carry information
-        inf = x[keep]
-        if not inf.size:
+        if inside is not None:
+            keep &= inside
+        kept = int(np.count_nonzero(keep))
+        if not kept:
             return
-        fq = (q[keep] - self.zp) * self.step
-        d = fq - inf
-        self.n_inf += inf.size
+        if kept == n:
+            inf, fq = x, q
+        else:
+            inf, fq = x[keep], q[keep]
+        np.subtract(fq, self.zp, out=fq)
+        np.multiply(fq, self.step, out=fq)
+        d = np.subtract(fq, inf, out=fq)
+        self.n_inf += kept
         self.s1 += float(inf.sum())
-        self.s2 += float(np.einsum("i,i->", inf, inf))
-        self.noise += float(np.einsum("i,i->", d, d))
+        self.s2 += dot(inf, inf)
+        self.noise += dot(d, d)
 
     def result(self) -> dict[str, Any]:
         """``clipped_fraction``, ``grid_snr_db``, ``step`` and the encoding range."""
@@ -118,3 +145,14 @@ class EncodingAccumulator:
                 out["grid_snr_db"] = 10 * math.log10(var / mse)
             # a constant reference (var 0) has no spread to resolve: undefined
         return out
+
+
+_local = threading.local()
+
+
+def _scratch(n: int) -> np.ndarray:
+    """A float64 work array of ``n`` elements, reused by the calling thread (the bins of one block)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _local.buf = np.empty(max(n, 1024), dtype=np.float64)
+    return buf[:n]

@@ -23,6 +23,7 @@ from ivq_debug.diagnose.basic import (
 )
 from ivq_debug.diagnose.findings import Finding, severity_rank
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
+from ivq_debug.diagnose.platform import platform_findings
 from ivq_debug.diagnose.positions import position_findings
 from ivq_debug.diagnose.projector import projector_findings
 
@@ -49,6 +50,7 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("position_id_offset", 1, positions, "decode positions differ from the model's rule"),
     Diagnostic("resolution_collapse", 2, resolution_collapse, "an encoding's step is coarser than the signal"),
     Diagnostic("cpu_fallback", 3, cpu_fallback, "QNN nodes that ran on the CPU"),
+    Diagnostic("platform_kernel", 3, platform_findings, "kernels that differ between two platforms (same model)"),
     Diagnostic("introduced_error", 4, None, "units that introduce the error (ivq diagnose: replay)"),
     Diagnostic("saturation", 5, saturation, "values outside the encoding's range"),
     Diagnostic("non_finite", 6, non_finite, "NaN / Inf in a dump"),

@@ -20,6 +20,7 @@ KINDS = (
     "non_finite",
     "fp64_op",
     "token_divergence",
+    "platform_kernel",
 )
 SEVERITIES = ("info", "warning", "error")
 

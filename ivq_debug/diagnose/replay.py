@@ -112,6 +112,85 @@ def find_units(model: Any) -> list[Unit]:
     return units
 
 
+#: the integer ops a dynamic-quantization unit is built around (quantize_dynamic's, and ONNX Runtime's fusions)
+DYNAMIC_OPS = ("MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+
+
+def find_dynamic_units(model: Any) -> list[Unit]:
+    """The dynamic-quantization units of a model (``quantize_dynamic``), in topological order.
+
+    A unit is an integer op of :data:`DYNAMIC_OPS` with the ``DynamicQuantizeLinear`` nodes that quantize its
+    float inputs, the ``Mul`` nodes that multiply their scales with the weight scales, (for an integer output)
+    the ``Cast`` and the ``Mul`` that turn it back into float, and the bias ``Add`` after it: float in, float out
+    under the float layer's name, so it replays on reference inputs like a QDQ unit. A fused
+    ``DynamicQuantizeMatMul`` (float input) or ``MatMulIntegerToFloat`` (ONNX Runtime's graphs at
+    ``ORT_ENABLE_ALL``, saved optimized models) is its own output stage; with its bias it covers the same tensor.
+    """
+    nodes = list(model.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            consumers.setdefault(x, []).append(i)
+    const, _ = constant_values(model)
+    units: list[Unit] = []
+    for idx, n in enumerate(nodes):
+        if n.op_type not in DYNAMIC_OPS or n.domain not in ("", "ai.onnx", "com.microsoft"):
+            continue
+        members, feeds, inner = {idx}, [], set(n.output)
+        for x in n.input:
+            if not x or x in const:
+                continue
+            p = producer.get(x)
+            if p is not None and nodes[p].op_type == "DynamicQuantizeLinear":
+                members.add(p)
+                feeds.append(nodes[p].input[0])
+                inner.update(nodes[p].output)
+            elif n.op_type == "DynamicQuantizeMatMul" and x == n.input[0]:
+                feeds.append(x)  # the fused op quantizes its float input itself
+            else:
+                feeds = []
+                break
+        if not feeds:
+            continue
+        out = n.output[0]
+        if n.op_type in ("MatMulInteger", "ConvInteger"):  # int32 → Cast → Mul(scale product) → float
+            casts = [i for i in consumers.get(out, []) if nodes[i].op_type == "Cast"]
+            scaled = [i for i in consumers.get(nodes[casts[0]].output[0], []) if nodes[i].op_type == "Mul"] if casts else []
+            if not scaled:
+                continue
+            mul = nodes[scaled[0]]
+            for y in mul.input:  # the scale product: Mul(x_scale, w_scale) of the unit's own quantizer
+                q = producer.get(y)
+                if y and y not in const and y != nodes[casts[0]].output[0]:
+                    if q is None or nodes[q].op_type != "Mul" or not all(
+                            (not z) or z in const or z in inner for z in nodes[q].input):
+                        break
+                    members.add(q)
+            else:
+                members.update((casts[0], scaled[0]))
+                out = mul.output[0]
+            if out == n.output[0]:
+                continue
+        after = consumers.get(out, [])  # the layer's bias (ConvInteger's float name is the Add's), as fused at all
+        if len(after) == 1 and nodes[after[0]].op_type == "Add" and all(
+                (not z) or z in const or z == out for z in nodes[after[0]].input):
+            members.add(after[0])
+            out = nodes[after[0]].output[0]
+        unit_nodes = [nodes[i] for i in sorted(members)]
+        units.append(Unit(n.name, n.op_type, idx, list(dict.fromkeys(feeds)), float_name(out), unit_nodes, out))
+    return units
+
+
+def replay_units(model: Any) -> list[Unit]:
+    """Every replayable unit of a model: its QDQ units (:func:`find_units`) and its dynamic-quantization units
+    (:func:`find_dynamic_units`), which replace the per-node units of their members, in topological order."""
+    dynamic = find_dynamic_units(model)
+    covered = {o for u in dynamic for n in u.nodes for o in n.output if o}
+    units = [u for u in find_units(model) if not (set(u.nodes[0].output) & covered)] + dynamic
+    return sorted(units, key=lambda u: u.order)
+
+
 def build_replay_model(model: Any, units: list[Unit], prefix: str = "u") -> tuple[Any, dict[str, tuple[int, str]]]:
     """One model holding the given units side by side.
 
@@ -179,14 +258,11 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u") -> tupl
 
 
 def _typed_inputs(m: Any, feeds: dict[str, np.ndarray]) -> None:
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    np_to_onnx = {np.dtype("float32"): TensorProto.FLOAT, np.dtype("float16"): TensorProto.FLOAT16,
-                  np.dtype("int64"): TensorProto.INT64, np.dtype("int32"): TensorProto.INT32,
-                  np.dtype("bool"): TensorProto.BOOL, np.dtype("float64"): TensorProto.DOUBLE}
-    for vi in m.graph.input:
+    for vi in m.graph.input:  # any numpy dtype ONNX has (uint8 / int8 tensors of a dynamic INT8 reference)
         a = feeds[vi.name]
-        vi.CopyFrom(helper.make_tensor_value_info(vi.name, np_to_onnx[a.dtype], list(a.shape)))
+        vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
 
 
 def _noise_power(acc: MetricAccumulator) -> float:
@@ -233,7 +309,7 @@ def replay(
     rid = ref._rid(record)
     avail = {e.name: e for e in ref.tensors(rid)} | {e.name: e for e in ref.tensors(rid, kind="input")}
     model = load_model(qdq_model)
-    units = find_units(model)
+    units = replay_units(model)
     if nodes is not None:
         wanted = set(nodes)
         units = [u for u in units if u.node in wanted or u.output in wanted]

@@ -52,3 +52,9 @@ def test_identical_dumps_and_tables_pass_and_differences_fail(tmp_path: Path) ->
     assert same.returncode == 0 and "4 pairs" in same.stdout and "IDENTICAL" in same.stdout
     diff = _check("compare", str(ta), str(tc))
     assert diff.returncode == 1 and "sqnr_db" in diff.stdout
+    td = tmp_path / "d.json"  # the same pairs with the sides swapped: finite values that moved slightly
+    assert _check("table", str(c), str(a), "-o", str(td)).returncode == 0
+    rel = _check("compare", str(tc), str(td), "--rel")  # per field: how many values differ and by how much
+    assert rel.returncode == 1 and "by field (table rows):" in rel.stdout
+    line = next(ln for ln in rel.stdout.splitlines() if ln.strip().startswith("sqnr_db:"))
+    assert "4 values differ" in line and "relative difference max" in line, rel.stdout

@@ -4,7 +4,11 @@ Float models expose node outputs. QDQ models expose the outputs of their activat
 nodes (raw integers, which adds no ops and keeps QNN fusions intact), dequantized with the model's own
 scale / zero point and keyed by the *float* tensor name, so float, CPU-QDQ and QNN HTP dumps of one
 model align by name (:mod:`ivq_debug.onnxgraph.sites`). The CPU EP reference runs with graph optimizations
-disabled (exact fake-quant).
+disabled (exact fake-quant). Above that (a deployment's ``ORT_ENABLE_ALL``) only the tensors of the graph ONNX
+Runtime actually runs are exposed, so the capture does not stop the fusions it observes
+(:mod:`ivq_debug.capture.onnxrt.optimized`), and the model outputs are checked bit-identical with and without
+the exposure. Every dump records the platform (:mod:`ivq_debug.capture.onnxrt.platform`) and the kernel behind
+each tensor (``/meta/kernels``).
 
 A runner composes a *session factory* (Polygraphy's loader + runner): :class:`CpuSessions` by default, the QNN
 HTP one of :mod:`ivq_debug.capture.qnn_ep.runner` for HTP numerics. The runner owns what is the same on every
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from ivq_debug.capture.base import Closing, Selection
+from ivq_debug.capture.onnxrt.optimized import graph_kernels, optimized_model
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
+from ivq_debug.capture.onnxrt.platform import platform_info
 from ivq_debug.errors import CaptureError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import has_external_data, load_model
@@ -69,6 +76,8 @@ class CpuSessions:
     """Sessions on ONNX Runtime's CPU EP: the default factory of :class:`OrtRunner`."""
 
     can_partition = True
+    #: the graph these sessions run can be saved (``optimized_model_filepath``), so only its tensors are exposed
+    knows_optimized_graph = True
 
     def backend(self, qdq: bool) -> str:
         """``onnxruntime-cpu``, or ``onnxruntime-cpu-qdq`` for a QDQ model (exact fake-quant)."""
@@ -103,10 +112,16 @@ class OrtRunner(Closing):
             graph optimizations are on (with ``optimization="disable"`` extra outputs cannot change which
             kernels run, so the check would cost a session and a forward for nothing).
         threads: intra-op threads (``None``: ORT default).
+        session_config: ONNX Runtime session config entries (``{"session.x64quantprecision": "1"}``), as a
+            deployment sets them with ``SessionOptions.add_session_config_entry``; applied to every session.
         sessions: the session factory (default :class:`CpuSessions`).
         input_shapes: static shapes for dynamic inputs (``{name: shape}``, e.g.
             :func:`ivq_debug.onnxgraph.intake.input_shapes` of the samples): the graph run is the model with
             those dims fixed (``info["fixed_dims"]``); QNN HTP takes only static shapes.
+
+    Above ``optimization="disable"``, with a factory whose graph can be saved (``knows_optimized_graph``),
+    only the selected tensors that survive in the optimized graph are exposed (``info["optimized_graph"]``
+    counts the dropped ones).
     """
 
     def __init__(
@@ -120,10 +135,12 @@ class OrtRunner(Closing):
         verify: bool | None = None,
         threads: int | None = None,
         partition: bool | None = None,
+        session_config: Mapping[str, str] | None = None,
         sessions: SessionFactory | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.factory: SessionFactory = sessions if sessions is not None else CpuSessions()
+        self.session_config = {str(k): str(v) for k, v in (session_config or {}).items()}
         self.model_path = Path(model_path)
         self.model = load_model(self.model_path)
         try:
@@ -136,7 +153,10 @@ class OrtRunner(Closing):
         self.optimization = optimization
         self.max_outputs_per_run = max_outputs_per_run
         self.verify = (optimization != "disable") if verify is None else verify
+        if threads is not None and threads < 1:
+            raise UsageError(f"threads must be >= 1, got {threads}")
         self.threads = threads
+        _opt_level(optimization)  # an unknown level is a usage error before any session
         self.qdq = is_qdq_model(self.model)
         self.backend = self.factory.backend(self.qdq)
         self.output_names = [o.name for o in self.model.graph.output]
@@ -152,13 +172,37 @@ class OrtRunner(Closing):
         self.sessions: dict[int, Any] = {}
         self._plain: Any = None
         self._verified: dict[str, Any] | None = None
+        self._kernels_for: Any = None  # weak reference to the writer that has /meta/kernels
+        self.kernels: dict[str, Any] | None = None
+        optimized = None
+        if (selection is not None and self.optimization != "disable"
+                and getattr(self.factory, "knows_optimized_graph", False)):  # (a plain run exposes nothing)
+            optimized = self._optimized_graph()
         self.plan = self._partition_plan(partition)
         self.info: dict[str, Any] = self.base_info()
         if fixed:
             self.info["fixed_dims"] = fixed
+        if optimized is not None:
+            self.info["optimized_graph"] = optimized
         if len(self.groups()) > 1:
             self.info["capture_runs"] = {"mode": "partitioned" if self.plan else "whole-model",
                                          "runs": len(self.plan) if self.plan else len(self.groups())}
+
+    def _optimized_graph(self) -> dict[str, Any]:
+        """Keep only the sites whose tensor the optimized graph still computes; the kernels as run."""
+        try:
+            with self.augmented([]) as plain:  # (the file, or the model with its dims fixed)
+                graph = optimized_model(
+                    lambda options: self.factory.create(plain, options, plain=True, proto=self.model),
+                    self.session_options)
+        except Exception as e:
+            raise CaptureError(f"cannot save the optimized graph: {one_line(e, 300)}", self.model_path) from None
+        self.kernels = graph_kernels(graph, OPT_LEVELS[self.optimization])
+        computed = set(self.kernels["tensors"])
+        before = len(self.sites)
+        self.sites = [s for s in self.sites if s.output in computed]
+        return {"nodes": len(graph.graph.node), "model_nodes": len(self.model.graph.node),
+                "exposed": len(self.sites), "dropped": before - len(self.sites)}
 
     def _partition_plan(self, partition: bool | None) -> Any:
         if partition is False or not self.max_outputs_per_run or len(self.groups()) < 2:
@@ -181,14 +225,16 @@ class OrtRunner(Closing):
         import onnx
         import onnxruntime as ort
 
+        level = OPT_LEVELS.get(self.optimization, self.optimization)
         return {
             "onnxruntime": ort.__version__,
             "onnx": onnx.__version__,
-            "graph_optimization_level": OPT_LEVELS.get(self.optimization, self.optimization),
+            "graph_optimization_level": level,
             "exposure": "qdq" if self.qdq else "float",
             "exposed_tensors": len(self.sites),
             "opset": {o.domain or "ai.onnx": o.version for o in self.model.opset_import},
             "model_path": str(self.model_path),
+            "platform": platform_info(threads=self.threads, optimization=level, session_config=self.session_config),
             **self.factory.info(),
         }
 
@@ -201,6 +247,11 @@ class OrtRunner(Closing):
         so.log_severity_level = 3
         if self.threads:
             so.intra_op_num_threads = self.threads
+        for k, v in self.session_config.items():
+            try:
+                so.add_session_config_entry(k, v)
+            except Exception as e:
+                raise UsageError(f"session option {k}={v}: {one_line(e, 200)}") from None
         return so
 
     def create_session(self, model_bytes_or_path: bytes | str):
@@ -376,6 +427,14 @@ class OrtRunner(Closing):
     def _finish(self, feeds: dict[str, np.ndarray], result: dict[str, np.ndarray], writer: Any) -> None:
         """Write the model's own outputs into the record; run the exposure check once if asked."""
         site_names = {s.name for s in self.sites}
+        # the kernels as run: the file's graph at disable, the optimized one above (QNN compiles a graph of its own)
+        known = getattr(self.factory, "knows_optimized_graph", False) and (
+            self.kernels is not None or self.optimization == "disable")
+        if known and (self._kernels_for is None or self._kernels_for() is not writer):  # once per dump
+            if self.kernels is None:
+                self.kernels = graph_kernels(self.model, OPT_LEVELS[self.optimization])
+            writer.set_meta("kernels", self.kernels)
+            self._kernels_for = weakref.ref(writer)
         for name in self.output_names:
             if name not in site_names:  # a QDQ graph output is already captured from its Q node
                 i, node = self._producers.get(name, (len(self.model.graph.node), None))
