@@ -58,7 +58,8 @@ def capture(
     """
     samples = [read_arrays(x) if isinstance(x, str | os.PathLike) else dict(x) for x in inputs]
     options.setdefault("selection", Selection())
-    options.setdefault("input_shapes", sample_shapes(backend, model, samples, flag="inputs") or None)
+    if "input_shapes" not in options:  # dynamic dims every sample agrees on are fixed (QNN: must be)
+        options["input_shapes"] = sample_shapes(backend, model, samples, flag="inputs") or None
     runner = make_runner(backend, model, **options)
     return capture_runner(runner, samples, output, part=part, overwrite=overwrite, summary_only=summary_only,
                           model=model_facts(model, part))
