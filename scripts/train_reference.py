@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Passive OpenMP waits (set before torch loads): on a shared, oversubscribed 2-core machine the default
+    # spin-waiting made a 2-thread qwen3vl-tiny step take ~10 s instead of ~0.4 s (load average 12-16); the
+    # work split, and so every weight bit, is the same (checked: identical state_dict after 15 steps).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from ivq_debug.vlm.build import MODEL_NAMES
     from ivq_debug.vlm.load import REFERENCE_DIR
     from ivq_debug.vlm.train import TRAIN_SEED, save_reference, train

@@ -2,8 +2,12 @@
 
 One call writes, into one folder:
 
-* ``vision_b{bucket}.onnx`` per resolution bucket: vision tower + projector (grid fixed),
-* ``prefill_b{bucket}.onnx`` per bucket: the LLM over the whole prompt (``S`` fixed per bucket),
+* ``vision_b{bucket}.onnx`` per resolution bucket: vision tower + projector (grid fixed); for Qwen3-VL
+  also the DeepStack mergers (outputs ``deepstack_features.{k}`` beside ``image_features``),
+* ``prefill_b{bucket}.onnx`` per bucket: the LLM over the whole prompt (``S`` fixed per bucket); for
+  Qwen3-VL with inputs ``deepstack_embeds.{k}``, added after LLM layer ``k`` inside the graph,
+* on request, fault variants: ``prefill_b{bucket}.mrope_sectioned.onnx`` (an interleaved M-RoPE model's
+  prefill with Qwen2-VL's sectioned layout, for the scheduler's ``mrope_layout`` knob),
 * ``decode.onnx``: one LLM step over a fixed ``max_cache``-slot KV cache (shared by all buckets),
 * ``embed_tokens.npy``: the token-embedding table (embedding and image scatter happen in numpy),
 * ``export.json``: the manifest (shapes, names, token ids, prompts, prefill ``position_ids``, checks).
@@ -14,6 +18,8 @@ Graph conventions (see ``docs/reference-models.md``):
 * the mask + scores addition of every decoder layer is an explicit ``Add`` node named
   ``/language_model/layers.{i}/self_attn/MaskAdd`` with output ``…/MaskAdd_output_0`` and node metadata
   ``ivq.role = attention_mask_add`` (both exporters);
+* Qwen3-VL: the DeepStack add of feature ``k`` is the ``Add`` ``/language_model/DeepStackAdd_{k}`` (output
+  ``…_output_0``, metadata ``ivq.role = deepstack_add``, ``ivq.deepstack = k``, ``ivq.after_layer``);
 * ``position_ids`` are inputs; GELU is the ``Gelu`` op (opset >= 20), not an ``Erf`` chain;
 * constant subgraphs (the exporter's ``Shape``/``ConstantOfShape``/``Where`` shape arithmetic) are folded
   into initializers (:func:`ivq_debug.onnxgraph.fold.fold_constants`: exact, every other name kept), since QNN HTP
@@ -39,22 +45,39 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
-from ivq_debug.errors import InputError, UsageError
+from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.fold import fold_constants
+from ivq_debug.util import atomic_write_text
 from ivq_debug.vlm import task
-from ivq_debug.vlm.build import DEFAULT_BUCKET, MASK_VALUE, MAX_CACHE, family_of, num_image_tokens
-from ivq_debug.vlm.inputs import prefill_positions, vision_feeds
+from ivq_debug.vlm.build import (
+    DEEPSTACK_INPUT,
+    DEFAULT_BUCKET,
+    MASK_VALUE,
+    MAX_CACHE,
+    deepstack_count,
+    family,
+    num_image_tokens,
+)
+from ivq_debug.vlm.inputs import prefill_positions
+from ivq_debug.vlm.manifest import MANIFEST, SCHEMA
+from ivq_debug.vlm.scheduler import collect_feeds
+from ivq_debug.vlm.torch_generate import torch_scheduler
 
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
 DEFAULT_EXPORTER = "legacy"
 #: opset 20 for the ``Gelu`` op (QNN HTP runs it; the Erf chain falls back to the CPU when quantized)
 DEFAULT_OPSET = 20
-MANIFEST = "export.json"
 EMBEDDING_FILE = "embed_tokens.npy"
 MASK_ADD_NODE = "/language_model/layers.{layer}/self_attn/MaskAdd"
 MASK_ADD_OUTPUT = MASK_ADD_NODE + "_output_0"
 MASK_ADD_ROLE = "attention_mask_add"
+#: the DeepStack add of feature ``k`` in the prefill graph (after LLM layer ``k``)
+DEEPSTACK_ADD_NODE = "/language_model/DeepStackAdd_{k}"
+DEEPSTACK_ADD_OUTPUT = DEEPSTACK_ADD_NODE + "_output_0"
+DEEPSTACK_ADD_ROLE = "deepstack_add"
 PARTS: tuple[str, ...] = ("vision", "prefill", "decode")
+#: fault-variant graphs :func:`export_parts` writes on request (variant -> what differs)
+VARIANTS: dict[str, str] = {"mrope_sectioned": "prefill with the sectioned M-RoPE layout (interleaved models)"}
 
 
 @dataclass
@@ -90,6 +113,7 @@ class ExportedPart:
     nodes: int
     seconds: float
     check: PartCheck | None = None
+    variant: str | None = None  # a fault variant (:data:`VARIANTS`), None for the deployment graph
 
 
 @dataclass
@@ -124,50 +148,25 @@ class ExportResult:
         ]
         return pd.DataFrame(rows)
 
-    def path(self, part: str, bucket: int | None = None) -> Path:
-        """Path of one part's graph (``bucket`` ignored for ``decode``)."""
+    def path(self, part: str, bucket: int | None = None, variant: str | None = None) -> Path:
+        """Path of one part's graph (``bucket`` ignored for ``decode``; ``variant`` None: the deployment graph)."""
         for p in self.parts:
-            if p.part == part and (part == "decode" or p.bucket == bucket):
+            if p.part == part and (part == "decode" or p.bucket == bucket) and p.variant == variant:
                 return Path(p.path)
-        raise KeyError(f"no exported {part} for bucket {bucket}")
+        raise KeyError(f"no exported {part} for bucket {bucket}" + (f" (variant {variant})" if variant else ""))
 
 
 # ------------------------------------------------------------------------------------- example data
 def example_inputs(model: Any, bucket: int, sample: Any = None) -> dict[str, dict[str, np.ndarray]]:
-    """Realistic feeds of every part for one eval sample: vision, prefill, and the first decode step."""
-    import torch
+    """Realistic feeds of every part for one eval sample: vision, prefill, and the first decode step.
 
-    from ivq_debug.vlm.parts import PrefillPart, VisionPart, decode_mask, prefill_mask
+    They are the feeds the torch scheduler gives its part wrappers (teacher-forced on the sample's
+    caption, so a decode step exists even for an untrained model), i.e. exactly what ORT will receive.
+    """
 
-    family = family_of(model)
     sample = sample if sample is not None else task.eval_set(bucket, 1)[0]
-    vf = vision_feeds(family, sample.image)
-    with torch.no_grad():
-        feats = VisionPart(model, bucket)(torch.from_numpy(vf["pixel_values"])).numpy()
-    ids = np.array(task.prompt_ids(num_image_tokens(bucket)), dtype=np.int64)
-    table = model.get_input_embeddings().weight.detach().numpy()
-    emb = table[ids].copy()
-    emb[ids == model.config.image_token_id] = feats.reshape(-1, feats.shape[-1])
-    S = len(ids)
-    pos = prefill_positions(family, model, bucket)
-    pf = {"inputs_embeds": emb[None].astype(np.float32), "attention_mask": prefill_mask(S), "position_ids": pos}
-    with torch.no_grad():
-        outs = PrefillPart(model)(*[torch.from_numpy(v) for v in pf.values()])
-    tok = int(outs[0][0, -1].argmax())
-    dpos = np.array([[S]], dtype=np.int64) if family == "internvl" else np.full((3, 1, 1), pos.max() + 1, np.int64)
-    dec: dict[str, np.ndarray] = {
-        "inputs_embeds": table[[tok]][None].astype(np.float32),
-        "attention_mask": decode_mask(S, MAX_CACHE),
-        "position_ids": dpos,
-    }
-    n_layers = (len(outs) - 1) // 2
-    for i in range(n_layers):
-        for j, kind in enumerate(("key", "value")):
-            kv = outs[1 + 2 * i + j].numpy()
-            buf = np.zeros((*kv.shape[:2], MAX_CACHE, kv.shape[3]), np.float32)
-            buf[:, :, :S] = kv
-            dec[f"past.{i}.{kind}"] = buf
-    return {"vision": vf, "prefill": pf, "decode": dec}
+    feeds = collect_feeds(torch_scheduler(model, bucket), [sample], forced=True)
+    return {part: feeds[part][0] for part in PARTS}
 
 
 # ------------------------------------------------------------------------------------- export
@@ -210,6 +209,14 @@ def _dynamo_translations(opset: int) -> dict[Any, Any]:
     return {torch.ops.aten.gelu.default: gelu}
 
 
+def _consumers(graph: Any) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            out.setdefault(name, []).append(node)
+    return out
+
+
 def mark_mask_adds(model_proto: Any, n_layers: int) -> list[str]:
     """Rename each layer's mask + scores ``Add`` to :data:`MASK_ADD_NODE` (and its output); returns names.
 
@@ -218,10 +225,7 @@ def mark_mask_adds(model_proto: Any, n_layers: int) -> list[str]:
     numbered in graph (topological) order, which is layer order.
     """
     g = model_proto.graph
-    consumers: dict[str, list[Any]] = {}
-    for node in g.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _consumers(g)
     passthrough = {"Slice", "Cast", "Expand", "Reshape", "Unsqueeze", "Identity", "Squeeze"}
     found: list[Any] = []
     frontier, seen = ["attention_mask"], set()
@@ -239,29 +243,65 @@ def mark_mask_adds(model_proto: Any, n_layers: int) -> list[str]:
     found.sort(key=lambda n: order[id(n)])
     if len(found) != n_layers:
         raise RuntimeError(f"expected {n_layers} mask Add nodes fed by attention_mask, found {len(found)}")
-    renamed = []
-    graph_outputs = {o.name for o in g.output}
     for layer, node in enumerate(found):
-        old_out = node.output[0]
-        new_out = MASK_ADD_OUTPUT.format(layer=layer)
-        node.name = MASK_ADD_NODE.format(layer=layer)
-        if old_out not in graph_outputs:
-            node.output[0] = new_out
-            for c in consumers.get(old_out, []):
-                for k, name in enumerate(c.input):
-                    if name == old_out:
-                        c.input[k] = new_out
-            for vi in g.value_info:
-                if vi.name == old_out:
-                    vi.name = new_out
-        props = {p.key: p for p in node.metadata_props}
-        for key, val in (("ivq.role", MASK_ADD_ROLE), ("ivq.layer", str(layer))):
-            if key in props:
-                props[key].value = val
-            else:
-                node.metadata_props.append(_prop(key, val))
-        renamed.append(node.name)
-    return renamed
+        _name_node(g, consumers, node, MASK_ADD_NODE.format(layer=layer), MASK_ADD_OUTPUT.format(layer=layer),
+                   {"ivq.role": MASK_ADD_ROLE, "ivq.layer": str(layer)})
+    return [n.name for n in found]
+
+
+def mark_deepstack_adds(model_proto: Any, n_deepstack: int) -> list[str]:
+    """Rename the ``Add`` consuming each ``deepstack_embeds.{k}`` input to :data:`DEEPSTACK_ADD_NODE`; returns names.
+
+    Metadata ``ivq.role = deepstack_add``, ``ivq.deepstack = k`` and, when the scope of the node producing
+    the other operand names it (legacy ``/language_model/layers.{i}/…``, dynamo ``name_scopes``),
+    ``ivq.after_layer``: the decoder layer whose output the add reads.
+    """
+    import re
+
+
+    g = model_proto.graph
+    consumers = _consumers(g)
+    producer = {o: n for n in g.node for o in n.output}
+    names = []
+    for k in range(n_deepstack):
+        adds = [n for n in consumers.get(DEEPSTACK_INPUT.format(k=k), []) if n.op_type == "Add"]
+        if len(adds) != 1:
+            raise RuntimeError(f"expected one Add consuming {DEEPSTACK_INPUT.format(k=k)}, found {len(adds)}")
+        node = adds[0]
+        other = next(i for i in node.input if i != DEEPSTACK_INPUT.format(k=k))
+        src = producer.get(other)
+        scopes = [src.name, *[q.value for q in src.metadata_props if q.key == "pkg.torch.onnx.name_scopes"]] if src else []
+        layer = next((m.group(1) for sc in scopes if (m := re.search(r"layers\.(\d+)", sc))), None)
+        props = {"ivq.role": DEEPSTACK_ADD_ROLE, "ivq.deepstack": str(k)}
+        if layer is not None:
+            props["ivq.after_layer"] = layer
+        _name_node(g, consumers, node, DEEPSTACK_ADD_NODE.format(k=k), DEEPSTACK_ADD_OUTPUT.format(k=k), props)
+        names.append(node.name)
+    return names
+
+
+def _name_node(
+    g: Any, consumers: dict[str, list[Any]], node: Any, name: str, output: str, props: dict[str, str]
+) -> None:
+    """Give ``node`` a stable name and first output (unless that output is a graph output) and metadata."""
+    old_out = node.output[0]
+    node.name = name
+    if old_out not in {o.name for o in g.output}:
+        node.output[0] = output
+        for c in consumers.get(old_out, []):
+            for k, inp in enumerate(c.input):
+                if inp == old_out:
+                    c.input[k] = output
+        consumers[output] = consumers.pop(old_out, [])
+        for vi in g.value_info:
+            if vi.name == old_out:
+                vi.name = output
+    existing = {p.key: p for p in node.metadata_props}
+    for key, val in props.items():
+        if key in existing:
+            existing[key].value = val
+        else:
+            node.metadata_props.append(_prop(key, val))
 
 
 def _prop(key: str, value: str) -> Any:
@@ -320,11 +360,12 @@ def export_parts(
     overwrite: bool = False,
     model_id: str | None = None,
     verify_samples: int = 1,
+    variants: Sequence[str] = (),
 ) -> ExportResult:
     """Export the vision / prefill / decode graphs of ``model`` into ``folder`` (static shapes).
 
     Args:
-        model: a reference VLM (``InternVLForConditionalGeneration`` / ``Qwen2VLForConditionalGeneration``,
+        model: a VLM of a supported family (``InternVL``, ``Qwen2VL``, ``Qwen3VLForConditionalGeneration``,
             eager attention, eval mode), e.g. from :func:`ivq_debug.vlm.load.load_vlm`.
         folder: output folder (created).
         buckets: resolution buckets (square image sizes); default: the model's default bucket.
@@ -335,6 +376,9 @@ def export_parts(
         verify_samples: number of eval samples per bucket the verification runs (worst kept).
         overwrite: replace existing graphs in ``folder``.
         model_id: the model's name or path, recorded in the manifest.
+        variants: fault-variant graphs to add (:data:`VARIANTS`), e.g. ``("mrope_sectioned",)`` for the
+            scheduler's ``mrope_layout="sectioned"`` knob; verified like the others (against the torch
+            wrapper with the same fault).
     """
     import onnx
     import torch
@@ -347,6 +391,7 @@ def export_parts(
         kv_shape,
         num_layers,
         static_vision,
+        vision_output_names,
     )
 
     if exporter not in EXPORTERS:
@@ -356,7 +401,12 @@ def export_parts(
     bad = set(parts) - set(PARTS)
     if bad:
         raise UsageError(f"unknown parts {sorted(bad)}; choose from {', '.join(PARTS)}")
-    family = family_of(model)
+    fam = family(model)
+    bad = set(variants) - set(VARIANTS)
+    if bad:
+        raise UsageError(f"unknown variants {sorted(bad)}; choose from {', '.join(VARIANTS)}")
+    if "mrope_sectioned" in variants and fam.mrope_layout != "interleaved":
+        raise UsageError(f"variant 'mrope_sectioned' needs an interleaved M-RoPE model ({fam.name} is not)")
     buckets = list(buckets) if buckets else [DEFAULT_BUCKET]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -364,26 +414,31 @@ def export_parts(
         raise UsageError("an export already exists here; pass overwrite=True", folder / MANIFEST)
     model.eval()
     L = num_layers(model)
-    result = ExportResult(folder, family, exporter, opset)
+    result = ExportResult(folder, fam.name, exporter, opset)
     table = model.get_input_embeddings().weight.detach().numpy().astype(np.float32)
     _save_npy(folder / EMBEDDING_FILE, table)
 
-    jobs: list[tuple[str, int | None, Any, list[dict[str, np.ndarray]], list[str]]] = []
+    jobs: list[tuple[str, int | None, Any, list[dict[str, np.ndarray]], list[str], str | None]] = []
     decode_feeds: list[dict[str, np.ndarray]] = []
     kv_out = ["logits", *kv_names("present", L)]
     for b in buckets:
         exs = [example_inputs(model, b, s) for s in task.eval_set(b, max(1, verify_samples))]
         decode_feeds += [ex["decode"] for ex in exs]
         if "vision" in parts:
-            jobs.append(("vision", b, VisionPart(model, b), [ex["vision"] for ex in exs], ["image_features"]))
+            jobs.append(("vision", b, VisionPart(model, b), [ex["vision"] for ex in exs], vision_output_names(model),
+                         None))
         if "prefill" in parts:
-            jobs.append(("prefill", b, PrefillPart(model), [ex["prefill"] for ex in exs], kv_out))
+            jobs.append(("prefill", b, PrefillPart(model), [ex["prefill"] for ex in exs], kv_out, None))
+            if "mrope_sectioned" in variants:
+                jobs.append(("prefill", b, PrefillPart(model, mrope_layout="sectioned"),
+                             [ex["prefill"] for ex in exs], kv_out, "mrope_sectioned"))
     if "decode" in parts and decode_feeds:
-        jobs.append(("decode", None, DecodePart(model), decode_feeds, kv_out))
+        jobs.append(("decode", None, DecodePart(model), decode_feeds, kv_out, None))
 
-    for part, b, module, feed_list, out_names in jobs:
+    for part, b, module, feed_list, out_names, variant in jobs:
         feeds = feed_list[0]
-        path = folder / (f"{part}_b{b}.onnx" if b is not None else f"{part}.onnx")
+        stem = f"{part}_b{b}" if b is not None else part
+        path = folder / (f"{stem}.{variant}.onnx" if variant else f"{stem}.onnx")
         tmp = path.with_name(f".{path.name}.tmp")
         t0 = time.perf_counter()
         with static_vision(model, b) if part == "vision" else contextlib.nullcontext():
@@ -393,12 +448,16 @@ def export_parts(
         fold_constants(proto)
         if part != "vision":
             mark_mask_adds(proto, L)
-        proto.doc_string = f"ivq-debug {family} {part} bucket={b} exporter={exporter}"
+        if part == "prefill":
+            mark_deepstack_adds(proto, deepstack_count(model))
+        proto.doc_string = f"ivq-debug {fam.name} {part} bucket={b} exporter={exporter}" + (
+            f" variant={variant}" if variant else "")
         onnx.save(proto, str(tmp))
         os.replace(tmp, path)
         secs = time.perf_counter() - t0
         ep = ExportedPart(
-            part, b, str(path), _shapes(proto.graph.input), _shapes(proto.graph.output), len(proto.graph.node), secs
+            part, b, str(path), _shapes(proto.graph.input), _shapes(proto.graph.output), len(proto.graph.node), secs,
+            variant=variant,
         )
         if verify:
             with torch.no_grad():
@@ -407,9 +466,9 @@ def export_parts(
 
     cfg = model.config
     manifest: dict[str, Any] = {
-        "schema": "ivq-vlm-export/1",
+        "schema": SCHEMA,
         "model": model_id,
-        "family": family,
+        "family": fam.name,
         "exporter": exporter,
         "opset": opset,
         "buckets": buckets,
@@ -417,6 +476,9 @@ def export_parts(
         "mask_value": MASK_VALUE,
         "mask_add_node": MASK_ADD_NODE,
         "num_layers": L,
+        "deepstack": deepstack_count(model),
+        "mrope_layout": fam.mrope_layout,
+        "variants": list(variants),
         "kv_shape": list(kv_shape(model, MAX_CACHE)),
         "hidden_size": int(cfg.text_config.hidden_size),
         "vocab_size": int(cfg.text_config.vocab_size),
@@ -434,10 +496,8 @@ def export_parts(
     }
 
     for b in buckets:
-        manifest["prefill_position_ids"][str(b)] = prefill_positions(family, model, b).tolist()
-    tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, folder / MANIFEST)
+        manifest["prefill_position_ids"][str(b)] = prefill_positions(fam.name, model, b).tolist()
+    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1), overwrite=True)
     result.manifest = manifest
     return result
 
@@ -447,18 +507,3 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
     with open(tmp, "wb") as f:
         np.save(f, arr, allow_pickle=False)
     os.replace(tmp, path)
-
-
-def load_manifest(folder: str | os.PathLike, schema: str = "ivq-vlm-export/1") -> dict[str, Any]:
-    """Read ``export.json`` of an export folder (InputError when missing, malformed or of another ``schema``)."""
-
-    p = Path(folder) / MANIFEST
-    if not p.is_file():
-        raise InputError("not an ivq VLM export folder (no export.json)", folder)
-    try:
-        m = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"bad JSON: {e}", p) from e
-    if m.get("schema") != schema:
-        raise InputError(f"unknown export schema {m.get('schema')!r}", p)
-    return m

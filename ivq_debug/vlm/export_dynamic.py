@@ -4,7 +4,8 @@ One call writes, into one folder:
 
 * ``vision_b{bucket}.onnx`` per resolution bucket: vision tower + projector (as :mod:`ivq_debug.vlm.export`
   writes it, grid fixed in the graph);
-* ``prefill.onnx``: the LLM over the prompt, dynamic ``sequence_length``, HF's 2-D int64 ``attention_mask``;
+* ``prefill.onnx``: the LLM over the prompt, dynamic ``sequence_length``, HF's 2-D int64 ``attention_mask``
+  (Qwen3-VL: plus the DeepStack inputs ``deepstack_embeds.{k}``, as in the fixed-cache prefill);
 * ``decode.onnx``: one step whose cache is a graph input (``past_key_values.{i}.key/value``, dynamic
   ``past_sequence_length``) and whose ``present.{i}.key/value`` outputs hold the whole cache (``P + 1``
   slots); with ``decode_position_input=False`` it has no ``position_ids`` input and computes positions from
@@ -13,7 +14,7 @@ One call writes, into one folder:
   config: ``rope_theta``, ``head_dim``, ``mrope_section`` for the KV-cache checks) and ``export.json``
   (schema :data:`SCHEMA`).
 
-Unlike the fixed-cache export, no ``MaskAdd`` node is marked (transformers builds the causal mask from the
+Unlike the fixed-cache export, no ``MaskAdd`` / ``DeepStackAdd`` node is marked (transformers builds the causal mask from the
 2-D mask inside the graph) and the graphs keep dynamic axes, as such exports do (QNN needs static shapes:
 a device runs them through its own runtime). Verification: ORT (CPU, fp32) vs the torch wrapper on real
 samples of every bucket, a padded prompt, and two decode steps (cache lengths ``S`` and ``S + 1``),
@@ -36,21 +37,20 @@ from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.fold import fold_constants
 from ivq_debug.util import atomic_write_text
 from ivq_debug.vlm import task
-from ivq_debug.vlm.build import DEFAULT_BUCKET, family_of
+from ivq_debug.vlm.build import DEEPSTACK_INPUT, DEFAULT_BUCKET, family_of
 from ivq_debug.vlm.export import (
     DEFAULT_EXPORTER,
     DEFAULT_OPSET,
     EXPORTERS,
-    MANIFEST,
     ExportedPart,
     ExportResult,
     _export_one,
     _shapes,
     example_inputs,
     export_parts,
-    load_manifest,
     verify_part,
 )
+from ivq_debug.vlm.manifest import MANIFEST, load_manifest
 from ivq_debug.vlm.parts_dynamic import PAST_PREFIX, PRESENT_PREFIX, HFDecodePart, HFPrefillPart
 
 SCHEMA = "ivq-vlm-export-dynamic/1"
@@ -58,6 +58,8 @@ PREFILL_FILE = "prefill.onnx"
 DECODE_FILE = "decode.onnx"
 CONFIG_FILE = "config.json"
 CACHE_STYLE = "dynamic"
+#: name prefix of the prefill's DeepStack inputs (``deepstack_embeds.{k}``, Qwen3-VL)
+DEEPSTACK_PREFIX = DEEPSTACK_INPUT.split("{")[0]
 
 
 def hf_feeds(example: dict[str, dict[str, np.ndarray]], position_input: bool = True) -> dict[str, dict[str, np.ndarray]]:
@@ -71,6 +73,7 @@ def hf_feeds(example: dict[str, dict[str, np.ndarray]], position_input: bool = T
     S = pf["inputs_embeds"].shape[1]
     prefill = {"inputs_embeds": pf["inputs_embeds"], "attention_mask": np.ones((1, S), np.int64),
                "position_ids": pf["position_ids"]}
+    prefill |= {n: v for n, v in pf.items() if n.startswith(DEEPSTACK_PREFIX)}  # Qwen3-VL, in graph order
     decode: dict[str, np.ndarray] = {"inputs_embeds": dec["inputs_embeds"], "attention_mask": np.ones((1, S + 1), np.int64)}
     if position_input:
         decode["position_ids"] = dec["position_ids"]
@@ -105,6 +108,7 @@ def _dynamic_spec(part: str, feeds: dict[str, np.ndarray], kv_out: list[str], ex
             axes = {"inputs_embeds": {1: "sequence_length"}, "attention_mask": {1: "sequence_length"},
                     "position_ids": {feeds["position_ids"].ndim - 1: "sequence_length"},
                     "logits": {1: "sequence_length"}}
+            axes |= {n: {1: "sequence_length"} for n in feeds if n.startswith(DEEPSTACK_PREFIX)}
             return axes | {n: {2: "sequence_length"} for n in present}
         axes = {"attention_mask": {1: "total_sequence_length"}}
         axes |= {n: {2: "past_sequence_length"} for n in feeds if n.startswith("past_key_values")}
@@ -113,7 +117,9 @@ def _dynamic_spec(part: str, feeds: dict[str, np.ndarray], kv_out: list[str], ex
 
     if part == "prefill":
         seq = Dim("sequence_length", min=2, max=max_positions)
-        return ({1: seq}, {1: seq}, {feeds["position_ids"].ndim - 1: seq})
+        deepstack = tuple({1: seq} for n in feeds if n.startswith(DEEPSTACK_PREFIX))  # *deepstack_embeds
+        # torch.export counts the varargs as one input only when they are given
+        return ({1: seq}, {1: seq}, {feeds["position_ids"].ndim - 1: seq}, *([deepstack] if deepstack else []))
     past = Dim("past_sequence_length", min=1, max=max_positions - 1)
     rest = [{} if n == "position_ids" else {2: past} for n in list(feeds)[2:]]  # *rest is one entry
     return ({}, {1: past + 1}, tuple(rest))

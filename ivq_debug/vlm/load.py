@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, one_line
-from ivq_debug.vlm.build import BUCKETS, FAMILIES, MODEL_NAMES, set_eager
+from ivq_debug.vlm.build import BUCKETS, FAMILIES, MODEL_NAMES, MODEL_TYPES, set_eager
 from ivq_debug.vlm.train import REFERENCE_JSON
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
@@ -25,7 +25,7 @@ class LoadedVLM:
 
     name: str
     path: Path
-    family: str  # "internvl" or "qwen2vl"
+    family: str  # a family name of ivq_debug.vlm.build.FAMILIES ("internvl", "qwen2vl", "qwen3vl")
     model: Any
     tokenizer: Any = None
     meta: dict[str, Any] = field(default_factory=dict)  # ivq_reference.json, when present
@@ -38,7 +38,7 @@ class LoadedVLM:
 
 
 def reference_path(name: str) -> Path:
-    """Folder of a shipped reference model (``internvl-tiny`` / ``qwen2vl-tiny``)."""
+    """Folder of a shipped reference model (``internvl-tiny`` / ``qwen2vl-tiny`` / ``qwen3vl-tiny``)."""
 
     if name not in MODEL_NAMES:
         raise InputError(f"unknown reference model {name!r}; shipped: {', '.join(MODEL_NAMES)}")
@@ -58,8 +58,8 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
     """Load a VLM checkpoint folder (or a shipped reference name) for the split pipeline.
 
     Raises:
-        InputError: the folder is missing, has no ``config.json``, is not an InternVL / Qwen2-VL
-            checkpoint, or its weights cannot be loaded (the message names the folder).
+        InputError: the folder is missing, has no ``config.json``, is not a checkpoint of a supported
+            family (InternVL, Qwen2-VL, Qwen3-VL), or its weights cannot be loaded (the message names the folder).
     """
 
     path = resolve(name_or_path)
@@ -73,17 +73,16 @@ def load_vlm(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"unreadable config.json: {e}", path) from e
-    model_type = cfg.get("model_type")
-    if model_type not in FAMILIES:
+    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if model_type not in MODEL_TYPES:
         raise InputError(
-            f"not a supported VLM checkpoint (model_type={model_type!r}; supported: {', '.join(sorted(FAMILIES))})",
+            f"not a supported VLM checkpoint (model_type={model_type!r}; supported: {', '.join(sorted(MODEL_TYPES))})",
             path,
         )
-    family = FAMILIES[model_type]
-    if family == "internvl":
-        from transformers import InternVLForConditionalGeneration as cls
-    else:
-        from transformers import Qwen2VLForConditionalGeneration as cls
+    family = MODEL_TYPES[model_type]
+    import transformers
+
+    cls = getattr(transformers, FAMILIES[family].model_class)
     kw: dict[str, Any] = {"attn_implementation": "eager"}
     if trust_remote_code:
         kw["trust_remote_code"] = True

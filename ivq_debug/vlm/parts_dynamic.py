@@ -13,7 +13,8 @@ Part contract (``S`` prompt length and ``P`` past length are dynamic axes; ``L``
 part       inputs                                                          outputs
 =========  ==============================================================  ======================================
 prefill    ``inputs_embeds [1,S,D]``, ``attention_mask [1,S]`` (int64),    ``logits [1,S,V]``,
-           ``position_ids [1,S]`` (M-RoPE ``[3,1,S]``)                     ``present.{i}.key/value [1,H_kv,S,d]``
+           ``position_ids [1,S]`` (M-RoPE ``[3,1,S]``), Qwen3-VL:          ``present.{i}.key/value [1,H_kv,S,d]``
+           ``deepstack_embeds.{k} [1,S,D]``
 decode     ``inputs_embeds [1,1,D]``, ``attention_mask [1,P+1]`` (int64),  ``logits [1,1,V]``,
            ``position_ids [1,1]`` (M-RoPE ``[3,1,1]``; absent in the       ``present.{i}.key/value [1,H_kv,P+1,d]``
            no-position variant), ``past_key_values.{i}.key/value
@@ -36,8 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ivq_debug.vlm.build import family_of
-from ivq_debug.vlm.parts import text_config
+from ivq_debug.vlm.build import family
+from ivq_debug.vlm.parts import PrefillPart, text_config
 
 #: names of the cache inputs and outputs (optimum's convention)
 PAST_PREFIX = "past_key_values"
@@ -48,23 +49,13 @@ def _whole_cache(cache: Any) -> list[torch.Tensor]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
-class HFPrefillPart(nn.Module):
-    """LLM prefill with HF's own 2-D mask handling → logits and the prompt's KV cache (``S`` slots)."""
+class HFPrefillPart(PrefillPart):
+    """LLM prefill with HF's own 2-D mask handling → logits and the prompt's KV cache (``S`` slots).
 
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        from transformers import DynamicCache
-
-        out = self.model.model.language_model(
-            inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-            cache=DynamicCache(config=text_config(self.model)), use_cache=True,
-        )
-        return (self.model.lm_head(out.last_hidden_state), *_whole_cache(out.cache))
+    The fixed-cache :class:`~ivq_debug.vlm.parts.PrefillPart` computes exactly this (a fresh cache holds the
+    prompt's ``S`` slots, transformers builds the causal mask from the 2-D padding mask as from the additive
+    one), including the Qwen3-VL DeepStack inputs ``deepstack_embeds.{k} [1,S,D]`` after ``position_ids``.
+    """
 
 
 class HFDecodePart(nn.Module):
@@ -82,7 +73,7 @@ class HFDecodePart(nn.Module):
         self.model = model
         self.position_input = position_input
         self.position_offset = int(position_offset)
-        self.mrope = family_of(model) == "qwen2vl"
+        self.mrope = family(model).mrope
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache

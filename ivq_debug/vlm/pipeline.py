@@ -52,10 +52,12 @@ def prepare(
     verify: bool = True,
     overwrite: bool = False,
     trust_remote_code: bool = False,
+    variants: Sequence[str] = (),
 ) -> Prepared:
     """Load ``model``, export its three parts for ``bucket`` into ``workdir/<name>-<exporter>/``.
 
     Returns the part paths, the export checks and ``n_samples`` samples of the fixed eval set.
+    ``variants`` adds fault-variant graphs (``"mrope_sectioned"``; see :func:`export_parts`).
     """
 
     loaded = load_vlm(model, trust_remote_code=trust_remote_code)
@@ -63,18 +65,21 @@ def prepare(
     folder = Path(workdir) / f"{name}-{exporter}-b{bucket}"
     res = export_parts(
         loaded.model, folder, buckets=[bucket], exporter=exporter, verify=verify, overwrite=overwrite,
-        model_id=os.fspath(model),
+        model_id=os.fspath(model), variants=variants,
     )
-    paths = {p.part: Path(p.path) for p in res.parts}
+    paths = {p.part: Path(p.path) for p in res.parts if p.variant is None}
     return Prepared(os.fspath(model), folder, bucket, exporter, res, eval_set(bucket, n_samples), loaded, paths)
 
 
 def scheduler(
     prepared: Prepared, runner_factory: Callable[[str, Any], Any] | None = None,
-    positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None,
+    positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None, **knobs: Any,
 ) -> Scheduler:
-    """A :class:`Scheduler` over the prepared export (default runners: ORT CPU fp32)."""
-    return Scheduler.from_export(prepared.folder, prepared.bucket, runner_factory, positions, max_new_tokens)
+    """A :class:`Scheduler` over the prepared export (default runners: ORT CPU fp32).
+
+    ``knobs``: ``deepstack=`` / ``mrope_layout=`` of :meth:`Scheduler.from_export`.
+    """
+    return Scheduler.from_export(prepared.folder, prepared.bucket, runner_factory, positions, max_new_tokens, **knobs)
 
 
 def torch_reference(prepared: Prepared, positions: PositionsPolicy | str = "correct", **kw: Any) -> Scheduler:

@@ -3,8 +3,10 @@
 Same loop, records and positions policy as :class:`~ivq_debug.vlm.scheduler.Scheduler` (which drives the
 fixed-cache export), with the dynamic cache of HF / optimum split exports:
 
-1. vision: ``pixel_values`` → ``image_features``; prompt embeddings with the image rows scattered (numpy);
-2. prefill with a 2-D int64 ``attention_mask`` of ones and the prompt's ``position_ids``;
+1. vision: ``pixel_values`` → ``image_features`` (Qwen3-VL: and ``deepstack_features.{k}``); prompt embeddings
+   with the image rows scattered (numpy);
+2. prefill with a 2-D int64 ``attention_mask`` of ones, the prompt's ``position_ids`` and (Qwen3-VL) the
+   DeepStack inputs routed by the :class:`~ivq_debug.vlm.scheduler.DeepStackPolicy`, as the fixed-cache loop;
 3. decode step ``k = 1, 2, …``: the token chosen at step ``k-1``, ``attention_mask`` of ``P + 1`` ones,
    ``position_ids`` from the :class:`~ivq_debug.vlm.scheduler.PositionsPolicy` (not fed when the decode
    graph has no position input: it computes them from the cache length) and the previous ``present.*``
@@ -24,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.vlm.build import DEEPSTACK_OUTPUT, IMAGE_FEATURES
 from ivq_debug.vlm.export_dynamic import load_dynamic_manifest
 from ivq_debug.vlm.parts_dynamic import PAST_PREFIX, PRESENT_PREFIX
-from ivq_debug.vlm.scheduler import Generation, PositionsPolicy, Scheduler, SplitSpec
+from ivq_debug.vlm.scheduler import DeepStackPolicy, Generation, PositionsPolicy, Scheduler, SplitSpec
 
 
 def dynamic_spec(folder: str | os.PathLike, bucket: int | None = None) -> tuple[SplitSpec, dict[str, Any]]:
@@ -48,7 +51,7 @@ def dynamic_spec(folder: str | os.PathLike, bucket: int | None = None) -> tuple[
         eos_token_id=int(m["eos_token_id"]), max_cache=int(m["max_positions"]),
         kv_shape=(1, int(m["kv_heads"]), int(m["max_positions"]), int(m["head_dim"])),
         num_layers=int(m["num_layers"]), mask_value=0.0,  # unused: the graphs take a 1/0 int64 mask
-        part_paths=paths,
+        deepstack=int(m.get("deepstack", 0)), mrope_layout=m.get("mrope_layout"), part_paths=paths,
     )
     return spec, m
 
@@ -67,9 +70,10 @@ class DynamicScheduler(Scheduler):
 
     def __init__(
         self, spec: SplitSpec, runners: dict[str, Any], positions: PositionsPolicy | str = "correct",
-        max_new_tokens: int | None = None, decode_position_input: bool = True,
+        max_new_tokens: int | None = None, decode_position_input: bool = True, *,
+        deepstack: DeepStackPolicy | str = "correct",
     ) -> None:
-        super().__init__(spec, runners, positions, max_new_tokens)
+        super().__init__(spec, runners, positions, max_new_tokens, deepstack=deepstack)
         self.decode_position_input = decode_position_input
         if not decode_position_input and self.positions.mode != "correct":
             raise UsageError(f"positions mode {self.positions.mode!r} needs a decode graph with a position_ids "
@@ -79,12 +83,12 @@ class DynamicScheduler(Scheduler):
     def from_export(
         cls, folder: str | os.PathLike, bucket: int | None = None,
         runner_factory: Callable[[str, Any], Any] | None = None, positions: PositionsPolicy | str = "correct",
-        max_new_tokens: int | None = None,
+        max_new_tokens: int | None = None, *, deepstack: DeepStackPolicy | str = "correct",
     ) -> DynamicScheduler:
         """Scheduler over a dynamic-cache export folder; ``runner_factory(part, model_path)`` makes each runner."""
         spec, m = dynamic_spec(folder, bucket)
         return cls.from_spec(spec, folder, runner_factory, positions, max_new_tokens,  # type: ignore[return-value]
-                             decode_position_input=bool(m.get("decode_position_input", True)))
+                             decode_position_input=bool(m.get("decode_position_input", True)), deepstack=deepstack)
 
     def generate(
         self, image: np.ndarray, *, sample: int = 0, writer: Any = None,
@@ -102,11 +106,13 @@ class DynamicScheduler(Scheduler):
         vf = self.vision_feeds(image)
         self._begin(writer, sample, "vision", 0, bucket=sp.bucket, image_shape=list(image.shape))
         self._inputs(writer, vf)
-        feats = self.runners["vision"].run(vf, writer)["image_features"]
+        vout = self.runners["vision"].run(vf, writer)
+        feats = vout[IMAGE_FEATURES]
         pos = sp.prefill_positions
         ids = list(sp.prompt_ids)
-        feeds = {"inputs_embeds": self.prompt_embeddings(feats), "attention_mask": np.ones((1, S), np.int64),
-                 "position_ids": pos}
+        # the fixed-cache prefill feeds (DeepStack routed by the policy) with HF's 2-D int64 mask
+        feeds = self.prefill_feeds(feats, [vout[DEEPSTACK_OUTPUT.format(k=k)] for k in range(sp.deepstack)])
+        feeds["attention_mask"] = np.ones((1, S), np.int64)
         self._begin(writer, sample, "prefill", 0, input_ids=ids, position_ids=pos.reshape(-1).tolist(),
                     attention_mask=[1] * S, cache_len=0, bucket=sp.bucket)
         self._inputs(writer, {"input_ids": np.asarray([ids], np.int64), **feeds, "cache_len": np.asarray(0, np.int64)})

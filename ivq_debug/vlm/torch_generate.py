@@ -21,39 +21,50 @@ import numpy as np
 from ivq_debug.capture.torch.runner import TorchPartRunner
 from ivq_debug.vlm.build import MAX_NEW_TOKENS, family_of
 from ivq_debug.vlm.inputs import hf_inputs
-from ivq_debug.vlm.scheduler import Generation, PositionsPolicy, Scheduler, SplitSpec
+from ivq_debug.vlm.scheduler import DeepStackPolicy, Generation, PositionsPolicy, Scheduler, SplitSpec
 from ivq_debug.vlm.task import decode_ids
 
 
 def torch_scheduler(
     model: Any, bucket: int, positions: PositionsPolicy | str = "correct", max_new_tokens: int | None = None,
-    selection: Any = None, max_cache: int | None = None,
+    selection: Any = None, max_cache: int | None = None, *, deepstack: DeepStackPolicy | str = "correct",
+    mrope_layout: str | None = None,
 ) -> Scheduler:
-    """A scheduler whose runners are the torch part wrappers of ``model`` (same loop as ORT).
+    """A scheduler whose runners are the torch part wrappers of ``model`` (same loop and knobs as ORT).
 
-    ``selection`` (``ivq_debug.capture.base.Selection``) turns on per-module capture into the dump.
+    ``selection`` (``ivq_debug.capture.base.Selection``) turns on per-module capture into the dump;
+    ``mrope_layout`` runs the prefill wrapper under that M-RoPE layout (as the ORT variant graph does).
     """
-    from ivq_debug.vlm.parts import DecodePart, PrefillPart, VisionPart, kv_names, num_layers
+    from ivq_debug.vlm.parts import (
+        DecodePart,
+        PrefillPart,
+        VisionPart,
+        kv_names,
+        num_layers,
+        vision_output_names,
+    )
 
     model.eval()
     spec = SplitSpec.from_model(model, bucket, max_cache)
     kv = kv_names("present", num_layers(model))
     runners = {
-        "vision": TorchPartRunner(VisionPart(model, bucket), ["image_features"], model, selection),
-        "prefill": TorchPartRunner(PrefillPart(model), ["logits", *kv], model, selection),
+        "vision": TorchPartRunner(VisionPart(model, bucket), vision_output_names(model), model, selection),
+        "prefill": TorchPartRunner(PrefillPart(model, mrope_layout), ["logits", *kv], model, selection),
         "decode": TorchPartRunner(DecodePart(model), ["logits", *kv], model, selection),
     }
-    return Scheduler(spec, runners, positions, max_new_tokens)
+    return Scheduler(spec, runners, positions, max_new_tokens, deepstack=deepstack, mrope_layout=mrope_layout)
 
 
 def torch_generate(
     model: Any, image: np.ndarray, bucket: int | None = None, *, sample: int = 0, writer: Any = None,
     forced_tokens: Sequence[int] | None = None, max_new_tokens: int | None = None,
     positions: PositionsPolicy | str = "correct", selection: Any = None,
+    deepstack: DeepStackPolicy | str = "correct", mrope_layout: str | None = None,
 ) -> Generation:
     """Split greedy generation in torch (vision, prefill, decode steps), records aligned with ORT's."""
     bucket = int(image.shape[0]) if bucket is None else bucket
-    sched = torch_scheduler(model, bucket, positions, max_new_tokens, selection)
+    sched = torch_scheduler(model, bucket, positions, max_new_tokens, selection, deepstack=deepstack,
+                            mrope_layout=mrope_layout)
     return sched.generate(image, sample=sample, writer=writer, forced_tokens=forced_tokens)
 
 

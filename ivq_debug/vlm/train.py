@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import UsageError
+from ivq_debug.util import atomic_write_text
 from ivq_debug.vlm import task
 from ivq_debug.vlm.build import (
     BUCKETS,
@@ -40,6 +41,7 @@ from ivq_debug.vlm.inputs import hf_inputs, training_batch
 RECIPES: dict[str, dict[str, Any]] = {
     "internvl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
     "qwen2vl-tiny": dict(steps=2500, batch_size=32, lr=3e-3, weight_decay=0.1),
+    "qwen3vl-tiny": dict(steps=2000, batch_size=32, lr=3e-3, weight_decay=0.1, label_smoothing=0.1),
 }
 TRAIN_SEED = 7
 REFERENCE_JSON = "ivq_reference.json"
@@ -63,6 +65,7 @@ class TrainResult:
     min_margin: float  # smallest top-1/top-2 logit gap over the eval generations
     losses: list[float] = field(default_factory=list)
     model: Any = None  # the trained model (not serialised)
+    label_smoothing: float = 0.0
 
     @property
     def exact_match(self) -> float:
@@ -154,7 +157,7 @@ def train(
     acc, margin = evaluate_model(model, buckets, eval_size)
     return TrainResult(
         name, steps, batch_size, lr, weight_decay, seed, threads, param_count(model), wall, float(np.mean(losses[-20:])),
-        {b: a.as_dict() for b, a in acc.items()}, margin, losses, model,
+        {b: a.as_dict() for b, a in acc.items()}, margin, losses, model, label_smoothing,
     )
 
 
@@ -216,9 +219,7 @@ def save_reference(result: TrainResult, folder: str | os.PathLike, overwrite: bo
     meta["training"] = result.as_dict()
     meta["prefill_len"] = {str(b): prefill_len(b) for b in BUCKETS}
     meta["max_cache"] = MAX_CACHE
-    tmp = folder / f".{REFERENCE_JSON}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    os.replace(tmp, folder / REFERENCE_JSON)
+    atomic_write_text(folder / REFERENCE_JSON, json.dumps(meta, indent=1, sort_keys=True), overwrite=True)
     return folder
 
 

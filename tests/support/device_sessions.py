@@ -225,8 +225,8 @@ def make_session(name: str, model_name: str, cache: str, fault: str, parts_dir: 
 
     For ``cache="dynamic"`` and ``fault="restart"``, ``parts_dir`` must hold the no-position decode variant.
     """
-    from ivq_debug.vlm.export import load_manifest
     from ivq_debug.vlm.export_dynamic import load_dynamic_manifest
+    from ivq_debug.vlm.manifest import load_manifest
 
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose from {sorted(FAULTS)}")

@@ -6,7 +6,7 @@ import pytest
 
 from ivq_debug.vlm.build import DEFAULT_BUCKET
 
-MODELS = ("internvl-tiny", "qwen2vl-tiny")
+MODELS = ("internvl-tiny", "qwen2vl-tiny", "qwen3vl-tiny")
 #: buckets exported for the scheduler tests (the default plus the smallest)
 TEST_BUCKETS = (DEFAULT_BUCKET, 56)
 
@@ -28,7 +28,9 @@ def loaded():
 
 @pytest.fixture(scope="session")
 def exported(loaded, tmp_path_factory):
-    """name -> ExportResult of a legacy export of both test buckets (verified)."""
+    """name -> ExportResult of a legacy export of both test buckets (verified; with the fault variants the
+    model's family has)."""
+    from ivq_debug.vlm.build import family_of_reference
     from ivq_debug.vlm.export import export_parts
 
     cache: dict = {}
@@ -36,8 +38,9 @@ def exported(loaded, tmp_path_factory):
     def get(name: str):
         if name not in cache:
             folder = tmp_path_factory.mktemp(f"export-{name}")
+            variants = ("mrope_sectioned",) if family_of_reference(name).mrope_layout == "interleaved" else ()
             cache[name] = export_parts(
-                loaded(name).model, folder, buckets=TEST_BUCKETS, model_id=name, verify_samples=4
+                loaded(name).model, folder, buckets=TEST_BUCKETS, model_id=name, verify_samples=4, variants=variants
             )
         return cache[name]
 

@@ -19,12 +19,14 @@ from .conftest import MODELS
 @pytest.mark.parametrize("fault", ["correct", "restart"], ids=["positions", "no-positions"])
 def test_dynamic_export_verifies_fp32(name, fault, session_parts):
     res = session_parts(name, "dynamic", fault)
+    m = load_dynamic_manifest(res.folder)
     assert {c.part for c in res.checks} == {"vision", "prefill", "decode"}
+    assert (m["num_layers"], m["deepstack"]) == ((3, 2) if name == "qwen3vl-tiny" else (2, 0))
+    vision = {"image_features", *[f"deepstack_features.{k}" for k in range(m["deepstack"])]}
+    llm = {"logits", *[f"present.{i}.{kind}" for i in range(m["num_layers"]) for kind in ("key", "value")]}
     for c in res.checks:
         assert c.ok and c.worst <= 1e-5, (c.part, c.max_abs)
-        assert set(c.max_abs) == ({"image_features"} if c.part == "vision" else
-                                  {"logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"})
-    m = load_dynamic_manifest(res.folder)
+        assert set(c.max_abs) == (vision if c.part == "vision" else llm)
     assert m["schema"] == SCHEMA and m["cache"] == "dynamic" and m["decode_position_input"] is (fault == "correct")
     assert (res.folder / m["config"]).is_file() and (res.folder / m["embedding"]).is_file()
 
@@ -71,6 +73,17 @@ def test_dynamic_scheduler_equals_hf_generate(name, session_parts):
         g, h = sched.generate(s.image), hf_generate(model, s.image)
         assert g.tokens == h.tokens and g.cache_len[1:] == list(range(20, 20 + len(g.tokens) - 1))
         assert float(np.abs(g.logits - h.logits).max()) <= 1e-4
+
+
+def test_dynamic_prefill_takes_the_deepstack_inputs_and_the_knob_applies(session_parts):
+    """Qwen3-VL: the dynamic prefill has the DeepStack inputs; dropping them changes the prefill logits."""
+    res = session_parts("qwen3vl-tiny", "dynamic")
+    names = [i.name for i in onnx.load(str(res.path("prefill"))).graph.input]
+    assert names == ["inputs_embeds", "attention_mask", "position_ids", "deepstack_embeds.0", "deepstack_embeds.1"]
+    image = task.eval_set(112, 1)[0].image
+    clean = DynamicScheduler.from_export(res.folder).generate(image, max_new_tokens=1)
+    dropped = DynamicScheduler.from_export(res.folder, deepstack="dropped").generate(image, max_new_tokens=1)
+    assert float(np.abs(clean.logits - dropped.logits).max()) > 0.1
 
 
 def test_dynamic_export_errors(session_parts, tmp_path):

@@ -43,7 +43,8 @@ def _forced(sample):
 @pytest.mark.parametrize(
     ("name", "mode"),
     [("internvl-tiny", "correct"), ("internvl-tiny", "restart"), ("qwen2vl-tiny", "correct"),
-     ("qwen2vl-tiny", "restart"), ("qwen2vl-tiny", "mrope_text_len")],
+     ("qwen2vl-tiny", "restart"), ("qwen2vl-tiny", "mrope_text_len"), ("qwen3vl-tiny", "correct"),
+     ("qwen3vl-tiny", "mrope_text_len")],
 )
 def test_positions_policy_values(name, mode, exported):
     sched = Scheduler.from_export(exported(name).folder, DEFAULT_BUCKET, positions=mode)
@@ -65,12 +66,14 @@ def test_positions_policy_values(name, mode, exported):
         assert prefill[1, 0, 2:18].tolist() == [2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5]
         assert prefill[2, 0, 2:18].tolist() == [2, 3, 4, 5] * 4
     for k in range(1, steps):
-        expect = {
+        expect = {  # both Qwen families: cache position S + k - 1 plus the rope delta 8 - S
             ("internvl-tiny", "correct"): S + k - 1,
             ("internvl-tiny", "restart"): k - 1,
             ("qwen2vl-tiny", "correct"): 7 + k,
             ("qwen2vl-tiny", "restart"): k - 1,
             ("qwen2vl-tiny", "mrope_text_len"): S + k - 1,
+            ("qwen3vl-tiny", "correct"): 7 + k,
+            ("qwen3vl-tiny", "mrope_text_len"): S + k - 1,
         }[(name, mode)]
         rows = 1 if name == "internvl-tiny" else 3
         assert g.position_ids[k] == [expect] * rows, (k, g.position_ids[k])

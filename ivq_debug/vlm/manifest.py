@@ -1,0 +1,34 @@
+"""The manifest (``export.json``) of a VLM export folder: its name and reader.
+
+It sits below :mod:`ivq_debug.vlm.export` (which writes it) and :mod:`ivq_debug.vlm.scheduler` (which
+reads it), so the exporter can build its example feeds with the scheduler without an import cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ivq_debug.errors import InputError
+
+#: manifest file name inside an export folder
+MANIFEST = "export.json"
+#: schema of the fixed-cache split export
+SCHEMA = "ivq-vlm-export/1"
+
+
+def load_manifest(folder: str | os.PathLike, schema: str = SCHEMA) -> dict[str, Any]:
+    """Read ``export.json`` of an export folder (InputError when missing, malformed or of another ``schema``)."""
+
+    p = Path(folder) / MANIFEST
+    if not p.is_file():
+        raise InputError("not an ivq VLM export folder (no export.json)", folder)
+    try:
+        m = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"bad JSON: {e}", p) from e
+    if m.get("schema") != schema:
+        raise InputError(f"unknown export schema {m.get('schema')!r}", p)
+    return m
