@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ivq_debug import defaults
+from ivq_debug import defaults, interrupt
 from ivq_debug.console import track
 from ivq_debug.dump import DumpWriter
 from ivq_debug.errors import UsageError
@@ -175,6 +175,7 @@ def capture(
     with DumpWriter(path, backend=runner.backend, backend_info=runner.info, model=dict(model or {}),
                     overwrite=overwrite, summary_only=summary_only) as w:
         for i, sample in enumerate(items):
+            interrupt.raise_if_signalled()
             write(w, i, sample)
         w.update_backend_info(**runner.info)
     return Path(path)

@@ -9,19 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ivq_debug import interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_RUN, IvqError, UsageError, missing_extra
 from ivq_debug.util import atomic_write_text
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like SIGINT's ``KeyboardInterrupt`` so that every ``with`` / ``finally`` cleans up (a
-    dump's ``.partial`` file, a quantizer's work folder, QNN trace folders)."""
-
-    signum = signal.SIGTERM
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -33,10 +23,12 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
     ``IVQ_TRACEBACK=1`` to see the traceback) and exit 6.
     """
     argv = sys.argv[1:] if argv is None else argv
-    previous = None
+    previous: dict[int, Any] = {}
+    interrupt.reset()
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    except ValueError:  # not the main thread: leave the handler alone
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, interrupt.on_signal)
+    except ValueError:  # not the main thread: leave the handlers alone
         pass
     try:
         return fn(argv)
@@ -44,6 +36,7 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
+        interrupt.remove_registered()  # (what a signal between a temp file's creation and its `try` left)
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"{prog}: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
         return 128 + int(signum)
@@ -61,8 +54,8 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         print(f"{prog}: internal error: {msg[:500]} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
         return EXIT_RUN
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:

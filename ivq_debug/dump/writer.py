@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug import __version__, defaults
+from ivq_debug import __version__, defaults, interrupt
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
@@ -168,6 +168,7 @@ class DumpWriter:
         self.summary_only = summary_only
         self.summary_samples = summary_samples
         self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
+        interrupt.register(self._tmp)
         try:
             self._f = h5py.File(self._tmp, "w", libver="latest")
         except BaseException:
@@ -407,6 +408,11 @@ class DumpWriter:
         """Write the manifest, mark the file finalized and move it to its final name. Returns the path."""
         if self._closed:
             return self.path
+        try:
+            interrupt.raise_if_signalled()  # (a SIGINT / SIGTERM whose exception was lost: never finalize)
+        except BaseException:
+            self.abort()
+            raise
         f = self._f
         f.create_dataset(
             fmt.MANIFEST, data=fmt.to_json({"columns": list(fmt.MANIFEST_COLUMNS), "rows": self._rows})
@@ -430,6 +436,7 @@ class DumpWriter:
 
         os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.path)
+        interrupt.unregister(self._tmp)
         return self.path
 
     def abort(self) -> None:
@@ -442,6 +449,7 @@ class DumpWriter:
             self._closed = True
         if self._tmp.exists():
             self._tmp.unlink()
+        interrupt.unregister(self._tmp)
 
     def __enter__(self) -> DumpWriter:
         return self

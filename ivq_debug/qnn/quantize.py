@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug import interrupt
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import has_external_data, load_model
@@ -550,6 +551,7 @@ def quantize_for_qnn(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    interrupt.register(work)
     cap = _LogCapture()
     root = logging.getLogger()
     root.addHandler(cap)
@@ -616,6 +618,7 @@ def quantize_for_qnn(
         for h in old_handlers:
             root.addHandler(h)
         shutil.rmtree(work, ignore_errors=True)
+        interrupt.unregister(work)
         if intake_file is not None and work not in intake_file.parents:
             intake_file.unlink(missing_ok=True)
     qnodes = [n for n in qproto.graph.node if n.op_type == "QuantizeLinear"]
