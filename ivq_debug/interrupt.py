@@ -3,12 +3,12 @@
 The CLI (``cli/common.py:run``) installs :func:`on_signal` for both signals: the signal becomes a
 :class:`Signalled` exception, so every ``with`` / ``finally`` cleans up (a dump's ``.partial`` file, a quantizer's
 work folder, QNN trace folders), and the command exits 128 + the signal (130, 143). Two gaps remain, both closed
-here: Python ignores an exception raised while it runs a weakref callback or ``__del__`` (measured: about one
-the SIGTERM of ``tests/cli/test_thirdparty_cli.py``'s signal test was lost that way in one run of about a dozen, and
-the capture finished with exit 0), so the signal is also
-remembered and :func:`raise_if_signalled` raises it again where work is committed; and a signal can land between
-a temporary file's creation and the ``try`` that owns it, so writers :func:`register` their temporary paths and
-the CLI removes what is still registered (:func:`remove_registered`).
+here. Python ignores an exception raised while it runs a weakref callback or ``__del__`` (measured: the SIGTERM of
+``tests/cli/test_thirdparty_cli.py``'s signal test was lost that way in one run of about a dozen, and the capture
+finished with exit 0), so the signal is also remembered and :func:`raise_if_signalled` raises it again where work
+is committed. And a signal can land between a temporary file's creation and the ``try`` that owns it (a Ctrl-C as
+the dump appeared left its ``.partial``), so writers :func:`register` their temporary paths and the CLI removes
+what is still registered (:func:`remove_registered`).
 """
 
 from __future__ import annotations
