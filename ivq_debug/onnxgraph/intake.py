@@ -1,27 +1,20 @@
 """Model intake: an ONNX file as third-party exporters write it, made into what the quantizer and the runtimes take.
 
-Measured on a paddle2onnx text-line recognizer (issue 20; ``tests/support/thirdparty_models.py`` builds one like
-it): every weight a ``Constant`` node, ``metadata_props`` on the model, opset 12 and a dynamic width axis.
-What each does unattended, and what intake does instead:
+What each fact of such a file does unattended, and what intake does (issue 20's paddle2onnx recognizer; reproduced
+on ``tests/support/thirdparty_models.py``, tests in ``tests/onnxgraph/test_intake.py``):
 
-============================ ============================================= ===========================================
-model fact                    unattended                                    intake
-============================ ============================================= ===========================================
-weights as ``Constant`` nodes ORT's quantizer treats them as activations:  :func:`constants_to_initializers`
-                              biases u8 ("Expected bias to be an
-                              initializer"), a16w8 really a16w16
-``metadata_props``            ``qnn_preprocess_model`` raises a TypeError    set aside (:func:`strip_metadata`) and
-                              ("cannot convert dictionary update sequence   restored on the written model
-                              element #0 to a sequence")                    (:func:`append_metadata`)
-dynamic dims                  QNN HTP: "Having zero graph inputs is not     fixed from the given inputs
-                              supported on this backend"                    (:func:`input_shapes`, :func:`fix_input_dims`)
-opset < 13 + per-channel      per-channel DequantizeLinear needs ``axis``   upgraded to 13 (:func:`upgrade_opset`)
-                              (opset 13)
-============================ ============================================= ===========================================
+* **weights as ``Constant`` nodes**: ORT's quantizer quantizes them at run time as activations ("Expected bias to
+  be an initializer"; "a16w8" is really a16w16) -> :func:`constants_to_initializers`;
+* **``metadata_props``**: ``qnn_preprocess_model`` raises "cannot convert dictionary update sequence element #0 to
+  a sequence" -> set aside (:func:`strip_metadata`) and restored on the written model (:func:`append_metadata`);
+* **dynamic dims**: QNN HTP fails with "Having zero graph inputs is not supported on this backend" -> fixed from the
+  given inputs (:func:`input_shapes`, :func:`fix_input_dims`), or a one-line error naming the input and the axis;
+* **opset < 13 with per-channel weights**: a per-channel DequantizeLinear needs ``axis`` (opset 13) ->
+  :func:`upgrade_opset`.
 
 Every model a command writes is checked (:func:`check_written_model`: ``onnx.checker`` and an ONNX Runtime CPU
 session) before the command reports success. :func:`effective_quantization` reads back, per tensor, the
-quantization a QDQ model really holds, so a preset that did not hold is visible.
+quantization a QDQ model really holds, so a preset that did not hold is visible (:func:`quantization_summary`).
 """
 
 from __future__ import annotations
