@@ -12,11 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ivq_debug import comparator
+from ivq_debug import comparator, defaults
 from ivq_debug.capture.base import Selection, make_runner, model_facts, sample_shapes
 from ivq_debug.capture.base import capture as capture_runner
+from ivq_debug.comparator.contract import check_contract
+from ivq_debug.comparator.threeway import three_way
 from ivq_debug.diagnose import diagnose as run_diagnostics
-from ivq_debug.dump import Dump
+from ivq_debug.diagnose.verdict import build_verdict
+from ivq_debug.dump import Dump, open_dump
 from ivq_debug.util import read_arrays
 
 
@@ -24,18 +27,52 @@ def compare(
     ref: Dump | str | os.PathLike,
     test: Dump | str | os.PathLike,
     *,
+    expected: Dump | str | os.PathLike | None = None,
+    allow_input_mismatch: bool = False,
+    k: float | None = None,
     diagnose: bool = True,
+    fail_on: str = defaults.DIFF_FAIL_ON,
     **options: Any,
 ) -> comparator.Comparison:
-    """Align two dumps, compute the pinned metrics of every pair and (``diagnose``) run the registered
-    diagnostics into ``findings``.
+    """Check the contract, align two dumps, compute the pinned metrics of every pair, measure the three-way
+    ratios against ``expected``, run the registered diagnostics into ``findings`` and set ``verdict``.
 
-    ``options`` are those of :func:`ivq_debug.comparator.compare` (``budgets``, ``rank_by``, ``mapping``,
-    ``records``, ``progress``, ``block_bytes``, ``workers``).
+    Args:
+        ref: the reference dump (fp32).
+        test: the test dump (a backend).
+        expected: the CPU-QDQ dump of the same QDQ model and inputs: ``cmp.three_way`` gets the per-layer
+            ratios ``err(test vs ref) / err(expected vs ref)`` (:mod:`ivq_debug.comparator.threeway`), the
+            ``backend_divergence`` diagnostic reads them with ratio limit ``k`` (default
+            ``defaults.BACKEND_DIVERGENCE_K``).
+        allow_input_mismatch: compare even when the dumps were not fed the same inputs (the contract,
+            :mod:`ivq_debug.comparator.contract`); otherwise that raises :class:`~ivq_debug.errors.ContractError`
+            before any metric.
+        diagnose: run the diagnostics.
+        fail_on: the finding severity that fails the verdict (``error``, ``warning``, ``never``).
+        options: those of :func:`ivq_debug.comparator.compare` (``budgets``, ``rank_by``, ``mapping``,
+            ``records``, ``progress``, ``block_bytes``, ``workers``).
     """
-    cmp = comparator.compare(ref, test, **options)
+    ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
+    test_d = test if isinstance(test, Dump) else open_dump(test)
+    exp_d = None if expected is None else expected if isinstance(expected, Dump) else open_dump(expected)
+    records = options.get("records")
+    contract = check_contract(ref_d, test_d, records=records)
+    contract.allowed = allow_input_mismatch
+    contract.raise_if_broken()
+    if exp_d is not None:
+        exp_contract = check_contract(ref_d, exp_d, sides=("ref", "expected"), records=records)
+        exp_contract.allowed = allow_input_mismatch
+        exp_contract.raise_if_broken()
+    cmp = comparator.compare(ref_d, test_d, **options)
+    cmp.contract = contract
+    if exp_d is not None:
+        cmp.three_way = three_way(cmp, exp_d, k=k, progress=options.get("progress", False),
+                                  block_bytes=options.get("block_bytes", defaults.COMPARE_BLOCK_BYTES),
+                                  workers=options.get("workers"))
+        cmp.three_way.contract = exp_contract
     if diagnose:
         cmp.findings.extend(run_diagnostics(cmp))
+    cmp.verdict = build_verdict(cmp, fail_on=fail_on)
     return cmp
 
 

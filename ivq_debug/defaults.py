@@ -25,13 +25,21 @@ DUMP_CHUNK_BYTES = 1 << 20
 #: tensors smaller than this are stored contiguous (no chunking / compression).
 DUMP_MIN_CHUNKED_BYTES = 64 << 10
 
+#: off a terminal, a long phase (a QNN compile) is announced in the log after this many seconds
+PROGRESS_PHASE_NOTE_S = 10.0
+
 # --- comparison -------------------------------------------------------------------------------------
-#: metric used to rank layers (worst first) when none is given.
+#: metric used to rank layers (worst first) when none is given: scale-invariant when a side is float, error in
+#: quantization steps when both sides are quantized (comparator/ranking.py, docs/metrics.md Ranking)
 RANK_METRIC = "sqnr_db"
+RANK_METRIC_QUANTIZED = "lsb_rmse"
 #: bytes per block when metrics stream through a tensor.
 COMPARE_BLOCK_BYTES = 4 << 20
 #: fraction of tensors that may stay unmatched before ivq-diff exits 4 (per side, of the smaller dump).
 MAX_UNMATCHED_FRACTION = 0.5
+#: input names whose role is ``carried`` unless the producer says otherwise (``docs/dump-format.md``, Contract): the
+#: KV cache an earlier step of the same backend wrote, which differs whenever the backends do
+CONTRACT_CARRIED_INPUTS = ("past*",)
 #: number of worst layers printed by ivq-diff.
 TOP_N = 10
 #: platform comparisons: a kernel whose float output differs by at most this many float32 ulps of the tensor's
@@ -81,6 +89,27 @@ QNN_EP_NAME = "QNNExecutionProvider"
 #: whether ``--optimization all`` fixes it) for models up to this size; larger ones get the advice unchecked.
 #: A retry is one more QNN compile: 1-4 s for the test models here, minutes for a 2B-parameter part.
 QNN_RETRY_ALL_MAX_BYTES = 64 << 20
+#: the compiled-context cache (``capture/qnn_ep/cache.py``): a folder under ``${XDG_CACHE_HOME:-~/.cache}``,
+#: or the folder this environment variable names; ``--qnn-cache DIR`` / ``--no-qnn-cache`` on the CLI
+QNN_CACHE_ENV = "IVQ_QNN_CACHE"
+QNN_CACHE_SUBDIR = "ivq-debug/qnn-contexts"
+#: least recently used entries are removed past this size (a context is about the size of the model's weights:
+#: 2.6-6.9 MB for the OCR / ViT bench models)
+QNN_CACHE_MAX_BYTES = 4 << 30
+#: expose channels-last (NCHW conv) tensors through an explicit NHWC Transpose that ORT cancels against the one
+#: QNN adds per exposed output (PP-OCRv4 a16w8, 369 tensors: session 27.6 -> 7.1 s, tensors bit-identical)
+QNN_CHANNELS_LAST_EXPOSURE = True
+#: the search for tensors QNN refuses to expose compiles throw-away sessions: at most this many per capture,
+#: and no more than fit in this many seconds at the compile time measured on the model (an unrolled LSTM
+#: recompiles in 15-45 s); what is left is listed as unexposable ("not probed") and said on the console.
+#: The time budget is the bound that matters on slow compiles; the count must leave room for bisection on
+#: fast ones: the demo's 2-layer vision tower (a8w8, 76 tensors, ~1 s a compile) needs 24-28 probes to find
+#: its two Kᵀ culprits, and a cap of 8 left all 72 vision / projector tensors out unprobed
+QNN_MAX_PROBES = 64
+QNN_PROBE_BUDGET_S = 90.0
+#: ``--fast-compile``: QNN's "faster preparation, less optimized graph" finalization (10x faster finalize on
+#: PP-OCRv4 but its output moved by one 8-bit step), opt-in only and recorded in the dump
+QNN_FAST_COMPILE_OPTIONS = {"htp_graph_finalization_optimization_mode": "1"}
 
 #: tensors whose names match these patterns also get logits metrics (top-1 agreement, KL)
 LOGITS_PATTERNS = ("*logits*", "lm_head", "*.lm_head")
@@ -91,8 +120,29 @@ DIVERGENCE_SQNR_DB = 40.0
 REGRESSION_TOL_DB = 1.0
 REGRESSION_TOL_REL = 0.10
 
+#: three-way verdict (``ivq-diff --expected CPUQDQ.h5``, docs/findings.md backend_divergence): a tensor departs from
+#: what quantization explains when the backend's relative L2 error against fp32 exceeds K times CPU-QDQ's (the
+#: 1.5x of AWS Neuron's vLLM accuracy debugger); an error finding from ERROR_RATIO times on
+BACKEND_DIVERGENCE_K = 1.5
+BACKEND_DIVERGENCE_ERROR_RATIO = 4.0
+#: ... unless the backend's own relative L2 error is below this (60 dB SQNR): float rounding, whatever the ratio
+BACKEND_DIVERGENCE_MIN_REL_L2 = 1e-3
+
 #: introduced-error replay: maximum bytes of reference inputs per replay batch (one session + one run)
 REPLAY_BATCH_BYTES = 256 << 20
+#: replay self-check: a unit whose isolated backend output differs from the full-graph output (fed the same
+#: upstream integers) by more than this many quantization steps is computed differently in the full graph
+REPLAY_SELFCHECK_STEPS = 1.0
+#: introduced-error budget (dB, local attribution) by the model's activation bitwidth: the quantization preset.
+#: One 8-bit encoding of a well-spread tensor gives about 40 dB and a unit stacks its weight, arithmetic and
+#: output encoding, so clean a8w8 units sit around 35-45 dB (the clean ViT of tests/diagnose: minimum 35.0 dB,
+#: median 40.7 dB); at a16w8 the median is 88.6 dB.
+INTRO_BUDGET_DB = {8: 20.0, 16: 40.0}
+#: weight_range_spread: a per-tensor weight whose output-channel ranges spread this much (largest / smallest)
+#: loses log2(spread) bits on its smallest channel: a warning at 100x (about one bit left at 8 bits), an error
+#: at 1000x
+WEIGHT_SPREAD_WARN = 100.0
+WEIGHT_SPREAD_ERROR = 1000.0
 
 #: quantization hazards (docs/findings.md): share of reference values outside the encoding range (warning),
 #: and the clipping SNR (signal power over the power clipped away, dB) below which saturation is an error

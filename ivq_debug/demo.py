@@ -6,7 +6,8 @@
 3. quantize every part for QNN (a8w8 and a16w8) with a calibration set of task images (prefill / decode
    calibration feeds recorded from the fp32 scheduler);
 4. capture, step by step with teacher forcing: PyTorch, ORT fp32, ORT CPU-QDQ (exact fake-quant) and QNN HTP
-   (emulated on x86_64) at a8w8 and a16w8; plus two injected faults: a vision part quantized a8w8 whose
+   (emulated on x86_64) at a8w8 and a16w8 (each HTP run is judged against the CPU-QDQ run of the same models:
+   the three-way ``backend_divergence`` verdict); plus two injected faults: a vision part quantized a8w8 whose
    projector encodings cover only a tenth of the range its calibration should have seen (a calibration
    set that missed the projector's input range; LLM at a16w8), and a scheduler whose decode positions
    restart at 0;
@@ -46,7 +47,8 @@ from ivq_debug.util import atomic_write_text, json_safe
 from ivq_debug.vlm import pipeline
 from ivq_debug.vlm.task import caption_accuracy, make_samples
 
-DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss", "ort-fp32-restart")
+DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "cpu-qdq-a16w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss",
+         "ort-fp32-restart")
 
 
 @dataclass
@@ -193,6 +195,7 @@ def run_demo(
     capture("torch", ts)
     capture("ort-fp32", pipeline.scheduler(prep, ort_factory()))
     capture("cpu-qdq-a8w8", pipeline.scheduler(prep, ort_factory(qdq["a8w8"])))
+    capture("cpu-qdq-a16w8", pipeline.scheduler(prep, ort_factory(qdq["a16w8"])))
     for tag in ("a8w8", "a16w8", "projector-miss"):
         capture(f"htp-{tag}", pipeline.scheduler(prep, htp_factory(qdq[tag], tag)))
     capture("ort-fp32-restart", pipeline.scheduler(prep, ort_factory(), positions="restart"))
@@ -229,8 +232,10 @@ def run_demo(
         "fault: positions restart (fp32 → fp32 with restarted decode positions)":
             (d["ort-fp32"], d["ort-fp32-restart"], Budgets.from_args(min_sqnr=40)),
     }
+    # the three-way verdicts: each HTP run against the CPU-QDQ run of the same QDQ models (backend_divergence)
+    expected = {"deployment (fp32 → HTP a8w8)": d["cpu-qdq-a8w8"], "deployment (fp32 → HTP a16w8)": d["cpu-qdq-a16w8"]}
     for label, (a, b, budgets) in pairs.items():
-        c = compare(a, b, budgets=budgets, progress=False)
+        c = compare(a, b, budgets=budgets, progress=False, expected=expected.get(label))
         res.comparisons[label] = c
         res.findings[label] = c.findings
     tick("diff", t0)
@@ -296,10 +301,6 @@ def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: 
                     reference: Path, cap: list[Any], ev: list[Any], workdir: Path, log: Callable[[str], None]) -> Any:
     """Suggest overrides for the projector fault, verify them on HTP with the caption accuracy as task metric."""
 
-    vision_only = [s for s in suggest(cmp) if s.tensor in {e.name for e in cmp.test.tensors() if e.part == "vision"}]
-    if not vision_only:
-        log("tune: nothing to suggest for the vision part")
-        return None
     refs = [s.caption for s in ev]
 
     def task(vision_qdq: Path) -> dict[str, Any]:
@@ -311,8 +312,18 @@ def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: 
     feeds = [fp32.vision_feeds(s.image) for s in cap]
     tuner = Tuner(prep.paths["vision"], store["vision"], feeds, reference, workdir, preset="a8w8", part="vision",
                   task=task, base_overrides=miss)
+    vision = {e.name for e in cmp.test.tensors() if e.part == "vision"}
+    # widened ranges come from the calibration data (the float vision part over the calibration images)
+    vision_only = [s for s in suggest(cmp, ranges=tuner.calibration_ranges()) if s.tensor in vision]
+    if not vision_only:
+        log("tune: nothing to suggest for the vision part")
+        return None
     rep = verify(tuner, vision_only, ["image_features"])
-    write_suggestions(rep.after.suggestions, workdir / "overrides.json", overwrite=True)
+    if not rep.recommended:
+        log("tune: no override set kept the projector output and the captions: " + "; ".join(
+            r["reason"] for r in rep.refused))
+        return rep
+    write_suggestions(rep.after.suggestions, workdir / "overrides.json", float_model=tuner.source(), overwrite=True)
     e2e = rep.end_to_end.set_index("what")
     b, a = e2e.loc["sqnr_db image_features", "before"], e2e.loc["sqnr_db image_features", "after"]
     log(f"tuned the projector fault with {len(vision_only)} override(s) ({workdir / 'overrides.json'}): "
@@ -338,7 +349,10 @@ def _write_summary(res: DemoResult, path: Path) -> None:
         "export_max_abs": res.export_max_abs,
         "timings_s": res.timings,
         "comparisons": {k: {"summary": c.summary, "first_divergence": c.to_json(top=0)["first_divergence"],
-                            "findings": [f.to_dict() for f in c.findings]}
+                            "findings": [f.to_dict() for f in c.findings],
+                            "verdict": c.verdict.to_dict() if c.verdict is not None else None,
+                            "contract": c.contract.to_dict() if c.contract is not None else None,
+                            "three_way": c.three_way.summary if c.three_way is not None else None}
                         for k, c in res.comparisons.items()},
         "tune": res.tune.to_dict() if res.tune is not None else None,
     }

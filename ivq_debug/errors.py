@@ -13,7 +13,8 @@ Exit codes (contract, see ``docs/cli.md``):
 3    an input is unreadable or corrupt (missing file, not HDF5, truncated, wrong byte size, bad JSON)
 4    alignment left more unmatched tensors than allowed
 5    a required external tool, backend or optional extra is absent (QAIRT SDK, adb, QNN EP, pandas, torch)
-6    a run failed: a capture, session or quantization could not run as asked, or a written model failed its check
+6    contract: the dumps compared were not fed the same inputs (``ivq-diff --allow-input-mismatch``)
+7    a run failed: a capture, session or quantization could not run as asked, or a written model failed its check
 ==== =====================================================================
 
 The core install (``pip install ivq-debug``: numpy, onnx, onnxruntime, h5py, rich) captures with ONNX Runtime and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -32,12 +34,36 @@ EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_UNMATCHED = 4
 EXIT_TOOL = 5
-EXIT_RUN = 6
+EXIT_CONTRACT = 6
+EXIT_RUN = 7
+
+
+#: what must never reach a terminal raw: C0 controls (tab and newline included: a message is one line),
+#: DEL, C1 controls (``\x9b`` is a CSI on some terminals), lone surrogates (undecodable bytes of a file
+#: name), and the bidirectional overrides that reorder what a reader sees (``abc\u202egnp.exe``)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
+#: the same, tab and newline allowed (multi-line text: an HTML ``<pre>`` block)
+_UNSAFE_MULTILINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object, multiline: bool = False) -> str:
+    """``text`` with every control, surrogate or bidi-override character written as a visible escape
+    (``\x1b``, ``\udc80``, ``\u202e``): names come from files and must not drive the terminal.
+    ``multiline`` keeps tabs and newlines."""
+    s = text if isinstance(text, str) else str(text)
+    return (_UNSAFE_MULTILINE if multiline else _UNSAFE).sub(_escape_char, s)
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = m.group()
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
 
 
 def one_line(e: BaseException | str, limit: int | None = None) -> str:
-    """An exception's (or a text's) message folded onto one line, cut to ``limit`` characters."""
-    text = " ".join(str(e).split())
+    """An exception's (or a text's) message folded onto one line (runs of whitespace become one space),
+    with control characters escaped (:func:`printable`), cut to ``limit`` characters."""
+    text = printable(" ".join(str(e).split()))
     return text[:limit] if limit is not None else text
 
 
@@ -80,19 +106,29 @@ class ToolNotFoundError(IvqError):
     exit_code = EXIT_TOOL
 
 
+class ContractError(IvqError):
+    """The dumps compared were not fed the same inputs (exit 6); see :mod:`ivq_debug.comparator.contract`."""
+
+    exit_code = EXIT_CONTRACT
+
+    def one_line(self) -> str:
+        """``contract: <the first differing input and record>``."""
+        return f"contract: {super().one_line()}"
+
+
 class RunError(IvqError):
-    """A run failed (exit 6): distinct from a check that ran and failed (exit 1), so CI can tell a broken
+    """A run failed (exit 7): distinct from a check that ran and failed (exit 1), so CI can tell a broken
     capture from a missed budget."""
 
     exit_code = EXIT_RUN
 
 
 class CaptureError(RunError):
-    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled; exit 6)."""
+    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled; exit 7)."""
 
 
 class CheckError(RunError):
-    """A model a command wrote failed its check (``onnx.checker`` or an ONNX Runtime load; exit 6)."""
+    """A model a command wrote failed its check (``onnx.checker`` or an ONNX Runtime load; exit 7)."""
 
 
 #: third-party modules of the optional extras (``pyproject.toml``): top-level module -> extra

@@ -15,6 +15,9 @@ rel_l2      ‖t − r‖₂ / ‖r‖₂                         ‖r‖ = 0
 cosine      ⟨t, r⟩ / (‖t‖ ‖r‖)                      a norm is 0
 sqnr_db     10 · log10(Σ r² / Σ (t − r)²)           ‖r‖ = 0; +inf when t == r
 lsb_rmse    rmse / scale of the test encoding       no encoding (per-channel: mean scale)
+lsb_max     max_abs / scale of the test encoding:   as lsb_rmse
+            max |Δq| in integer steps when both
+            sides sit on the test encoding's grid
 top1        fraction of rows (last axis) whose      not a logits tensor
             argmax agrees
 kl          mean over rows of KL(softmax(r) ‖       not a logits tensor
@@ -40,6 +43,7 @@ HIGHER_IS_BETTER = {
     "cosine": True,
     "sqnr_db": True,
     "lsb_rmse": False,
+    "lsb_max": False,
     "top1": True,
     "kl": False,
 }
@@ -149,6 +153,7 @@ class MetricAccumulator:
             scale = float(np.mean(np.asarray(encoding["scale"], dtype=np.float64)))
             if scale > 0:
                 out["lsb_rmse"] = out["rmse"] / scale
+                out["lsb_max"] = out["max_abs"] / scale
         if self.logits and self.rows:
             out["top1"] = self.top1_agree / self.rows
             out["kl"] = max(0.0, self.kl_sum / self.rows)
@@ -215,3 +220,61 @@ def sort_key(metric: str, value: float | None, status: str) -> float:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return math.inf
     return value if HIGHER_IS_BETTER[metric] else -value
+
+
+# ------------------------------------------------------------------------------- three-way (backend vs quantization)
+#: |error| histograms of the distribution-shape test: log10 bins per decade, decades below the reference's scale
+ERR_HIST_BINS_PER_DECADE = 8
+ERR_HIST_DECADES = 12
+#: values a distribution-shape test needs (fewer: the Bhattacharyya coefficient is undefined)
+SHAPE_TEST_MIN_VALUES = 64
+
+
+def rel_linf(max_abs_err: float | None, max_abs_ref: float | None) -> float | None:
+    """Relative L∞ error ``max|t − r| / max|r|`` (None when either is unknown or ``max|r| = 0``)."""
+    if max_abs_err is None or max_abs_ref is None or not max_abs_ref > 0:
+        return None
+    return float(max_abs_err) / float(max_abs_ref)
+
+
+@dataclass
+class ErrorHistogram:
+    """Float64 counts of ``|t − r|`` on fixed log10 bins set by the reference's scale ``s = max|r|``.
+
+    With ``b = ERR_HIST_BINS_PER_DECADE`` and ``D = ERR_HIST_DECADES`` there are ``B = b·D`` log bins plus two
+    end bins: bin 0 holds ``|d| < s·10^-D`` (exact zeros included), bin ``k = 1..B`` holds
+    ``s·10^(−D + (k−1)/b) <= |d| < s·10^(−D + k/b)``, bin ``B + 1`` holds ``|d| >= s``. The bins depend only on
+    the reference, so the histograms of two tests against the same reference (a backend and CPU-QDQ) share
+    them and are built in one streaming pass.
+    """
+
+    scale: float
+    counts: Any = None
+
+    def __post_init__(self) -> None:
+        if self.counts is None:
+            self.counts = np.zeros(ERR_HIST_BINS_PER_DECADE * ERR_HIST_DECADES + 2, dtype=np.float64)
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            self.scale = 1.0
+
+    def update(self, abs_err: np.ndarray) -> None:
+        """Add a block of finite ``|t − r|`` values."""
+        n = self.counts.size
+        with np.errstate(divide="ignore"):
+            x = (np.log10(np.asarray(abs_err, dtype=np.float64) / self.scale) + ERR_HIST_DECADES)
+        x *= ERR_HIST_BINS_PER_DECADE
+        np.floor(x, out=x)
+        x += 1
+        np.clip(x, 0, n - 1, out=x)  # -inf (exact zeros) -> bin 0
+        self.counts += np.bincount(x.astype(np.int64), minlength=n)
+
+
+def bhattacharyya(h1: np.ndarray, h2: np.ndarray) -> float | None:
+    """Bhattacharyya coefficient ``BC = Σ_k sqrt(p_k · q_k)`` of two histograms on the same bins, with
+    ``p = h1 / Σ h1``, ``q = h2 / Σ h2`` (float64). 1 when the two distributions are the same, 0 when they
+    share no bin; None when a histogram is empty."""
+    a, b = np.asarray(h1, dtype=np.float64), np.asarray(h2, dtype=np.float64)
+    sa, sb = float(a.sum()), float(b.sum())
+    if not (sa > 0 and sb > 0):
+        return None
+    return float(min(1.0, np.sqrt((a / sa) * (b / sb)).sum()))

@@ -19,6 +19,8 @@ from tests.support.qnn_models import CAL_SEED, HAVE_QNN
 
 os.environ.setdefault("IVQ_NO_PROGRESS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+#: no QNN compiled-context cache in ~/.cache: every test compiles unless it names its own cache folder
+os.environ.setdefault("IVQ_QNN_CACHE", "off")
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 

@@ -105,6 +105,9 @@ def test_diff_and_replay_name_the_layer_that_introduces_the_error(work: dict[str
     first = dyn.loc["/blocks.0/fc1/Add_output_0"]
     assert first["inherited_share"] == pytest.approx(0.0, abs=1e-9)
     assert first["intro_sqnr_db"] == pytest.approx(first["cum_sqnr_db"], abs=1e-9)
+    # a dynamic unit quantizes its own float inputs: both attributions agree, and no weight split is claimed
+    np.testing.assert_allclose(dyn["local_sqnr_db"], dyn["iso_sqnr_db"], rtol=1e-12)
+    assert dyn["weight_share"].isna().all()
     # float ops fed the reference introduce nothing
     assert np.isinf(t.loc["/blocks.1/ln/out", "intro_sqnr_db"])
     # replayed fused (ORT_ENABLE_ALL: DynamicQuantizeMatMul) the units introduce the same error

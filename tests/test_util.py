@@ -22,7 +22,7 @@ def test_reads_npz_and_npy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("make, message", [
     (lambda p: None, "no such inputs file"),
-    (lambda p: p.mkdir(), "inputs file is not a file"),
+    (lambda p: p.mkdir(), "inputs file is a directory"),
     (lambda p: p.write_text("x"), "not an .npz archive"),
     (lambda p: np.savez(p, a=np.array([{"k": 1}], dtype=object)), "object arrays (pickles are never loaded)"),
     (lambda p: np.save(p, np.array([{"k": 1}], dtype=object), allow_pickle=True), "object arrays"),

@@ -13,7 +13,19 @@ Records pair by ``(sample, part, step)``. Inside a record pair, tensors are matc
 5. ``qnn``: names equal after QNN sanitizing (per character, then collapsed runs), when unique;
 6. ``scope``: a PyTorch module path ↔ the last ONNX tensor in that module's scope subtree (legacy
    exporter scope names or dynamo ``name_scopes`` metadata, recorded at capture) whose shape matches
-   (then whose element count matches); tuple outputs ``name[i]`` match per index.
+   (then whose element count matches); tuple outputs ``name[i]`` match per index;
+7. ``reshape``: a test tensor the reference does not name, holding *the same values* as a matched test tensor
+   in another shape (the quantizer's preprocessing puts ``MatMul + Add`` into a ``Gemm`` between
+   2-D reshapes: ``gemm_input_reshape_arg*`` is the LayerNorm output reshaped, ``gemm_output_reshape_arg*``
+   the ``Add`` output before its reshape back), takes that tensor's partner. Candidates are matched tensors of
+   the same element count within ``RESHAPE_WINDOW`` positions in execution order; the match is verified by
+   values on the first record holding both (``max |a − b| ≤ RESHAPE_RTOL · max |b|``: a reshape is exact, on
+   the quantized side too, where both are the same integers) and reused for later records;
+8. ``fused``: an unmatched test tensor produced by an op that fuses a subgraph (``Gemm``, ``Gelu``,
+   ``LayerNormalization``, … of ``FUSED_OPS``) ↔ the unmatched reference tensor of the same element count
+   between the partners of its nearest matched neighbours, the one whose values agree best, accepted when the
+   cosine similarity on the first record is ≥ ``FUSED_MIN_COSINE`` (the test side may be quantized, even
+   faulty: a loose tolerance, and only inside the neighbours' window).
 
 Everything left is reported as unmatched (names and counts per side), never dropped silently.
 """
@@ -26,6 +38,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.dump.reader import Dump, Entry
@@ -40,6 +54,14 @@ QDQ_SUFFIXES = (
     "_quantized",
     "_dequantized",
 )
+
+#: ``reshape`` strategy: how far (positions in execution order) a same-valued partner may be, and the tolerance
+RESHAPE_WINDOW = 6
+RESHAPE_RTOL = 1e-6
+#: ``fused`` strategy: ops that replace a float subgraph, and the cosine similarity a pair must reach
+FUSED_OPS = ("Gemm", "Gelu", "FastGelu", "LayerNormalization", "SimplifiedLayerNormalization",
+             "SkipLayerNormalization", "FusedMatMul", "BiasGelu", "MultiHeadAttention", "Attention")
+FUSED_MIN_COSINE = 0.8
 
 _INDEX_RE = re.compile(r"^(?P<base>.*?)(?P<call>#\d+)?(?P<idx>(\[\d+\]|\.[A-Za-z_]\w*)*)$")
 PART_ORDER = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
@@ -207,6 +229,11 @@ class RecordPair:
     ref_torch: bool = False
     test_torch: bool = False
     mapping: dict[str, str] | None = None
+    ref_dump: Any = None
+    test_dump: Any = None
+    matched_ref: dict[str, Entry] = field(default_factory=dict)  # ref name -> its test partner so far
+    matched_test: dict[str, Entry] = field(default_factory=dict)  # test name -> its ref partner so far
+    memo: dict[Any, Any] = field(default_factory=dict)  # value checks of earlier records (shared by align)
 
 
 #: a strategy yields ``(ref entry, test entry)`` pairs from a :class:`RecordPair`; each pair is taken out of the
@@ -276,6 +303,72 @@ def by_scope(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
             yield oe, te
 
 
+def _flat(dump: Any, e: Entry) -> np.ndarray:
+    return np.asarray(dump.read(e), dtype=np.float64).reshape(-1)
+
+
+def _same_values(dump: Any, a: Entry, b: Entry, memo: dict[Any, Any], side: str) -> bool:
+    """``a`` and ``b`` of one dump hold the same values (``RESHAPE_RTOL``), checked on the first record."""
+    key = ("reshape", side, a.name, b.name)
+    if key not in memo:
+        if dump is None or a.stored != "full" or b.stored != "full":
+            memo[key] = False
+        else:
+            va, vb = _flat(dump, a), _flat(dump, b)
+            scale = float(np.max(np.abs(vb))) if vb.size else 0.0
+            memo[key] = bool(va.size == vb.size and scale > 0 and float(np.std(vb)) > 0
+                             and float(np.max(np.abs(va - vb))) <= RESHAPE_RTOL * scale)
+    return memo[key]
+
+
+def _neighbours(e: Entry, pool: list[Entry], window: int) -> list[Entry]:
+    """Entries of ``pool`` (sorted by order) nearest to ``e`` in execution order, nearest first."""
+    pos = np.searchsorted([x.order for x in pool], e.order)
+    near = pool[max(0, pos - window): pos + window]
+    return sorted(near, key=lambda x: abs(x.order - e.order))
+
+
+def by_reshape(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+    """A test tensor the reference does not name, equal by values to a matched test tensor in another shape,
+    takes that tensor's partner (reference-only tensors stay unmatched: the fused interior of a subgraph)."""
+    pool = sorted((e for e in rp.test_all if e.name in rp.matched_test), key=lambda e: e.order)
+    for name in list(rp.test):
+        e = rp.test.get(name)
+        if e is None or e.size == 0:
+            continue
+        for c in _neighbours(e, pool, RESHAPE_WINDOW):
+            if c.size == e.size and c.shape != e.shape and _same_values(rp.test_dump, e, c, rp.memo, "test"):
+                yield rp.matched_test[c.name], e
+                break
+
+
+def by_fused(rp: RecordPair) -> Iterator[tuple[Entry, Entry]]:
+    """A fused op's output ↔ the best-agreeing unmatched reference tensor between its matched neighbours."""
+    if rp.ref_dump is None or rp.test_dump is None:
+        return
+    pool = sorted((e for e in rp.test_all if e.name in rp.matched_test), key=lambda e: e.order)
+    orders = [e.order for e in pool]
+    for name in list(rp.test):
+        e = rp.test.get(name)
+        if e is None or e.op_type not in FUSED_OPS or e.size == 0:
+            continue
+        pos = int(np.searchsorted(orders, e.order))
+        lo = rp.matched_test[pool[pos - 1].name].order if pos > 0 else -math.inf
+        hi = rp.matched_test[pool[pos].name].order if pos < len(pool) else math.inf
+        cands = [r for r in rp.ref.values() if r.size == e.size and lo < r.order <= hi and r.stored == "full"]
+        best, best_cos = None, FUSED_MIN_COSINE
+        for r in cands:
+            key = ("fused", r.name, e.name)
+            if key not in rp.memo:
+                a, b = _flat(rp.ref_dump, r), _flat(rp.test_dump, e)
+                n = float(np.linalg.norm(a) * np.linalg.norm(b))
+                rp.memo[key] = float(a @ b) / n if n > 0 else -1.0
+            if rp.memo[key] >= best_cos:
+                best, best_cos = r, rp.memo[key]
+        if best is not None:
+            yield best, e
+
+
 #: the strategies, in the order they run
 STRATEGIES: tuple[Strategy, ...] = (
     Strategy("map", by_map, "the user's mapping"),
@@ -285,6 +378,8 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy("qnn", by_key(qnn_sanitize), "names equal after QNN sanitizing"),
     Strategy("qnn", by_key(lambda n: qnn_sanitize(n, True)), "names equal after legacy QNN sanitizing"),
     Strategy("scope", by_scope, "torch module path ↔ ONNX scope, confirmed by shape"),
+    Strategy("reshape", by_reshape, "a same-valued reshape of a matched tensor takes its partner (by values)"),
+    Strategy("fused", by_fused, "a fused op's output ↔ the agreeing reference tensor between its neighbours"),
 )
 
 
@@ -296,6 +391,8 @@ def match_record(rp: RecordPair, strategies: tuple[Strategy, ...] = STRATEGIES) 
             pairs.append(Pair(a, b, st.name))
             rp.ref.pop(a.name, None)
             rp.test.pop(b.name, None)
+            rp.matched_ref.setdefault(a.name, b)
+            rp.matched_test.setdefault(b.name, a)
     return pairs
 
 
@@ -324,6 +421,7 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         inputs_ref[e.rid][e.name] = e
     for e in test.tensors(kind="input"):
         inputs_test[e.rid][e.name] = e
+    memo: dict[Any, Any] = {}
     paired_rids_ref = {a for a, _ in rec_pairs}
     paired_rids_test = {b for _, b in rec_pairs}
     pairs: list[Pair] = []
@@ -332,7 +430,7 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
     for rr, tr in rec_pairs:
         rp = RecordPair({e.name: e for e in by_rid_ref[rr]}, {e.name: e for e in by_rid_test[tr]},
                         inputs_ref[rr], inputs_test[tr], by_rid_ref[rr], by_rid_test[tr],
-                        ref.backend == "torch", test.backend == "torch", mapping)
+                        ref.backend == "torch", test.backend == "torch", mapping, ref, test, memo=memo)
         pairs.extend(match_record(rp))
         un_ref.extend(rp.ref.values())
         un_test.extend(rp.test.values())

@@ -22,6 +22,7 @@ import numpy as np
 from ivq_debug import defaults, interrupt
 from ivq_debug.console import track
 from ivq_debug.dump import DumpWriter
+from ivq_debug.dump.contract import CONTRACT_META, host_platform, model_precision
 from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import load_model
@@ -87,8 +88,8 @@ class RecordSink(Protocol):
         """Whether the current record already holds ``name`` (``kind``: ``tensor`` or ``input``)."""
         ...
 
-    def add_input(self, name: str, value: Any) -> None:
-        """Store one of the record's model inputs."""
+    def add_input(self, name: str, value: Any, *, role: str | None = None, reason: str | None = None) -> None:
+        """Store one of the record's model inputs (``role``: its contract role, :mod:`ivq_debug.dump.contract`)."""
         ...
 
     def add_tensor(self, name: str, value: Any, **facts: Any) -> None:
@@ -139,7 +140,40 @@ class Closing:
 # ------------------------------------------------------------------------------------------ the capture loop
 def model_facts(model: str | os.PathLike, part: str = "model") -> dict[str, Any]:
     """What a dump records about the model file it captured: resolved path, SHA-256, part."""
-    return {"path": str(Path(model).resolve()), "sha256": sha256_file(model), "part": part}
+    return {"path": str(Path(model).resolve()), "sha256": _file_sha256(str(model)), "part": part}
+
+
+def _file_sha256(path: str) -> str:
+    """SHA-256 of a file, computed once per (path, size, mtime) in this process (captures of the same parts)."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    h = _SHA_CACHE.get(key)
+    if h is None:
+        h = _SHA_CACHE[key] = sha256_file(path)
+    return h
+
+
+_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def run_identity(runner: Any, part: str = "model") -> dict[str, Any]:
+    """The contract identity of a capture (``/meta/contract``, :mod:`ivq_debug.dump.contract`): per part, the
+    model file that ran (path, SHA-256, precision), plus the backend and the host platform. A scheduler's (or a
+    replay's) ``runners`` give one entry per part; a runner without a model file (torch) gives none."""
+    subs = getattr(runner, "runners", None)
+    items = subs.items() if isinstance(subs, Mapping) else [(part, runner)]
+    models = {}
+    for p, r in items:
+        path = getattr(r, "model_path", None)
+        inner = getattr(r, "ort", None) or getattr(r, "inner", None)
+        proto = getattr(r, "model", None)
+        proto = proto if proto is not None else getattr(inner, "model", None)
+        path = path if path is not None else getattr(inner, "model_path", None)
+        if path is None or not Path(path).is_file():
+            continue
+        models[p] = {"path": str(Path(path).resolve()), "sha256": _file_sha256(str(path)),
+                     "precision": model_precision(proto) if hasattr(proto, "graph") else None}
+    return {"backend": getattr(runner, "backend", None), "models": models, "platform": host_platform()}
 
 
 #: writes one sample into the open writer: ``(writer, index, sample)``
@@ -178,6 +212,7 @@ def capture(
             interrupt.raise_if_signalled()
             write(w, i, sample)
         w.update_backend_info(**runner.info)
+        w.set_meta(CONTRACT_META, run_identity(runner, part))
     return Path(path)
 
 
@@ -217,7 +252,8 @@ BACKENDS: dict[str, Backend] = {
                    "ivq_debug.capture.qnn_ep.runner:QnnHtpRunner",
                    ("exposure", "verify", "soc_model", "htp_arch", "allow_cpu_fallback", "profiling_level",
                     "profiling_path", "overwrite", "config", "require_bit_identical", "drop_unexposable",
-                    "op_trace_dir", "json_graph_dir"), static_shapes=True),
+                    "op_trace_dir", "json_graph_dir", "max_probes", "channels_last", "qnn_cache", "fast_compile"),
+                   static_shapes=True),
 }
 _COMMON = ("selection", "optimization", "max_outputs_per_run", "threads", "input_shapes")
 

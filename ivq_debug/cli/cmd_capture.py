@@ -9,9 +9,9 @@ from typing import Any
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import escape, fmt_bytes
 from ivq_debug.console import console, results
-from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
+from ivq_debug.validate import check_feeds, check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
     p.add_argument("--allow-cpu-fallback", action="store_true", help="qnn: let unsupported nodes run on the CPU")
     p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="qnn: QNN profiling")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--qnn-cache", default=None, metavar="DIR",
+                       help="qnn: compiled-context cache folder (default $IVQ_QNN_CACHE or "
+                            "${XDG_CACHE_HOME:-~/.cache}/ivq-debug/qnn-contexts)")
+    cache.add_argument("--no-qnn-cache", action="store_true", help="qnn: compile every session, cache nothing")
+    p.add_argument("--fast-compile", action="store_true",
+                   help="qnn: QNN's faster, less optimized finalization (outputs can differ by a step; recorded)")
     p.add_argument("--force", action="store_true", help="overwrite the output dump")
 
 
@@ -84,7 +91,8 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--session-option applies to the onnx backend only")
     else:
         opts.update(soc_model=args.soc_model, htp_arch=args.htp_arch, allow_cpu_fallback=args.allow_cpu_fallback,
-                    overwrite=args.force)
+                    overwrite=args.force, qnn_cache=False if args.no_qnn_cache else args.qnn_cache,
+                    fast_compile=args.fast_compile or None)
         if args.profiling != "off":
             opts.update(profiling_level=args.profiling, profiling_path=Path(args.output).with_suffix(".profile.csv"))
     return opts
@@ -92,12 +100,13 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
-    check_writable(args.output, args.force)
+    check_outputs([args.output], [args.model, *args.inputs], args.force)
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")
     shapes = sample_shapes(args.backend, args.model, samples)
     runner = make_runner(args.backend, args.model, input_shapes=shapes or None, **runner_options(args))
+    check_feeds(samples, runner.model, args.inputs)
     capture(runner, samples, args.output, part=args.part, model=model_facts(args.model, args.part), overwrite=args.force,
             summary_only=args.summary_only)
     con = console()

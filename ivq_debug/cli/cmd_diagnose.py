@@ -1,20 +1,30 @@
-"""``ivq diagnose REF.h5 TEST.h5 --model M.qdq.onnx``: introduced vs inherited error per QDQ unit."""
+"""``ivq diagnose REF.h5 TEST.h5 --model M.qdq.onnx``: who introduced the error, per QDQ unit and per pattern.
+
+The headline names the worst introducer's pattern (``local`` attribution by default; ``docs/findings.md``), with
+its share of the output error and the fix; the table lists the worst units under both attributions.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
-from ivq_debug import defaults
-from ivq_debug.capture.base import make_runner
+from ivq_debug import validate
+from ivq_debug.align.preprocess import check_outputs, quantizer_reference
+from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
-from ivq_debug.console import results
-from ivq_debug.diagnose.replay import replay
-from ivq_debug.dump import check_writable, open_dump
+from ivq_debug.console import results, status
+from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from ivq_debug.onnxgraph.load import load_model
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -22,15 +32,21 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("ref", help="float reference dump (.h5): the replay's inputs and targets")
     p.add_argument("test", help="free-running test dump of the same inputs (.h5): the cumulative error")
     p.add_argument("--model", required=True, help="the QDQ model the test backend ran")
+    p.add_argument("--float-model", help="the float model REF was captured from: its weights and, when the QDQ "
+                                         "model was made by ORT's QNN flow, its preprocessed graph as reference")
     p.add_argument("--backend", choices=["cpu", "qnn"], default="cpu",
                    help="replay backend: cpu (exact fake-quant, ORT_DISABLE_ALL) or qnn (QNN HTP)")
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
                    help="cpu: ORT graph optimization level of the replay (all: dynamic INT8 units run fused, "
                         "DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them)")
-    p.add_argument("--record", help="record to replay: sample/part/step (default: the first)")
+    p.add_argument("--attribution", choices=list(ATTRIBUTIONS), default="local",
+                   help="rank by local (producer-charged, default) or iso (input re-quantization included)")
+    p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first)")
     p.add_argument("--nodes", default=None, help="only these compute nodes or output tensors (comma-separated)")
     p.add_argument("--budget-sqnr", type=float, default=None, metavar="DB",
-                   help="introduced SQNR below which a unit breaks the budget (default 40)")
+                   help="introduced SQNR below which a unit breaks the budget (default: by the model's activation "
+                        "bits, 20 dB at 8 bits, 40 dB at 16)")
+    p.add_argument("--no-lift", action="store_true", help="do not measure the patterns' share of the output error")
     p.add_argument("--top", type=int, default=10, help="units to print")
     p.add_argument("--json", metavar="OUT", help="write the replay table and findings as JSON ('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite --json")
@@ -38,32 +54,88 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget."""
-    if args.json and args.json != "-":
-        check_writable(args.json, args.force)
+    validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
-    cmp = compare(ref, test)  # the cumulative error per tensor (no diagnostics needed)
-    factory = (partial(make_runner, "qnn") if args.backend == "qnn"
-               else partial(make_runner, "onnx", optimization=args.optimization))
-
-    budget = args.budget_sqnr if args.budget_sqnr is not None else defaults.DIVERGENCE_SQNR_DB
-    r = replay(args.model, ref, record=parse_record(args.record), runner_factory=factory, cumulative=cmp,
-               budget_sqnr_db=budget, nodes=args.nodes.split(",") if args.nodes else None)
     con = results(json_to_stdout=args.json == "-")
-    t = Table(title=f"introduced vs inherited error ({r.backend}, record {r.record}); worst {args.top} by "
-                    f"introduced SQNR", title_justify="left", header_style="bold")
-    for c in ("#", "tensor", "op", "introduced dB", "cumulative dB", "inherited share"):
+    # cpu at ORT_DISABLE_ALL: the replay's own exact fake-quant session; another level (dynamic INT8 units fused, as a
+    # deployment runs them) or QNN HTP: the units run on that backend, the shadow copies stay on the exact CPU path
+    factory = (partial(make_runner, "qnn") if args.backend == "qnn"
+               else partial(make_runner, "onnx", optimization=args.optimization) if args.optimization != "disable"
+               else None)
+    rec = "all" if args.record == "all" else parse_record(args.record)
+
+    keys = ref.record_keys()
+    if rec == "all" or not keys:
+        chosen = None
+    elif isinstance(rec, tuple):
+        chosen = rec
+    elif isinstance(rec, str):  # a record id
+        chosen = next((k for k, v in keys.items() if v == rec), None)
+    else:
+        chosen = min(keys, key=lambda k: (k[0], k[2], k[1]))
+    # the cumulative error of the replayed record only (the other records are not replayed)
+    only = (lambda k: k == chosen) if chosen is not None and chosen in test.record_keys() else None
+
+    def run(reference: Any) -> Any:
+        cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
+        return replay(args.model, reference, record=rec, runner_factory=factory, cumulative=cmp,
+                      budget_sqnr_db=args.budget_sqnr, nodes=args.nodes.split(",") if args.nodes else None,
+                      attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift)
+
+    r = run(ref)
+    note = None
+    if r.skipped and args.float_model:  # tensors neither the reference nor the lineage name: the preprocessing
+        tmp = Path(tempfile.mkdtemp(prefix=".ivq-diagnose-", dir=Path(args.model).resolve().parent))
+        try:
+            pre, how = quantizer_reference(args.float_model, args.model, tmp)
+            if pre is not None and pre != Path(args.float_model):
+                feeds = [{e.name: ref.read(e) for e in ref.tensors(rid, kind="input")}
+                         for rid in ref.records.sort_values(["sample", "step"])["rid"]]
+                with status("reference: the float model through the quantizer's preprocessing"):
+                    pre_ref = open_dump(capture(make_runner("onnx", pre, selection=Selection()), feeds,
+                                                tmp / "reference.h5", progress=None))
+                chk = check_outputs(ref, pre_ref, [o.name for o in load_model(pre).graph.output])
+                if chk["ok"]:
+                    r = run(pre_ref)
+                    note = (f"reference: {how}; its outputs equal the user's within {chk['max_rel']:.1e} "
+                            f"(tolerance {chk['rtol']:g})")
+                else:
+                    why = chk.get("why") or "max relative difference {:.2g}".format(chk["max_rel"])
+                    note = f"preprocessed reference rejected ({why})"
+            else:
+                note = f"no preprocessed reference: {how}"
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    findings = r.findings()
+    if args.json:  # written before anything is printed: a full disk is then the only stderr line
+        write_json(r.to_json(), args.json, overwrite=args.force)
+    other = "iso" if args.attribution == "local" else "local"
+    t = Table(title=f"introduced error ({r.backend}, {len(r.records)} record(s) from {r.record}); worst {args.top} "
+                    f"by {args.attribution}", title_justify="left", header_style="bold")
+    for c in ("#", "tensor", "op", f"{args.attribution} dB", f"{other} dB", "weight share", "cumulative dB",
+              "inherited"):
         t.add_column(c, justify="left" if c in ("tensor", "op") else "right", overflow="fold")
     for i, (_, row) in enumerate(r.worst(args.top).iterrows(), 1):
-        t.add_row(str(i), escape(row["tensor"]), escape(row["op_type"]), fmt_num(row["intro_sqnr_db"]),
-                  fmt_num(row["cum_sqnr_db"]), fmt_num(row["inherited_share"]))
+        flag = " ≈" if row.get("approximate") else ""
+        t.add_row(str(i), escape(row["tensor"]) + flag, escape(row["op_type"]), fmt_num(row["intro_sqnr_db"]),
+                  fmt_num(row[f"{other}_sqnr_db"]), fmt_num(row["weight_share"]), fmt_num(row["cum_sqnr_db"]),
+                  fmt_num(row["inherited_share"]))
     con.print(t)
-    fb = r.first_breaking
-    con.print(f"{len(r.table)} units replayed in {r.batches} batch(es); skipped {len(r.skipped)}")
-    if fb:
-        con.print(f"[bold red]first unit over budget[/bold red] ({budget:g} dB): {escape(fb['tensor'])} "
-                  f"introduces {fmt_num(fb['intro_sqnr_db'])} dB (cumulative {fmt_num(fb.get('cum_sqnr_db'))} dB)")
-    else:
-        con.print(f"[green]no unit introduces more error than the budget ({budget:g} dB)[/green]")
-    if args.json:
-        write_json(r.to_json(), args.json, overwrite=args.force)
-    return EXIT_FAIL if fb else EXIT_OK
+    if note:
+        con.print(escape(note))
+    con.print(f"{len(r.table)} units replayed in {r.batches} batch(es), {r.sessions} session(s), {r.seconds:.1f} s; "
+              f"skipped {len(r.skipped)}")
+    for node, why in list(r.skipped_reasons.items())[:10]:
+        con.print(f"  skipped {escape(node)}: {escape(why)}")
+    for f in findings:
+        color = {"error": "bold red", "warning": "yellow"}.get(f.severity, "cyan")
+        con.print(f"[{color}]{f.kind}[/{color}] {escape(f.message)}")
+        if f.suggestion:
+            con.print(f"  fix: {escape(f.suggestion)}")
+        fb = f.evidence.get("first_over_budget")
+        if fb:
+            con.print(f"  first unit over budget (evidence): {escape(fb['tensor'])} at "
+                      f"{fmt_num(fb['intro_sqnr_db'])} dB")
+    if not any(f.kind == "introduced_error" for f in findings):
+        con.print(f"[green]no unit introduces more error than the budget ({r.budget_sqnr_db:g} dB)[/green]")
+    return EXIT_FAIL if r.first_breaking else EXIT_OK

@@ -21,8 +21,8 @@ from ivq_debug.capture.qnn_net_run.ingest import (
 )
 from ivq_debug.cli.common import escape, write_json
 from ivq_debug.console import console, results, status
-from ivq_debug.dump import check_writable
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.validate import check_outputs
 
 
 def parse_dims(specs: Sequence[str]) -> dict[str, int]:
@@ -42,7 +42,8 @@ def add_folder_arguments(p: argparse.ArgumentParser) -> None:
                    help="input files are in the graph's dtypes (qnn-net-run --use_native_input_files); "
                         "default float32, cast to the graph's input types")
     p.add_argument("--allow-outside-inputs", action="store_true",
-                   help="read input_list.txt paths that leave the folder holding it")
+                   help="read input_list.txt paths that leave the folder holding it, and raw files / Result "
+                        "folders that are symlinks leaving the output folder (refused by default)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                    help="pin a dynamic axis the byte sizes cannot resolve (e.g. batch_size=1); repeatable")
 
@@ -127,7 +128,7 @@ def _qnn_net_run(args: argparse.Namespace, info: dict | None) -> NetRunCapture:
         return capture_net_run(args.output_dir, args.output, args.graph if len(args.graph) > 1 else args.graph[0],
                                model=args.model, profiling=args.profiling, strict=args.strict,
                                as_steps=args.as_steps, first_step=args.first_step, parts=parts or None,
-                               overwrite=args.force, backend_info=info)
+                               overwrite=args.force, backend_info=info, allow_outside=args.allow_outside_inputs)
     if args.profiling:
         raise UsageError("--profiling needs --graph (the profile is joined through the QNN graph)")
     if len(args.part) > 1 or any("=" in p for p in args.part):
@@ -156,17 +157,24 @@ def session_spec(args: argparse.Namespace) -> SessionSpec:
     return spec
 
 
+def _inputs(args: argparse.Namespace, spec: SessionSpec | None) -> list[str | Path | None]:
+    """Every file or folder the ingest reads (no output may replace one of them, even with ``--force``)."""
+    if spec is None:
+        return [args.output_dir, *(args.graph or ()), args.model, args.profiling, args.input_list, args.config]
+    return [args.spec, *(f for fs in spec.folders.values() for f in fs), spec.model_dir, *spec.models.values(),
+            spec.config]
+
+
 def execute(args: argparse.Namespace) -> int:
     """Run the ingest; exit 1 when a --graph ingest had to write an incomplete dump."""
     if not args.source:
         raise UsageError("ivq ingest needs a source: qnn-net-run or session (ivq ingest SOURCE --help)")
-    check_writable(args.output, args.force)
-    if args.json and args.json != "-":
-        check_writable(args.json, args.force)
+    spec = session_spec(args) if args.source == "session" else None
+    check_outputs([args.output, args.json], _inputs(args, spec), args.force)
     info = {"device": args.device} if args.device else None
     with status(f"ingesting {args.source} folders"):
-        cap = _qnn_net_run(args, info) if args.source == "qnn-net-run" else capture_session(
-            session_spec(args), args.output, overwrite=args.force, backend_info=info)
+        cap = _qnn_net_run(args, info) if spec is None else capture_session(
+            spec, args.output, overwrite=args.force, backend_info=info)
     if args.json:
         write_json(cap.to_json(), args.json, overwrite=args.force)
     con = results(json_to_stdout=args.json == "-")

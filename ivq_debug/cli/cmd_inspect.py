@@ -46,10 +46,11 @@ def execute(args: argparse.Namespace) -> int:
                 console().print(f"[yellow]incomplete dump:[/yellow] {escape('; '.join(d.incomplete_reasons))}")
             return EXIT_OK
         e = d.entry(args.name, parse_record(args.record), "input" if args.input else "tensor")
+        d.dataset(e)  # checked against the manifest (and read) before anything is printed: one error line
+        arr = d.read_any(e)[0].reshape(-1)[: args.values] if args.values else None
         con.print(entry_panel(d, e))
-        if args.values:
+        if arr is not None:
             import numpy as np
 
-            arr = d.read(e).reshape(-1)[: args.values]
             con.print(escape(np.array2string(arr, precision=6, threshold=args.values)))
     return EXIT_OK

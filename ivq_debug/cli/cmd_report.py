@@ -13,14 +13,15 @@ import argparse
 from ivq_debug.api import compare
 from ivq_debug.capture.base import make_runner
 from ivq_debug.cli.common import escape
-from ivq_debug.cli.diff import add_budget_arguments, load_json
+from ivq_debug.cli.diff import add_budget_arguments
 from ivq_debug.comparator import Budgets
 from ivq_debug.console import results
 from ivq_debug.diagnose.replay import replay
-from ivq_debug.dump import check_writable, open_dump
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.report import write_junit, write_model_explorer, write_perfetto, write_report
 from ivq_debug.report.html import comparison_label
+from ivq_debug.validate import check_model, check_outputs, read_name_map
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -56,14 +57,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Compare, write the report and the requested exports; returns the exit code."""
-    outs = [args.output, args.perfetto, args.model_explorer, args.junit]
-    given = [o for o in outs if o]
-    if len(set(given)) != len(given):
-        raise UsageError("two outputs name the same file")
-    for out in given:
-        check_writable(out, args.force)
+    inputs = [args.ref, args.test, *(p for pair in args.extra for p in pair), args.model, args.map, args.replay]
+    check_outputs([args.output, args.perfetto, args.model_explorer, args.junit], inputs, args.force)
+    check_model(args.model)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
-    mapping = load_json(args.map, "mapping") if args.map else None
+    mapping = read_name_map(args.map) if args.map else None
     parts = set(args.records.split(",")) if args.records else None
     records = (lambda k: k[1] in parts) if parts else None
     ref, test = open_dump(args.ref), open_dump(args.test)

@@ -1,59 +1,156 @@
-"""``ivq tune MODEL --calibration C --inputs X.npz -o WORKDIR``: suggest overrides and verify them on QNN HTP."""
+"""``ivq tune MODEL --calibration C --inputs X.npz -o WORKDIR``: suggest overrides, verify them, recommend the
+first set that does not make the verified backend worse (docs/tune.md)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, write_json
 from ivq_debug.console import console, status
+from ivq_debug.diagnose.replay import replay
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
-from ivq_debug.tune.suggest import from_encodings, suggest, write_suggestions
-from ivq_debug.tune.verify import Tuner, greedy, verify
+from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
+from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
+from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, verify
 from ivq_debug.util import read_arrays
+from ivq_debug.validate import check_feeds, check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     """Arguments of ``ivq tune``."""
     p.add_argument("model", help="float ONNX model")
-    p.add_argument("--calibration", required=True, help="calibration data (see ivq quantize)")
+    p.add_argument("--calibration", required=True, help="calibration data (see ivq quantize); the only source of "
+                                                        "calibrated and widened ranges")
     p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
-                   help="inputs to verify on, one .npz per sample (repeatable)")
-    p.add_argument("-o", "--workdir", required=True, help="folder for trial models, dumps and the results")
+                   help="evaluation inputs, one .npz per sample (repeatable): scored only, never calibrated on")
+    p.add_argument("-o", "--workdir", required=True, help="folder for trial models, dumps, checkpoint and results")
     p.add_argument("--reference", help="float reference dump of the same inputs (default: captured with ORT)")
     p.add_argument("--overrides", help="verify this overrides file instead of suggesting one")
     p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"])
+    p.add_argument("--backend", default="qnn", choices=["qnn", "cpu"],
+                   help="verify on QNN HTP (emulated on x86_64; default) or ORT CPU-QDQ")
+    p.add_argument("--per-channel", action="store_true", help="quantizer knob: per-channel weights in every trial")
+    p.add_argument("--calibrate-method", default="minmax", choices=sorted(CALIBRATE_METHODS),
+                   help="quantizer knob: the calibration method of every trial")
+    p.add_argument("--tensors", action="append", default=[], metavar="GLOB",
+                   help="only suggest overrides for tensors / weights matching this glob (repeatable)")
     p.add_argument("--watch", action="append", default=[], metavar="TENSOR",
                    help="tensor(s) whose SQNR is the end-to-end figure (default: the last output)")
+    p.add_argument("--task-metric", metavar="MODULE:FUNCTION",
+                   help="a function scoring the model outputs (a list of {output: array}, one per input; higher "
+                        "is better); MODULE is an importable module or a .py file")
+    p.add_argument("--no-diagnose", action="store_true",
+                   help="suggest from the comparison only (no introduced-error replay of the baseline)")
     p.add_argument("--greedy", action="store_true", help="add suggestions one at a time while they help")
     p.add_argument("--budget", type=float, default=None, metavar="DB",
                    help="target SQNR of the watched tensors (greedy stops there; exit 1 when missed)")
-    p.add_argument("--format", default="legacy", choices=["legacy", "1.0.0", "ort"], help="overrides file format")
+    p.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES, metavar="N",
+                   help="candidate sets to try before giving up (each is one quantize + capture)")
+    p.add_argument("--format", default="legacy", choices=["legacy", "1.0.0", "ort"],
+                   help="overrides file format (every trial writes and reads it back)")
+    p.add_argument("--resume", action="store_true", help="reuse the finished trials of WORKDIR/checkpoint.json")
     p.add_argument("--force", action="store_true", help="reuse a non-empty workdir, overwriting its files")
 
 
+def load_task_metric(spec: str) -> Callable[[list[dict[str, Any]]], Any]:
+    """``module:function`` or ``path/to/file.py:function`` → the function (one-line usage errors)."""
+    mod_name, _, fn_name = spec.rpartition(":")
+    if not mod_name or not fn_name:
+        raise UsageError(f"--task-metric wants MODULE:FUNCTION, got {spec!r}")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name)
+            if not path.is_file():
+                raise UsageError(f"--task-metric: no such file {mod_name!r}")
+            sp = importlib.util.spec_from_file_location(path.stem, path)
+            if sp is None or sp.loader is None:
+                raise UsageError(f"--task-metric: cannot load {mod_name!r}")
+            mod = importlib.util.module_from_spec(sp)
+            sp.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(mod_name)
+    except UsageError:
+        raise
+    except Exception as e:  # the user's module
+        raise UsageError(f"--task-metric: cannot import {mod_name!r} ({type(e).__name__}: {e})") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise UsageError(f"--task-metric: {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
 def execute(args: argparse.Namespace) -> int:
-    """Run the loop."""
+    """Run the loop: every input is read and checked before the workdir is created; a workdir this run
+    created is removed when it fails."""
     wd = Path(args.workdir)
-    if wd.exists() and any(wd.iterdir()) and not args.force:
-        raise UsageError("workdir is not empty; pass --force to reuse it", wd)
-    wd.mkdir(parents=True, exist_ok=True)
+    if wd.exists() and any(wd.iterdir()) and not (args.force or args.resume):
+        raise UsageError("workdir is not empty; pass --force to reuse it (or --resume to reuse its trials)", wd)
+    if args.max_candidates < 1:
+        raise UsageError("--max-candidates must be >= 1")
+    metric = load_task_metric(args.task_metric) if args.task_metric else None
+    model = load_model(args.model)
     feeds = [read_arrays(p) for p in args.inputs]
-    ref = Path(args.reference) if args.reference else wd / "reference.h5"
-    if not args.reference:
-        capture(make_runner("onnx", args.model, selection=Selection()), feeds, ref, overwrite=True, progress=None)
-    tuner = Tuner(Path(args.model), args.calibration, feeds, ref, wd / "trials", preset=args.preset)
-    con = console()
-    with status("baseline: quantize, capture on QNN HTP, compare"):
-        before = tuner.trial("before", [])
+    check_feeds(feeds, model, args.inputs)
+    calibration, _ = load_calibration(args.calibration, model)
     if args.overrides:
-        sug = from_encodings(read_encodings(args.overrides, model=args.model))
+        read_encodings(args.overrides, model=args.model)  # checked now; read for the trials below
+    if args.reference:
+        open_dump(args.reference).close()
+    inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
+    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"])]
+    check_outputs([wd / n for n in outputs], inputs, overwrite=True)  # even --force never replaces an input
+    missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
+    wd.mkdir(parents=True, exist_ok=True)
+    try:
+        return _tune(args, wd, calibration, feeds, metric)
+    except BaseException:
+        if missing:  # the folders this run created, nothing else
+            shutil.rmtree(missing[-1], ignore_errors=True)
+        raise
+
+
+def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict], metric: Any) -> int:
+    kw: dict[str, Any] = {"calibrate_method": args.calibrate_method}
+    if args.per_channel:
+        kw["per_channel"] = True
+    tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
+                  wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
+                  output_metric=metric, resume=args.resume)
+    if not args.reference and not (args.resume and tuner.reference.exists()):
+        with status("reference: the float model on the evaluation inputs (ORT CPU)"):
+            capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
+                    overwrite=True, progress=None)
+    con = console()
+    where = "QNN HTP" if args.backend == "qnn" else "ORT CPU-QDQ"
+    with status(f"baseline: quantize, capture on {where}, compare"):
+        before = tuner.trial("before", [])
+    if before.error:
+        raise UsageError(f"the baseline trial failed: {before.error}")
+    if args.overrides:
+        encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
+        sug = from_encodings(encs, nodes)
     else:
-        sug = suggest(before.comparison)
+        with status("calibration ranges: the float model on the calibration data"):
+            ranges = tuner.calibration_ranges()
+        rp = None
+        if not args.no_diagnose:
+            with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
+                rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
+                            float_model=tuner.source(), progress=False)
+        sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
+                      per_channel=args.per_channel)
     if not sug:
         con.print("[green]nothing to tune: no tensor breaks the thresholds[/green]")
         return EXIT_OK
@@ -64,23 +161,19 @@ def execute(args: argparse.Namespace) -> int:
         rep = greedy(tuner, sug, watch or [before.comparison.table.sort_values("order").iloc[-1]["ref_name"]],
                      budget_sqnr_db=args.budget)
     else:
-        with status(f"verifying {len(sug)} override(s)"):
-            rep = verify(tuner, sug, watch or (), before=before)
-    path, md = write_suggestions(rep.after.suggestions, wd / "overrides.json", fmt=args.format, overwrite=True)
+        with status(f"verifying {len(sug)} override(s) on {where}"):
+            rep = verify(tuner, sug, watch or (), before=before, max_candidates=args.max_candidates)
+    path = md = None
+    if rep.recommended and rep.after.suggestions:
+        act_bits = 16 if args.preset.startswith("a16") else 8
+        path, md = write_suggestions(rep.after.suggestions, wd / "overrides.json", fmt=args.format,
+                                     activation_bits=act_bits, float_model=tuner.source(), overwrite=True)
     write_json(rep.to_dict(), str(wd / "tune.json"), overwrite=True)
-    t = Table(title="end to end", title_justify="left", header_style="bold")
-    for c in ("what", "before", "after", "change"):
-        t.add_column(c, justify="left" if c == "what" else "right")
-    for _, r in rep.end_to_end.iterrows():
-        t.add_row(escape(r["what"]), fmt_num(r["before"]), fmt_num(r["after"]), fmt_num(r["change"]))
-    con.print(t)
-    t2 = Table(title=f"changed layers ({len(rep.after.suggestions)})", title_justify="left", header_style="bold")
-    for c in ("tensor", "action", "SQNR before", "after", "gain dB"):
-        t2.add_column(c, justify="left" if c in ("tensor", "action") else "right", overflow="fold")
-    for _, r in rep.changed.head(20).iterrows():
-        t2.add_row(escape(r["tensor"]), r["action"], fmt_num(r["sqnr_before"]), fmt_num(r["sqnr_after"]),
-                   fmt_num(r["gain_db"]))
-    con.print(t2)
+    _print(con, rep, where)
+    if not rep.recommended:
+        con.print(f"[bold red]no override set recommended[/bold red]: each of the {len(rep.refused)} candidate "
+                  f"set(s) tried made {where} worse or failed (see {escape(wd / 'tune.json')})")
+        return EXIT_FAIL
     con.print(f"overrides: {escape(path)} · rationale: {escape(md)} · results: {escape(wd / 'tune.json')}")
     if args.budget is not None:
         worst = min((rep.after.sqnr(w) or -1e9) for w in rep.watch)
@@ -88,3 +181,24 @@ def execute(args: argparse.Namespace) -> int:
             con.print(f"[bold red]budget missed[/bold red]: {worst:.1f} dB < {args.budget:g} dB")
             return EXIT_FAIL
     return EXIT_OK
+
+
+def _print(con: Any, rep: Any, where: str) -> None:
+    for r in rep.refused:
+        con.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
+                  f"{escape(r['reason'])} on {where}")
+    t = Table(title=f"end to end ({where})", title_justify="left", header_style="bold")
+    for c in ("what", "before", "after", "change"):
+        t.add_column(c, justify="left" if c == "what" else "right")
+    for _, r in rep.end_to_end.iterrows():
+        t.add_row(escape(r["what"]), fmt_num(r["before"]), fmt_num(r["after"]), fmt_num(r["change"]))
+    con.print(t)
+    if not rep.recommended:
+        return
+    t2 = Table(title=f"changed layers ({len(rep.after.suggestions)})", title_justify="left", header_style="bold")
+    for c in ("tensor", "action", "SQNR before", "after", "gain dB"):
+        t2.add_column(c, justify="left" if c in ("tensor", "action") else "right", overflow="fold")
+    for _, r in rep.changed.head(20).iterrows():
+        t2.add_row(escape(r["tensor"]), r["action"], fmt_num(r["sqnr_before"]), fmt_num(r["sqnr_after"]),
+                   fmt_num(r["gain_db"]))
+    con.print(t2)

@@ -10,17 +10,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ivq_debug import interrupt
-from ivq_debug.errors import EXIT_FAIL, EXIT_RUN, IvqError, UsageError, missing_extra
-from ivq_debug.util import atomic_write_text
+from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
+from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Run a CLI body; turn :class:`IvqError` into a one-line message and its exit code.
 
     SIGINT and SIGTERM interrupt the body as an exception (what it was writing is removed) and exit 130 / 143
-    (128 + the signal). A module of a missing optional extra (pandas, torch, ...) exits 5 naming the extra to
-    install (:func:`~ivq_debug.errors.missing_extra`). Unexpected exceptions print one line too (set
-    ``IVQ_TRACEBACK=1`` to see the traceback) and exit 6.
+    (128 + the signal). An ``OSError`` that only writing can raise (no space left, quota, file too large,
+    read-only file system) is an output that cannot be written: one line, exit 2. A module of a missing optional
+    extra (pandas, torch, ...) exits 5 naming the extra to install (:func:`~ivq_debug.errors.missing_extra`).
+    Other unexpected exceptions print one line too, exit 1 (set ``IVQ_TRACEBACK=1`` to see the traceback).
+    Messages are escaped (:func:`~ivq_debug.errors.printable`): names in them come from files.
     """
     argv = sys.argv[1:] if argv is None else argv
     previous: dict[int, Any] = {}
@@ -42,20 +44,30 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         return 128 + int(signum)
     except BrokenPipeError:
         return EXIT_FAIL
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS or os.environ.get("IVQ_TRACEBACK"):
+            return _internal(prog, argv, e)
+        where = f"{printable(os.fsdecode(e.filename))}: " if e.filename else ""
+        print(f"{prog}: error: {where}cannot write output ({os.strerror(e.errno)})", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as e:  # last resort, keeps the one-line contract
-        command = next((a for a in argv if not a.startswith("-")), None) if prog == "ivq" else None
-        extra = missing_extra(e, f"`{prog} {command}`" if command else f"`{prog}`")
-        if extra is not None:  # an optional extra's module is not installed (exit 5)
-            print(f"{prog}: error: {extra.one_line()}", file=sys.stderr)
-            return extra.exit_code
-        if os.environ.get("IVQ_TRACEBACK"):
-            raise
-        msg = " ".join(f"{type(e).__name__}: {e}".split())
-        print(f"{prog}: internal error: {msg[:500]} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
-        return EXIT_RUN
+        return _internal(prog, argv, e)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _internal(prog: str, argv: list[str], e: Exception) -> int:
+    command = next((a for a in argv if not a.startswith("-")), None) if prog == "ivq" else None
+    extra = missing_extra(e, f"`{prog} {command}`" if command else f"`{prog}`")
+    if extra is not None:  # an optional extra's module is not installed (exit 5)
+        print(f"{prog}: error: {extra.one_line()}", file=sys.stderr)
+        return extra.exit_code
+    if os.environ.get("IVQ_TRACEBACK"):
+        raise e
+    msg = one_line(f"{type(e).__name__}: {e}", 500)
+    print(f"{prog}: internal error: {msg} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
+    return EXIT_FAIL
 
 
 def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
@@ -97,10 +109,18 @@ def fmt_bytes(n: int) -> str:
 
 
 def escape(text: Any) -> str:
-    """Escape rich markup in untrusted text (tensor names come from files)."""
+    """Untrusted text (tensor names, paths, messages from files) made safe to print with rich: control,
+    surrogate and bidi characters written as visible escapes (:func:`~ivq_debug.errors.printable`), then
+    rich markup escaped."""
     from rich.markup import escape as _escape
 
-    return _escape(str(text))
+    return _escape(printable(text))
+
+
+def safe(text: Any) -> str:
+    """Untrusted text for a terminal where no markup is parsed (``rich.text.Text``): control, surrogate and
+    bidi characters escaped, markup left alone."""
+    return printable(text)
 
 
 def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
@@ -112,5 +132,4 @@ def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
-
     atomic_write_text(path, text + "\n", overwrite=overwrite)

@@ -2,15 +2,14 @@
 
 Exit codes: 0 pass · 1 a threshold or regression failed, or a finding at ``--fail-on`` severity (default:
 error) · 2 usage error · 3 an input is unreadable or corrupt · 4 alignment left more unmatched tensors than
-allowed. Errors are one line on stderr; the verdict line says why a run failed.
+allowed · 6 contract: the dumps were not fed the same inputs (checked before any metric; ``--allow-input-mismatch``
+compares anyway). Errors are one line on stderr; the verdict line says why a run passed or failed
+(:mod:`ivq_debug.diagnose.verdict`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.api import compare
@@ -18,13 +17,13 @@ from ivq_debug.cli.common import escape, run, write_json
 from ivq_debug.cli.render import comparison_report
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import results
-from ivq_debug.diagnose.findings import SEVERITIES, Finding, severity_rank
-from ivq_debug.dump import check_writable, open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, InputError, UsageError
+from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
+from ivq_debug.dump import open_dump
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.report import write_report
+from ivq_debug.validate import check_outputs, read_baseline, read_name_map
 
-#: ``--fail-on`` choices: the lowest finding severity that fails the run (``never``: findings never fail)
-FAIL_ON = ("error", "warning", "never")
+__all__ = ["FAIL_ON", "add_budget_arguments", "add_diff_arguments", "execute_diff", "failing_findings", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +39,9 @@ def add_budget_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", action="append", default=[], metavar="PATTERN:METRIC>=V",
                    help="per-name-pattern budget, e.g. '*lm_head*:sqnr_db>=20' (repeatable)")
     p.add_argument("--preset", choices=sorted(defaults.PRESETS), help="named threshold preset")
-    p.add_argument("--rank-by", default=defaults.RANK_METRIC, metavar="METRIC", help="ranking metric")
+    p.add_argument("--rank-by", default=None, metavar="METRIC",
+                   help=f"ranking metric (default: {defaults.RANK_METRIC_QUANTIZED} when both dumps are quantized, "
+                        f"else {defaults.RANK_METRIC}; docs/metrics.md)")
 
 
 def add_diff_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +52,15 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="OUT.html", help="write the self-contained HTML report")
     add_budget_arguments(p)
     p.add_argument("--baseline", metavar="PREV.json", help="fail only on regressions against this ivq-diff/1 result")
+    p.add_argument("--expected", metavar="CPUQDQ.h5",
+                   help="the CPU-QDQ dump of the same inputs: per-layer ratio of TEST's error to its error "
+                        "(backend_divergence, docs/findings.md)")
+    p.add_argument("--max-ratio", type=float, metavar="K",
+                   help=f"with --expected: a layer departs when its error ratio exceeds K "
+                        f"(default {defaults.BACKEND_DIVERGENCE_K})")
+    p.add_argument("--allow-input-mismatch", action="store_true",
+                   help="compare even when the dumps were not fed the same inputs (else exit 6); every layer "
+                        "row then says so")
     p.add_argument("--top", type=int, default=defaults.TOP_N, metavar="N", help="worst layers to print")
     p.add_argument("--max-unmatched", default=None, metavar="N|F",
                    help="allowed unmatched tensors on the smaller side: a count, or a fraction < 1 "
@@ -62,17 +72,6 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
                         "only findings the baseline did not have)")
     p.add_argument("--force", action="store_true", help="overwrite existing --json/--report outputs")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
-
-
-def load_json(path: str, what: str) -> Any:
-    """Read a JSON file; one-line :class:`InputError` naming it when missing or invalid."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"no such {what} file", p)
-    try:
-        return json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"not valid JSON ({e.__class__.__name__}: line {getattr(e, 'lineno', '?')})", p) from None
 
 
 def parse_allowance(value: str | None) -> int | float | None:
@@ -90,72 +89,31 @@ def parse_allowance(value: str | None) -> int | float | None:
     return int(v) if v.is_integer() else v
 
 
-def _finding_key(f: Finding | dict[str, Any]) -> tuple[Any, ...]:
-    d = f if isinstance(f, dict) else f.to_dict()
-    where = d.get("where") or {}
-    return d.get("kind"), where.get("tensor"), where.get("node"), json.dumps(where.get("record"), sort_keys=True)
-
-
-def failing_findings(findings: list[Finding], fail_on: str, baseline: dict[str, Any] | None = None) -> list[Finding]:
-    """The findings that fail a run at ``fail_on`` (``error``, ``warning`` or ``never``); with a baseline
-    ``ivq-diff/1`` document, only those it did not hold (same kind, tensor, node and record)."""
-    if fail_on == "never":
-        return []
-    floor = SEVERITIES.index(fail_on)
-    out = [f for f in findings if severity_rank(f.severity) >= floor]
-    if baseline is not None:
-        known = {_finding_key(f) for f in baseline.get("findings") or []}
-        out = [f for f in out if _finding_key(f) not in known]
-    return out
-
-
-def verdict_reasons(cmp: Any, failing: list[Finding]) -> list[str]:
-    """Why a diff fails, one phrase per cause (empty: it passes)."""
-    reasons = []
-    if cmp.regressions is not None:
-        if cmp.regressions:
-            reasons.append(f"{len(cmp.regressions)} regression(s)")
-    elif not cmp.passed:
-        reasons.append(f"{cmp.summary['failed']} tensor(s) over budget")
-    if failing:
-        by_kind: dict[str, list[Finding]] = {}
-        for f in failing:
-            by_kind.setdefault(f.kind, []).append(f)
-        parts = []
-        for kind, fs in by_kind.items():
-            rec = fs[0].where.get("record") or {}
-            at = f" ({rec.get('part')} step {rec.get('step')})" if rec else ""
-            parts.append(f"{kind}{at}" + (f" x{len(fs)}" if len(fs) > 1 else ""))
-        sevs = sorted({f.severity for f in failing}, key=severity_rank, reverse=True)
-        reasons.append(f"{len(failing)} {'/'.join(sevs)} finding(s): {', '.join(parts)}")
-    return reasons
-
-
 def execute_diff(args: argparse.Namespace) -> int:
     """Run a diff from parsed arguments; returns the exit code."""
-
-    for out in (args.json, args.report):
-        if out and out != "-":
-            check_writable(out, args.force)
+    check_outputs([args.json, args.report],
+                  [args.ref, args.test, getattr(args, "expected", None), args.map, args.baseline], args.force)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
-    mapping = load_json(args.map, "mapping") if args.map else None
-    baseline = load_json(args.baseline, "baseline") if args.baseline else None
+    mapping = read_name_map(args.map) if args.map else None
+    baseline = read_baseline(args.baseline) if args.baseline else None
     ref = open_dump(args.ref)
     test = open_dump(args.test)
+    expected = open_dump(args.expected) if getattr(args, "expected", None) else None
+    if getattr(args, "max_ratio", None) is not None and not args.max_ratio > 0:
+        raise UsageError("--max-ratio must be > 0")
     parts = set(args.records.split(",")) if args.records else None
+    fail_on = getattr(args, "fail_on", defaults.DIFF_FAIL_ON)
     cmp = compare(ref, test, budgets=budgets, rank_by=args.rank_by, mapping=mapping,
-                  records=(lambda k: k[1] in parts) if parts else None)
+                  records=(lambda k: k[1] in parts) if parts else None, expected=expected,
+                  k=getattr(args, "max_ratio", None),
+                  allow_input_mismatch=getattr(args, "allow_input_mismatch", False), fail_on=fail_on)
     if baseline is not None:
         cmp.regressions = regressions_against(cmp, baseline)
     allowance = parse_allowance(args.max_unmatched)
-    fail_on = getattr(args, "fail_on", defaults.DIFF_FAIL_ON)
-    failing = failing_findings(cmp.findings, fail_on, baseline)
-    reasons = verdict_reasons(cmp, failing)
+    verdict = cmp.verdict = build_verdict(cmp, fail_on=fail_on, baseline=baseline, baseline_path=args.baseline,
+                                          max_unmatched=args.max_unmatched)
     if args.json:
-        doc = cmp.to_json()
-        doc["verdict"] = {"passed": not reasons, "fail_on": fail_on, "reasons": reasons,
-                          "failing_findings": [f.kind for f in failing]}
-        write_json(doc, args.json, overwrite=args.force)
+        write_json(cmp.to_json(), args.json, overwrite=args.force)
     if args.report:
 
         write_report(cmp, args.report, overwrite=args.force)
@@ -164,8 +122,8 @@ def execute_diff(args: argparse.Namespace) -> int:
         for r in comparison_report(cmp, args.top):
             con.print(r)
     cmp.alignment.check(allowance)
-    ok = not reasons
-    con.print(("[bold green]PASS[/bold green]" if ok else f"[bold red]FAIL[/bold red] {escape('; '.join(reasons))}")
+    ok = verdict.passed
+    con.print(("[bold green]PASS[/bold green]: " if ok else "[bold red]FAIL[/bold red]: ") + escape(verdict.sentence)
               + (f" · json: {args.json}" if args.json and args.json != "-" else "")
               + (f" · report: {args.report}" if args.report else ""))
     return EXIT_OK if ok else EXIT_FAIL

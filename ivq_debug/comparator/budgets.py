@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ivq_debug import defaults
@@ -27,6 +27,7 @@ class Budget:
     op: str  # "min" (metric >= value) or "max" (metric <= value)
     value: float
     pattern: str = "*"
+    source: str = field(default="", compare=False)  # where it was declared (--min-sqnr, --preset export, --budget)
 
     def __post_init__(self) -> None:
         if self.metric not in HIGHER_IS_BETTER:
@@ -90,14 +91,14 @@ class Budgets:
         if preset:
             if preset not in defaults.PRESETS:
                 raise UsageError(f"unknown preset {preset!r} (known: {', '.join(defaults.PRESETS)})")
-            items += [Budget(m, op, v) for m, (op, v) in defaults.PRESETS[preset].items()]
+            items += [Budget(m, op, v, source=f"--preset {preset}") for m, (op, v) in defaults.PRESETS[preset].items()]
         if min_sqnr is not None:
-            items.append(Budget("sqnr_db", "min", min_sqnr))
+            items.append(Budget("sqnr_db", "min", min_sqnr, source="--min-sqnr"))
         if min_cosine is not None:
-            items.append(Budget("cosine", "min", min_cosine))
+            items.append(Budget("cosine", "min", min_cosine, source="--min-cosine"))
         if max_abs is not None:
-            items.append(Budget("max_abs", "max", max_abs))
-        items += [Budget.parse(s) for s in budgets or []]
+            items.append(Budget("max_abs", "max", max_abs, source="--max-abs"))
+        items += [replace(Budget.parse(s), source="--budget") for s in budgets or []]
         return cls(items)
 
     def __bool__(self) -> bool:
@@ -122,3 +123,8 @@ class Budgets:
     def describe(self) -> list[str]:
         """Text of every budget."""
         return [b.describe() for b in self.items]
+
+    def applied(self) -> list[dict[str, Any]]:
+        """Every budget as applied: metric, comparison, value, name pattern, where it was declared."""
+        return [{"metric": b.metric, "op": ">=" if b.op == "min" else "<=", "value": b.value, "pattern": b.pattern,
+                 "source": b.source or "api", "text": b.describe()} for b in self.items]

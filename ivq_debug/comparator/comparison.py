@@ -22,6 +22,7 @@ from ivq_debug import defaults
 from ivq_debug.align.matcher import Alignment, Pair, align
 from ivq_debug.comparator.budgets import Budget, Budgets
 from ivq_debug.comparator.encoding_fit import EncodingAccumulator
+from ivq_debug.comparator.ranking import default_rank_metric
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.errors import UsageError
@@ -100,6 +101,9 @@ class Comparison:
     rank_by: str = defaults.RANK_METRIC
     findings: list[Any] = field(default_factory=list)
     regressions: list[dict[str, Any]] | None = None
+    contract: Any = None  # comparator.contract.ContractCheck (ivq.compare checks it before any metric)
+    three_way: Any = None  # comparator.threeway.ThreeWay (ivq.compare(..., expected=CPU-QDQ))
+    verdict: Any = None  # diagnose.verdict.Verdict (pass/fail and why)
 
     # ---------------------------------------------------------------- views
     def worst(self, n: int = defaults.TOP_N, by: str | None = None):
@@ -228,6 +232,7 @@ class Comparison:
         }
         if self.regressions is not None:
             doc["regressions"] = self.regressions
+        _extend_json(self, doc)
         return json_safe(doc)
 
     def __repr__(self) -> str:
@@ -236,6 +241,19 @@ class Comparison:
             f"Comparison(pairs={s['pairs']}, failed={s['failed']}, min_sqnr_db={s['min_sqnr_db']}, "
             f"unmatched ref/test={len(self.alignment.unmatched_ref)}/{len(self.alignment.unmatched_test)})"
         )
+
+
+def _extend_json(cmp: Comparison, doc: dict[str, Any]) -> None:
+    """The contract, three-way and verdict blocks; with inputs known to differ, every layer says so."""
+    if cmp.contract is not None:
+        doc["contract"] = cmp.contract.to_dict()
+        if cmp.contract.status == "broken":
+            for layer in doc["layers"] + [doc["first_divergence"] or {}]:
+                layer["contract"] = "inputs differ (--allow-input-mismatch)"
+    if cmp.three_way is not None:
+        doc["three_way"] = cmp.three_way.to_json()
+    if cmp.verdict is not None:
+        doc["verdict"] = cmp.verdict.to_dict()
 
 
 def _row_dict(row: Any) -> dict[str, Any]:
@@ -284,7 +302,7 @@ def compare(
     test: Dump | str | os.PathLike,
     *,
     budgets: Budgets | None = None,
-    rank_by: str = defaults.RANK_METRIC,
+    rank_by: str | None = None,
     mapping: dict[str, str] | None = None,
     records: Callable[[tuple[int, str, int]], bool] | None = None,
     progress: bool = True,
@@ -297,7 +315,8 @@ def compare(
         ref: reference dump (path or opened :class:`Dump`); the signal of every metric.
         test: test dump.
         budgets: thresholds; rows get ``passed`` / ``violations`` from them.
-        rank_by: metric for :meth:`Comparison.worst`.
+        rank_by: metric for :meth:`Comparison.worst` (default: ``lsb_rmse`` when both dumps are quantized,
+            else ``sqnr_db``; :mod:`ivq_debug.comparator.ranking`).
         mapping: explicit ``{ref_name: test_name}`` pairs tried before the automatic strategies.
         records: keep only records whose ``(sample, part, step)`` the predicate accepts.
         progress: show a progress bar on a terminal.
@@ -307,10 +326,11 @@ def compare(
     """
     import pandas as pd
 
-    if rank_by not in METRICS:
+    if rank_by is not None and rank_by not in METRICS:
         raise UsageError(f"unknown metric {rank_by!r} (known: {', '.join(METRICS)})")
     ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
     test_d = test if isinstance(test, Dump) else open_dump(test)
+    rank_by = rank_by or default_rank_metric(ref_d, test_d)
     budgets = budgets or Budgets()
     al = align(ref_d, test_d, mapping)
     pairs = al.pairs

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ivq_debug.diagnose.backend import backend_divergence
 from ivq_debug.diagnose.basic import (
     cpu_fallback,
     first_divergence,
@@ -51,12 +52,16 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("resolution_collapse", 2, resolution_collapse, "an encoding's step is coarser than the signal"),
     Diagnostic("cpu_fallback", 3, cpu_fallback, "QNN nodes that ran on the CPU"),
     Diagnostic("platform_kernel", 3, platform_findings, "kernels that differ between two platforms (same model)"),
-    Diagnostic("introduced_error", 4, None, "units that introduce the error (ivq diagnose: replay)"),
-    Diagnostic("saturation", 5, saturation, "values outside the encoding's range"),
-    Diagnostic("non_finite", 6, non_finite, "NaN / Inf in a dump"),
-    Diagnostic("fp64_op", 7, fp64, "float64 tensors (no QNN fp64 path)"),
-    Diagnostic("token_divergence", 8, token_divergence, "the first step whose chosen token differs"),
-    Diagnostic("first_divergence", 9, first_divergence, "the first tensor over the budgets"),
+    Diagnostic("backend_divergence", 4, backend_divergence,
+               "layers where the backend departs from CPU-QDQ (ivq-diff --expected)"),
+    Diagnostic("introduced_error", 5, None, "units that introduce the error (ivq diagnose: replay)"),
+    Diagnostic("weight_range_spread", 6, None, "per-tensor weights whose channel ranges spread (needs the model)"),
+    Diagnostic("saturation", 7, saturation, "values outside the encoding's range"),
+    Diagnostic("non_finite", 8, non_finite, "NaN / Inf in a dump"),
+    Diagnostic("fp64_op", 9, fp64, "float64 tensors (no QNN fp64 path)"),
+    Diagnostic("token_divergence", 10, token_divergence, "the first step whose chosen token differs"),
+    Diagnostic("first_divergence", 11, first_divergence, "the first tensor over the budgets"),
+    Diagnostic("replay_approximate", 12, None, "replayed units the backend computes differently in the full graph"),
 )
 _RANK = {d.kind: d.rank for d in DIAGNOSTICS}
 

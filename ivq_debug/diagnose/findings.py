@@ -20,7 +20,10 @@ KINDS = (
     "non_finite",
     "fp64_op",
     "token_divergence",
+    "weight_range_spread",
+    "replay_approximate",
     "platform_kernel",
+    "backend_divergence",
 )
 SEVERITIES = ("info", "warning", "error")
 

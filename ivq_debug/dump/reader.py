@@ -7,12 +7,12 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ivq_debug.dump import format as fmt
+from ivq_debug.dump import validate as dv
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
 from ivq_debug.errors import InputError, UsageError
 
@@ -75,14 +75,10 @@ class Dump:
     def __init__(self, path: str | os.PathLike) -> None:
         import h5py
 
-        self.path = Path(path)
-        if not self.path.exists():
-            raise InputError("no such file", self.path)
-        if self.path.is_dir():
-            raise InputError("is a directory, not a dump file", self.path)
+        self.path = dv.check_file(path)  # a regular file: HDF5 would block on a FIFO
         try:
             self._f = h5py.File(self.path, "r")
-        except OSError as e:
+        except (OSError, RuntimeError, ValueError) as e:
             msg = str(e).split("(")[-1].rstrip(")") if "(" in str(e) else str(e)
             raise InputError(f"not a readable HDF5 dump ({msg.strip()})", self.path) from None
         try:
@@ -90,47 +86,40 @@ class Dump:
         except InputError:
             self._f.close()
             raise
-        except (KeyError, ValueError, OSError, json.JSONDecodeError) as e:
+        except (KeyError, ValueError, OSError, RuntimeError, TypeError, json.JSONDecodeError) as e:
             self._f.close()
             raise InputError(f"corrupt dump ({type(e).__name__}: {e})", self.path) from None
 
     def _load(self) -> None:
         a = self._f.attrs
-        if _decode(a.get("format")) != fmt.FORMAT:
+        if dv._attr(a, "format", self.path) != fmt.FORMAT:
             raise InputError("not an ivq-debug dump (HDF5 file without format='ivq-dump')", self.path)
-        self.format_version = int(a.get("format_version", 0))
+        v = dv._attr(a, "format_version", self.path)
+        if not isinstance(v, int | None) or isinstance(v, bool):
+            raise InputError(f"attribute 'format_version' must be an integer, got {v!r}", self.path)
+        self.format_version = v or 0
         if self.format_version > fmt.FORMAT_VERSION:
             raise InputError(
                 f"dump format version {self.format_version} is newer than this ivq-debug reads "
                 f"({fmt.FORMAT_VERSION}); upgrade ivq-debug",
                 self.path,
             )
-        if not bool(a.get("finalized", False)) or fmt.MANIFEST not in self._f:
+        if dv._attr(a, "finalized", self.path) not in (True, 1) or dv.member(
+                self._f, fmt.MANIFEST, "dataset", "manifest", self.path, required=False) is None:
             raise InputError("capture did not finish (the dump was never finalized)", self.path)
-        self.backend = _decode(a["backend"])
-        self.backend_info = json.loads(_decode(a["backend_info"]))
-        self.model = json.loads(_decode(a["model"]))
-        self.created = _decode(a.get("created", ""))
-        self.tool_version = _decode(a.get("tool_version", ""))
-        self.command = _decode(a.get("command", ""))
-        self.complete = bool(a.get("complete", True))
-        self.incomplete_reasons = json.loads(_decode(a.get("incomplete_reasons", "[]")))
-        self.summary_only = bool(a.get("summary_only", False))
-        raw = self._f[fmt.MANIFEST][()]
-        m = json.loads(_decode(raw))
-        self._columns = m["columns"]
-        self._rows = m["rows"]
-        recs = []
-        for rid, g in self._f[fmt.RECORDS].items():
-            recs.append(
-                {
-                    "rid": rid,
-                    "sample": int(g.attrs["sample"]),
-                    "part": _decode(g.attrs["part"]),
-                    "step": int(g.attrs["step"]),
-                    "meta": json.loads(_decode(g.attrs.get("meta", "{}"))),
-                }
-            )
+        r = dv.root_attributes(a, self.path)  # types checked before any use (dump/validate.py)
+        self.backend = r["backend"]
+        self.backend_info = r["backend_info"]
+        self.model = r["model"]
+        self.created = r.get("created", "")
+        self.tool_version = r.get("tool_version", "")
+        self.command = r.get("command", "")
+        self.complete = r.get("complete", True)
+        self.incomplete_reasons = r["incomplete_reasons"]
+        self.summary_only = r.get("summary_only", False)
+        self._summary_samples = r.get("summary_samples", 4096)
+        recs = dv.records(self._f, self.path)
+        self._columns, self._rows = dv.manifest(self._f, {x["rid"] for x in recs}, self.path)
         self._records = sorted(recs, key=lambda r: r["rid"])
         self._entries: list[Entry] | None = None
         self._manifest = None
@@ -247,19 +236,29 @@ class Dump:
         if ds is None:
             import h5py
 
-            gk = (entry.rid, entry.kind)
-            grp = self._groups.get(gk)
-            try:
-                if grp is None:
-                    grp = self._groups[gk] = self._f[f"{fmt.RECORDS}/{entry.rid}/{fmt.KIND_GROUPS[entry.kind]}"]
-                if self._dapl is None:  # no HDF5 chunk cache: an open dataset holds no decoded chunks
-                    self._dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
-                    self._dapl.set_chunk_cache(521, 0, 1.0)
-                ds = h5py.Dataset(h5py.h5d.open(grp.id, entry.key.encode(), self._dapl), readonly=True)
-            except (KeyError, ValueError):
-                raise InputError(f"manifest lists {entry.name!r} but its data is missing", self.path) from None
+            if self._dapl is None:  # no HDF5 chunk cache: an open dataset holds no decoded chunks
+                self._dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+                self._dapl.set_chunk_cache(521, 0, 1.0)
+            ds = self._open(entry, fmt.KIND_GROUPS[entry.kind], self._dapl)
+            if entry.stored == "full":
+                dv.check_data(ds, entry.shape, entry.dtype, repr(entry.name), self.path)
             self._datasets[k] = ds
         return ds
+
+    def _open(self, entry: Entry, group: str, dapl: Any = None) -> Any:
+        """A dataset of ``entry`` in its record's ``group`` (``t``, ``in``, ``q``, ``s``), checked before any
+        read (dump/validate.py: a hard link to a numeric dataset, neither virtual nor external)."""
+        gk = (entry.rid, group)
+        grp = self._groups.get(gk)
+        if grp is None:
+            rec = self._groups.get((entry.rid, ""))
+            if rec is None:
+                recs = dv.member(self._f, fmt.RECORDS, "group", "records", self.path)
+                rec = self._groups[(entry.rid, "")] = dv.member(recs, entry.rid, "group", f"record {entry.rid!r}",
+                                                                self.path)
+            grp = self._groups[gk] = dv.member(rec, group, "group", f"record {entry.rid!r} group {group!r}",
+                                               self.path)
+        return dv.open_dataset(grp, entry.key, repr(entry.name), self.path, dapl)
 
     def stored_dtype(self, entry: Entry) -> np.dtype:
         """The numpy dtype the entry's data is stored in (a bfloat16 tensor: ``uint16``); read once."""
@@ -274,22 +273,26 @@ class Dump:
         e = name if isinstance(name, Entry) else self.entry(name, record, kind)
         if e.stored != "full":
             raise UsageError(f"{e.name!r} was stored summary-only; use read_sample()", self.path)
-        try:
-            arr = self.dataset(e)[()]
-        except OSError as err:
-            raise InputError(f"cannot read {e.name!r} ({err})", self.path) from None
+        ds = self.dataset(e)
+        with dv.reading(repr(e.name), self.path):
+            arr = ds[()]
         return logical(np.asarray(arr), e.dtype)
 
     def read_sample(self, entry: Entry) -> np.ndarray:
         """The strided sample of a summary-only tensor (or the same sample taken from a full tensor)."""
 
+        k = self._summary_samples
         if entry.stored == "summary":
-            arr = self._f[fmt.RECORDS][entry.rid][fmt.SAMPLE_GROUP][entry.key][()]
+            self.dataset(entry)  # the shape-only dataset exists and is a dataset
+            ds = self._open(entry, fmt.SAMPLE_GROUP)
+            dv.check_data(ds, (min(k, entry.size),), entry.dtype, f"sample of {entry.name!r}", self.path)
+            with dv.reading(f"the sample of {entry.name!r}", self.path):
+                arr = ds[()]
             return logical(np.asarray(arr), entry.dtype)
-        k = int(self._f.attrs.get("summary_samples", 4096))
         ds = self.dataset(entry)
         idx = sample_indices(entry.size, k)
-        flat = np.asarray(ds[()]).reshape(-1)[idx]
+        with dv.reading(repr(entry.name), self.path):
+            flat = np.asarray(ds[()]).reshape(-1)[idx]
         return logical(flat, entry.dtype)
 
     def read_any(self, entry: Entry) -> tuple[np.ndarray, bool]:
@@ -302,23 +305,26 @@ class Dump:
         """The raw quantized integers stored beside a tensor, if any."""
         if not entry.has_raw:
             return None
-        return self._f[fmt.RECORDS][entry.rid][fmt.RAW_GROUP][entry.key][()]
+        ds = self._open(entry, fmt.RAW_GROUP)
+        if tuple(ds.shape) != tuple(entry.shape) or ds.dtype.kind not in "iu":
+            raise InputError(f"raw integers of {entry.name!r}: shape {list(ds.shape)} {ds.dtype}, expected "
+                             f"{list(entry.shape)} integers", self.path)
+        with dv.reading(f"the raw integers of {entry.name!r}", self.path):
+            return ds[()]
 
     def iter_blocks(self, entry: Entry, block_bytes: int) -> Iterator[np.ndarray]:
         """Yield the tensor in blocks of about ``block_bytes`` (C order), each in its logical dtype."""
         ds = self.dataset(entry)
         for sl in block_slices(entry.shape, ds.dtype.itemsize, block_bytes):
-            yield logical(np.asarray(ds[sl]), entry.dtype)
+            with dv.reading(repr(entry.name), self.path):
+                block = np.asarray(ds[sl])
+            yield logical(block, entry.dtype)
 
     def raw_layout(self, entry: Entry) -> RawLayout | None:
         """Where an uncompressed tensor lies in the file (None: compressed or not C-contiguous chunks)."""
         key = (entry.rid, entry.kind, entry.key)
         if key not in self._layouts:
-            ds = self.dataset(entry)
-            if tuple(ds.shape) != tuple(entry.shape):
-                raise InputError(f"{entry.name!r}: the manifest says shape {list(entry.shape)}, the data is "
-                                 f"{list(ds.shape)}", self.path)
-            self._layouts[key] = raw_layout(ds, entry.shape)
+            self._layouts[key] = raw_layout(self.dataset(entry), entry.shape)  # (shape checked when opened)
         return self._layouts[key]
 
     def iter_flat(self, entry: Entry, block_elems: int, reuse: bool = False) -> Iterator[np.ndarray]:
@@ -339,20 +345,17 @@ class Dump:
             for start in range(0, n, block_elems):
                 count = min(block_elems, n - start)
                 out = buf[:count] if buf is not None else None
-                yield logical(layout.read(self._fd, start, count, dt, out), entry.dtype)
+                with dv.reading(repr(entry.name), self.path):  # a short read: the file was cut
+                    block = layout.read(self._fd, start, count, dt, out)
+                yield logical(block, entry.dtype)
             return
         if 0 < n <= block_elems and entry.shape:  # one block: one HDF5 read of the whole dataset, no selection
             import h5py
 
             ds = self.dataset(entry)
-            if tuple(ds.shape) != tuple(entry.shape):
-                raise InputError(f"{entry.name!r}: the manifest says shape {list(entry.shape)}, the data is "
-                                 f"{list(ds.shape)}", self.path)
             out = np.empty(entry.shape, dtype=dt)
-            try:
+            with dv.reading(repr(entry.name), self.path):
                 ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
-            except OSError as err:
-                raise InputError(f"cannot read {entry.name!r} ({err})", self.path) from None
             yield logical(out.reshape(-1), entry.dtype)
             return
         # compressed: read at least a chunk per HDF5 call (no chunk cache: a smaller block would decompress
@@ -365,20 +368,23 @@ class Dump:
         """A stored table (e.g. ``profiling``) as a pandas DataFrame."""
         import pandas as pd
 
-        if fmt.TABLES not in self._f or name not in self._f[fmt.TABLES]:
+        if name not in self.table_names():
             raise UsageError(f"dump has no table {name!r}", self.path)
-        p = json.loads(_decode(self._f[fmt.TABLES][name][()]))
+        grp = dv.member(self._f, fmt.TABLES, "group", "tables", self.path)
+        p = dv.table(dv.json_dataset(grp, name, f"table {name!r}", self.path), f"table {name!r}", self.path)
         return pd.DataFrame(p["rows"], columns=p["columns"])
 
     def table_names(self) -> list[str]:
         """Names of the stored tables."""
-        return list(self._f[fmt.TABLES].keys()) if fmt.TABLES in self._f else []
+        grp = dv.member(self._f, fmt.TABLES, "group", "tables", self.path, required=False)
+        return list(grp.keys()) if grp is not None else []
 
     def meta(self, name: str, default: Any = None) -> Any:
         """A JSON value stored under ``/meta/<name>``."""
-        if fmt.META not in self._f or name not in self._f[fmt.META]:
+        grp = dv.member(self._f, fmt.META, "group", "meta", self.path, required=False)
+        if grp is None or name not in grp:
             return default
-        return json.loads(_decode(self._f[fmt.META][name][()]))
+        return dv.json_dataset(grp, name, f"meta {name!r}", self.path)
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

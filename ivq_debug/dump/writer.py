@@ -21,6 +21,8 @@ import numpy as np
 
 from ivq_debug import __version__, defaults, interrupt
 from ivq_debug.dump import format as fmt
+from ivq_debug.dump.contract import INPUTS_META, input_fact
+from ivq_debug.dump.guard import WriteGuard, guarded, trim
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import _umask
@@ -168,11 +170,14 @@ class DumpWriter:
         self.summary_only = summary_only
         self.summary_samples = summary_samples
         self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
-        interrupt.register(self._tmp)
+        interrupt.register(self._tmp)  # (removed by the CLI if a signal lands before the try below owns it)
+        self._guard = WriteGuard(self._tmp, self.path)  # a full disk: the file is discarded, exit 2 (guard.py)
         try:
-            self._f = h5py.File(self._tmp, "w", libver="latest")
-        except BaseException:
-            self._tmp.unlink(missing_ok=True)
+            with self._guard.writing():
+                self._f = self._guard.file = h5py.File(self._tmp, "w", libver="latest")
+        except BaseException:  # (Ctrl-C / SIGTERM as the file appears: no .partial left behind)
+            self._guard.discard()
+            interrupt.unregister(self._tmp)
             raise
         self._rows: list[list[Any]] = []
         self._records: list[dict[str, Any]] = []
@@ -184,13 +189,14 @@ class DumpWriter:
         self._attrs = _AttrWriter()
         self._closed = False
         try:
-            self._write_header(backend, backend_info, model, command, summary_only, summary_samples)
-        except BaseException:  # (Ctrl-C / SIGTERM right after the file appeared: no .partial left behind)
+            self._start(backend, backend_info, model, command)
+        except BaseException:  # (Ctrl-C / SIGTERM while the header is written: no .partial left behind)
             self.abort()
             raise
 
-    def _write_header(self, backend: str, backend_info: dict[str, Any] | None, model: dict[str, Any] | None,
-                      command: str | None, summary_only: bool, summary_samples: int) -> None:
+    @guarded
+    def _start(self, backend: str, backend_info: Any, model: Any, command: str | None) -> None:
+        self._guard.reserve(0)
         a = self._f.attrs
         a["format"] = fmt.FORMAT
         a["format_version"] = fmt.FORMAT_VERSION
@@ -202,11 +208,12 @@ class DumpWriter:
         a["tool_version"] = _tool_version()
         a["command"] = command if command is not None else " ".join(sys.argv)
         a["host"] = f"{getpass.getuser()}@{socket.gethostname()}"
-        a["summary_only"] = summary_only
-        a["summary_samples"] = summary_samples
+        a["summary_only"] = self.summary_only
+        a["summary_samples"] = self.summary_samples
         self._f.create_group(fmt.RECORDS)
 
     # ---------------------------------------------------------------- records
+    @guarded
     def begin_record(self, sample: int = 0, part: str = "model", step: int = 0, **meta: Any) -> str:
         """Start a record (one forward call of one part for one sample); later tensors go into it.
 
@@ -220,6 +227,7 @@ class DumpWriter:
             if (r["sample"], r["part"], r["step"]) == key:
                 raise UsageError(f"record sample={sample} part={part!r} step={step} already exists")
         rid = fmt.record_id(len(self._records))
+        self._guard.reserve(4096)
         g = self._f[fmt.RECORDS].create_group(rid)
         g.attrs["sample"], g.attrs["part"], g.attrs["step"] = key
         g.attrs["meta"] = fmt.to_json(meta)
@@ -230,6 +238,7 @@ class DumpWriter:
         self._order[rid] = 0
         return rid
 
+    @guarded
     def update_record_meta(self, **meta: Any) -> None:
         """Add keys to the current record's ``meta`` (e.g. the chosen token after the forward)."""
         rec = self._require_record()
@@ -247,12 +256,19 @@ class DumpWriter:
         rec = self._cur
         return rec is not None and name in self._names.get((rec["rid"], kind), set())
 
-    def add_input(self, name: str, value: Any, **kw: Any) -> None:
-        """Store one model input of the current record (always stored whole).
+    def add_input(self, name: str, value: Any, *, role: str | None = None, reason: str | None = None,
+                  **kw: Any) -> None:
+        """Store one model input of the current record (always stored whole) and its contract fact.
 
-        Keywords are those of :meth:`add_tensor` (an ingest passes ``qnn_name`` and ``source_file``).
+        ``role`` (``external``, ``derived``, ``carried``, ``recomputed``; default by name,
+        :func:`ivq_debug.dump.contract.default_role`) and ``reason`` go with the input's SHA-256 into the
+        record's ``meta["inputs"]`` (:mod:`ivq_debug.dump.contract`). Other keywords are those of
+        :meth:`add_tensor` (an ingest passes ``qnn_name`` and ``source_file``).
         """
-        self._add("input", name, value, **kw)
+        arr, dtype_name = self._add("input", name, value, **kw)
+        rec = self._require_record()
+        rec["meta"].setdefault(INPUTS_META, {})[name] = input_fact(name, arr, dtype_name, role, reason)
+        self._group(rec["rid"]).attrs["meta"] = fmt.to_json(rec["meta"])
 
     def add_tensor(
         self,
@@ -288,6 +304,7 @@ class DumpWriter:
             encoding=encoding, raw=raw, qnn_name=qnn_name, source_file=source_file,
         )
 
+    @guarded
     def _add(
         self,
         kind: str,
@@ -302,7 +319,7 @@ class DumpWriter:
         raw: Any | None = None,
         qnn_name: str | None = None,
         source_file: str | None = None,
-    ) -> None:
+    ) -> tuple[np.ndarray, str]:
         rec = self._require_record()
         rid = rec["rid"]
         seen = self._names.setdefault((rid, kind), set())
@@ -310,6 +327,7 @@ class DumpWriter:
             raise UsageError(f"{kind} {name!r} added twice to record {rid}")
         seen.add(name)
         arr, dtype_name = to_numpy(value)
+        self._guard.reserve(arr.nbytes * (2 if raw is not None else 1) + 4096)  # before HDF5 writes (guard.py)
         stats = tensor_stats(self._logical(arr, dtype_name))
         key = fmt.escape_name(name)
         grp = self._group(rid, fmt.KIND_GROUPS[kind])
@@ -346,6 +364,7 @@ class DumpWriter:
                 stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file,
             ]
         )
+        return arr, dtype_name
 
     @staticmethod
     def _logical(arr: np.ndarray, dtype_name: str) -> np.ndarray:
@@ -369,6 +388,7 @@ class DumpWriter:
         return grp.create_dataset(key, data=arr, **kw)
 
     # ---------------------------------------------------------------- extras
+    @guarded
     def add_table(self, name: str, table: Any) -> None:
         """Store a small table (a pandas DataFrame or a list of dicts) as JSON, e.g. a profiling table."""
         self._check_open()
@@ -378,32 +398,41 @@ class DumpWriter:
             rows = list(table)
             cols = list(dict.fromkeys(k for r in rows for k in r))
             payload = {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
+        text = fmt.to_json(payload)
+        self._guard.reserve(len(text) + 4096)
         grp = self._f.require_group(fmt.TABLES)
         if name in grp:
             del grp[name]
-        grp.create_dataset(name, data=fmt.to_json(payload))
+        grp.create_dataset(name, data=text)
 
+    @guarded
     def set_meta(self, name: str, value: Any) -> None:
         """Store a JSON value under ``/meta/<name>`` (e.g. the partition of a QNN capture)."""
         self._check_open()
+        text = fmt.to_json(value)
+        self._guard.reserve(len(text) + 4096)
         grp = self._f.require_group(fmt.META)
         if name in grp:
             del grp[name]
-        grp.create_dataset(name, data=fmt.to_json(value))
+        grp.create_dataset(name, data=text)
 
+    @guarded
     def update_backend_info(self, **info: Any) -> None:
         """Merge keys into the root ``backend_info`` (e.g. versions known only after the session starts)."""
         import json
 
         cur = json.loads(self._f.attrs["backend_info"])
         cur.update(info)
-        self._f.attrs["backend_info"] = fmt.to_json(cur)
+        text = fmt.to_json(cur)
+        self._guard.reserve(len(text) + 4096)
+        self._f.attrs["backend_info"] = text
 
     def mark_incomplete(self, reason: str) -> None:
         """Record that the dump is knowingly partial (e.g. an ingest with missing files); readers see it."""
         self._incomplete.append(reason)
 
     # ---------------------------------------------------------------- lifecycle
+    @guarded
     def close(self) -> Path:
         """Write the manifest, mark the file finalized and move it to its final name. Returns the path."""
         if self._closed:
@@ -414,9 +443,9 @@ class DumpWriter:
             self.abort()
             raise
         f = self._f
-        f.create_dataset(
-            fmt.MANIFEST, data=fmt.to_json({"columns": list(fmt.MANIFEST_COLUMNS), "rows": self._rows})
-        )
+        text = fmt.to_json({"columns": list(fmt.MANIFEST_COLUMNS), "rows": self._rows})
+        self._guard.reserve(len(text.encode()) + 4096)
+        f.create_dataset(fmt.MANIFEST, data=text)
         f.attrs["n_records"] = len(self._records)
         f.attrs["n_tensors"] = len(self._rows)
         f.attrs["complete"] = not self._incomplete
@@ -424,7 +453,10 @@ class DumpWriter:
         f.attrs["finalized"] = True
         f.flush()
         f.close()
+        self._guard.file = None
         self._closed = True
+        self._guard.release()
+        trim(self._tmp)  # the space reserved ahead of HDF5 and not used
         fd = os.open(self._tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -442,13 +474,8 @@ class DumpWriter:
     def abort(self) -> None:
         """Discard the temporary file (nothing appears under the final name)."""
         if not self._closed:
-            try:
-                self._f.close()
-            except Exception:
-                pass
             self._closed = True
-        if self._tmp.exists():
-            self._tmp.unlink()
+        self._guard.discard()  # closed with its descriptor on /dev/null: no flush can fail or crash
         interrupt.unregister(self._tmp)
 
     def __enter__(self) -> DumpWriter:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError
+from ivq_debug.util import regular_file
 
 #: models larger than this are opened with their weights referenced in place (see :func:`load_in_place`)
 IN_PLACE_MIN_BYTES = 64 << 20
@@ -38,6 +39,20 @@ def has_external_data(model: Any) -> bool:
     return any(uses_external_data(t) for t in model.graph.initializer)
 
 
+def model_file_bytes(path: str | os.PathLike) -> int:
+    """Bytes on disk of the model at ``path``: the file and every external data file it names (each once)."""
+    from onnx.external_data_helper import uses_external_data
+
+    path = Path(path)
+    files = {path.resolve()}
+    for t in load_model(path).graph.initializer:
+        if uses_external_data(t):
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if loc:
+                files.add((path.parent / loc).resolve())
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
 def load_model(
     model: Any,
     *,
@@ -51,7 +66,8 @@ def load_model(
     referenced in place (:func:`load_in_place`) instead of parsed into memory.
 
     Raises:
-        InputError: the file is missing or is not a readable ONNX model (exit 3).
+        InputError: the file is missing, is not a regular file (a FIFO, socket or device is refused with
+            ``stat`` before protobuf reads it, so it never blocks), or is not a readable ONNX model (exit 3).
     """
     if hasattr(model, "graph"):
         return model
@@ -64,8 +80,10 @@ def load_model(
             raise InputError(f"not a readable ONNX model ({type(e).__name__})", path_for_errors) from None
     p = Path(model)
     where = path_for_errors or p
-    if not p.exists():
-        raise InputError("no such ONNX model", where)
+    try:
+        regular_file(p, "ONNX model")
+    except InputError as e:
+        raise InputError(e.message, where) from None
     try:
         if in_place or (in_place is None and p.stat().st_size >= IN_PLACE_MIN_BYTES):
             return load_in_place(p)

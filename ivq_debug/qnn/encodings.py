@@ -17,10 +17,13 @@ storage). The formats (see ``docs/qnn-formats.md``):
     ONNX Runtime's ``TensorQuantOverrides`` (``init_overrides`` of ``get_qnn_qdq_config``):
     ``{name: [{"quant_type", "scale", "zero_point", "axis", "symmetric", "rmin", "rmax", …}, …]}``.
 
-Rules checked (one-line :class:`~ivq_debug.errors.InputError` naming the file): bitwidths (int 4/8/16/32,
-float 16/32), symmetric offsets (``-2^(bw-1)`` or ``-2^(bw-1)+1``; ``0`` is rewritten to ``-2^(bw-1)``
-as the converter does), per-channel entries must be symmetric, offsets within ``[-(2^bw-1), 0]``,
-positive scales, tensor names present in a given ONNX model.
+Every document is first checked against the JSON Schema of its format (:data:`SCHEMAS`, Draft 2020-12,
+validated with ``jsonschema``; documented in ``docs/input-formats.md``): types, required keys, ranges.
+Then the QNN rules (one-line :class:`~ivq_debug.errors.InputError` naming the file and the field):
+bitwidths (int 4/8/16/32, float 16/32), symmetric offsets (``-2^(bw-1)`` or ``-2^(bw-1)+1``; ``0`` is
+rewritten to ``-2^(bw-1)`` as the converter does), per-channel entries must be symmetric, offsets within
+``[-(2^bw-1), 0]``, positive finite scales, ``min <= max``, and with an ONNX model: tensor names present
+in it, per-channel counts matching a dimension of the initializer.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ import numpy as np
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import atomic_write_text
+from ivq_debug.util import atomic_write_text, load_json
+from ivq_debug.util import check_schema as _check_schema
 
 INT_BITWIDTHS = (4, 8, 16, 32)
 FLOAT_BITWIDTHS = (16, 32)
@@ -55,6 +59,106 @@ ORT_QUANT_TYPES = {
 }
 _ORT_BY_BITS = {v: k for k, v in ORT_QUANT_TYPES.items()}
 _ORT_KEYS = {"quant_type", "scale", "zero_point", "symmetric", "reduce_range", "rmin", "rmax", "axis", "convert"}
+
+
+# ============================================================================ schemas
+#: a bitwidth: any integer a file may hold is range-checked later; the bound keeps ``1 << (bw - 1)`` cheap
+_BITS = {"type": "integer", "minimum": 1, "maximum": 64}
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+#: QNN writes ``"True"`` / ``"False"`` strings; JSON booleans and 0 / 1 are read too
+_BOOLISH = {"anyOf": [{"type": "boolean"}, {"enum": [0, 1]},
+                      {"type": "string", "pattern": "^\\s*([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])\\s*$"}],
+            "x-message": "must be 'True' or 'False'"}
+_NAME = {"type": "string"}
+
+_LEGACY_ENTRY = {
+    "type": "object",
+    "required": ["bitwidth"],
+    "properties": {
+        "bitwidth": _BITS,
+        "dtype": {"type": "string", "pattern": "^(?i:int|float)$", "x-message": "must be 'int' or 'float'"},
+        "is_symmetric": _BOOLISH,
+        "scale": _NUM, "offset": _INT, "min": _NUM, "max": _NUM,
+    },
+}
+_LEGACY_SECTION = {"type": "object", "additionalProperties": {
+    "type": "array", "minItems": 1, "items": _LEGACY_ENTRY, "x-message": "must be a non-empty list of encodings"}}
+_V1_ENTRY = {
+    "type": "object",
+    "required": ["name", "bw", "enc_type", "is_sym", "dtype"],
+    "properties": {
+        "name": _NAME, "bw": _BITS, "enc_type": {"type": "string"},
+        "dtype": {"type": "string", "pattern": "^(?i:int|float)$", "x-message": "must be 'INT' or 'FLOAT'"},
+        "is_sym": _BOOLISH,
+        "scale": {"type": "array", "items": _NUM}, "offset": {"type": "array", "items": _INT},
+        "axis": {"type": ["integer", "null"]}, "block_size": {"type": ["integer", "null"]},
+    },
+}
+_AIMET2_ENTRY = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": _NAME, "output_dtype": {"type": "string"}, "dtype": {"type": "string"},
+        "y_scale": {"anyOf": [_NUM, {"type": "array", "minItems": 1, "items": _NUM}]},
+        "y_zero_point": {"anyOf": [_INT, {"type": "array", "minItems": 1, "items": _INT}]},
+        "axis": {"type": ["integer", "null"]},
+    },
+}
+_ORT_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "quant_type": {"type": "string"}, "scale": _NUM, "zero_point": _INT, "symmetric": {"type": "boolean"},
+        "reduce_range": {"type": "boolean"}, "rmin": _NUM, "rmax": _NUM, "axis": _INT,
+        "convert": {"type": "object", "required": ["quant_type"],
+                    "properties": {"quant_type": {"type": "string"}, "scale": _NUM, "zero_point": _INT,
+                                   "recv_nodes": {"type": "array", "items": {"type": "string"}}}},
+    },
+}
+
+#: JSON Schema (Draft 2020-12) of each overrides / encodings format (``docs/input-formats.md``)
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "legacy": {
+        "type": "object",
+        "properties": {"activation_encodings": _LEGACY_SECTION, "param_encodings": _LEGACY_SECTION,
+                       "quantizer_args": {"type": "object"}},
+    },
+    "1.0.0": {
+        "type": "object",
+        "properties": {
+            "version": {"const": "1.0.0"},
+            "activation_encodings": {"type": "array", "items": _V1_ENTRY},
+            "param_encodings": {"type": "array", "items": _V1_ENTRY},
+            "quantizer_args": {"type": "object"}, "excluded_layers": {"type": "array"},
+        },
+    },
+    "aimet2": {
+        "type": "object",
+        "properties": {
+            "version": {"type": "string"},
+            "activation_encodings": {"type": "array", "items": _AIMET2_ENTRY},
+            "param_encodings": {"type": "array", "items": _AIMET2_ENTRY},
+        },
+    },
+    "ort": {
+        "type": "object",
+        "additionalProperties": {"anyOf": [_ORT_ENTRY, {"type": "array", "minItems": 1, "items": _ORT_ENTRY}]},
+    },
+}
+
+
+def check_schema(doc: Any, fmt: str, source: str | os.PathLike | None = None) -> None:
+    """Validate a loaded document against :data:`SCHEMAS` ``[fmt]``.
+
+    Raises:
+        InputError: the first (most relevant) violation, naming the file and the field, e.g.
+            ``ov.json: activation_encodings['x'][0].scale: must be a number, got 'abc' (legacy format)``.
+    """
+    try:
+        _check_schema(doc, SCHEMAS[fmt], os.fspath(source) if source is not None else None)
+    except InputError as e:
+        raise InputError(f"{e.message} ({fmt} format)", e.path) from None
 
 
 # ============================================================================ the encoding
@@ -231,6 +335,21 @@ class EncodingSet:
                     f"{len(unknown)} tensor name(s) not in the model: {', '.join(map(repr, unknown[:3]))}{more}",
                     self.source,
                 )
+            self._check_channels(model)
+
+    def _check_channels(self, model: Any) -> None:
+        """Per-channel parameter encodings must have one entry per channel of their initializer."""
+        shapes = {i.name: tuple(i.dims) for i in load_model(model).graph.initializer}
+        for name, enc in self.params.items():
+            shp = shapes.get(name)
+            if shp is None or enc.is_float or enc.channels <= 1:
+                continue
+            if enc.axis is not None and not (-len(shp) <= enc.axis < len(shp)):
+                raise InputError(f"{name!r}: axis {enc.axis} is outside the initializer's rank {len(shp)}",
+                                 self.source)
+            if (shp[enc.axis] if enc.axis is not None else None) != enc.channels and enc.channels not in shp:
+                raise InputError(f"{name!r}: {enc.channels} per-channel encodings, but the initializer has shape "
+                                 f"{list(shp)}", self.source)
 
     def unknown_names(self, model: Any, allow_sanitized: bool = False) -> list[str]:
         """Names that are not tensors of ``model`` (a path or ``ModelProto``)."""
@@ -526,28 +645,50 @@ def _parse_aimet2(d: dict[str, Any], source: str | None) -> EncodingSet:
 def _looks_like_ort(d: dict[str, Any]) -> bool:
     if not d or any(k in d for k in ("activation_encodings", "param_encodings", "version")):
         return False
-    return all(isinstance(v, list) and all(isinstance(x, dict) and set(x) <= _ORT_KEYS for x in v) for v in d.values())
+    def entry(x: Any) -> bool:
+        return isinstance(x, dict) and set(x) <= _ORT_KEYS
+
+    return all(entry(v) or (isinstance(v, list) and all(entry(x) for x in v)) for v in d.values())
+
+
+def detect_format(d: Any) -> str | None:
+    """The overrides / encodings format of a loaded document (``legacy``, ``1.0.0``, ``aimet2``, ``ort``),
+    or None when it is none of them."""
+    if not isinstance(d, dict):
+        return None
+    version = str(d.get("version", ""))
+    if version == "1.0.0":
+        return "1.0.0"
+    if version.startswith("2."):
+        return "aimet2"
+    if "activation_encodings" in d or "param_encodings" in d:
+        sec = d.get("activation_encodings", d.get("param_encodings"))
+        if isinstance(sec, list):
+            # lists without a version: 1.0.0-shaped if entries use bw/enc_type, else AIMET 2.x
+            sample = (d.get("activation_encodings") or d.get("param_encodings") or [{}])[0]
+            return "1.0.0" if isinstance(sample, dict) and "bw" in sample else "aimet2"
+        return "legacy"
+    if _looks_like_ort(d):
+        return "ort"
+    return None
 
 
 def parse_encodings(d: Any, source: str | os.PathLike | None = None) -> EncodingSet:
-    """Parse an already-loaded encodings document (any supported format, detected)."""
+    """Parse an already-loaded encodings document (any supported format, detected, schema-checked)."""
     src = os.fspath(source) if source is not None else None
     if not isinstance(d, dict):
         raise InputError(f"encodings must be a JSON object, got {type(d).__name__}", src)
-    version = str(d.get("version", ""))
-    if version == "1.0.0":
+    fmt = detect_format(d)
+    if fmt is None:
+        raise InputError("not an encodings file (no activation_encodings / param_encodings)", src)
+    check_schema(d, fmt, src)
+    if fmt == "1.0.0":
         return _parse_v1(d, src)
-    if version.startswith("2."):
+    if fmt == "aimet2":
         return _parse_aimet2(d, src)
-    if "activation_encodings" in d or "param_encodings" in d:
-        if isinstance(d.get("activation_encodings", d.get("param_encodings")), list):
-            # lists without a version: 1.0.0-shaped if entries use bw/enc_type, else AIMET 2.x
-            sample = (d.get("activation_encodings") or d.get("param_encodings") or [{}])[0]
-            return _parse_v1(d, src) if isinstance(sample, dict) and "bw" in sample else _parse_aimet2(d, src)
+    if fmt == "legacy":
         return _parse_legacy(d, src)
-    if _looks_like_ort(d):
-        return from_ort_overrides(d, source=src)
-    raise InputError("not an encodings file (no activation_encodings / param_encodings)", src)
+    return from_ort_overrides(d, source=src)
 
 
 def read_encodings(path: str | os.PathLike, model: Any = None, allow_sanitized: bool = False) -> EncodingSet:
@@ -560,15 +701,7 @@ def read_encodings(path: str | os.PathLike, model: Any = None, allow_sanitized: 
         allow_sanitized: accept QNN-sanitized names that resolve uniquely to model tensors.
     """
     p = Path(path)
-    if not p.exists():
-        raise InputError("no such file", p)
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"bad JSON at line {e.lineno} column {e.colno}: {e.msg}", p) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read ({type(e).__name__})", p) from None
-    encs = parse_encodings(d, p)
+    encs = parse_encodings(load_json(p, "encodings file"), p)
     if model is not None:
         encs = encs.infer_axes(model)
     encs.validate(model, allow_sanitized)
@@ -613,9 +746,22 @@ def to_legacy(encs: EncodingSet) -> dict[str, Any]:
     return d
 
 
+def _scale_from_range(enc: Encoding) -> Encoding:
+    """A per-tensor range-only encoding with the scale / zero point QNN computes from its min / max (the range
+    widened to hold 0; symmetric: ``max|x| / (2^(bw-1) - 1)``, zero point ``2^(bw-1)``)."""
+    lo, hi = min(enc.min[0], 0.0), max(enc.max[0], 0.0)
+    if enc.symmetric:
+        s = max(abs(lo), abs(hi)) / ((1 << (enc.bitwidth - 1)) - 1) or 1e-12
+        return replace(enc, scale=(s,), zero_point=(1 << (enc.bitwidth - 1),), signed=False)
+    s = (hi - lo) / ((1 << enc.bitwidth) - 1) or 1e-12
+    return replace(enc, scale=(s,), zero_point=(round(-lo / s),), signed=False)
+
+
 def _v1_entry(name: str, enc: Encoding) -> dict[str, Any]:
     if enc.is_float:
         return {"name": name, "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": enc.bitwidth, "is_sym": True}
+    if not enc.scale and enc.min and len(enc.min) == 1:
+        enc = _scale_from_range(enc)  # the grid QNN derives from min/max (range widened to hold 0)
     if not enc.scale:
         raise UsageError(f"{name!r}: the 1.0.0 format needs scale/offset (this encoding only has a range)")
     u = enc.as_unsigned()
@@ -644,6 +790,58 @@ def to_v1(encs: EncodingSet) -> dict[str, Any]:
 
 
 # ============================================================================ ORT overrides
+def _error(message: str, encs: Any) -> UsageError | InputError:
+    """An :class:`InputError` naming the file the encodings came from, else a :class:`UsageError`."""
+    src = getattr(encs, "source", None)
+    return InputError(message, src) if src else UsageError(message)
+
+
+def validate_ort_overrides(doc: Any, source: str | os.PathLike | None = None,
+                           known_quant_type: Any = None) -> None:
+    """Check an ORT ``TensorQuantOverrides`` document as read from JSON (before ORT sees it).
+
+    Schema (:data:`SCHEMAS` ``["ort"]``: a dict or a non-empty list of dicts per tensor, known keys only,
+    typed values), then per entry: ``quant_type`` known (``known_quant_type(name) -> bool``, default the
+    ORT integer types), finite positive ``scale``, ``zero_point`` within its type's range, finite
+    ``rmin <= rmax``; per-channel lists give ``scale`` / ``zero_point`` on every channel or none.
+
+    Raises:
+        InputError: the first problem, naming the file, the tensor and the field.
+    """
+    src = os.fspath(source) if source is not None else None
+    check_schema(doc, "ort", src)
+    known = known_quant_type or (lambda q: q in ORT_QUANT_TYPES)
+    for name, entries in doc.items():
+        items = entries if isinstance(entries, list) else [entries]
+        n_scales = sum("scale" in d for d in items)
+        if n_scales not in (0, len(items)):
+            raise InputError(f"{name!r}: per-channel overrides that give scale/zero_point must do so for every "
+                             "channel", src)
+        for i, d in enumerate(items):
+            where = f"{name!r}" + (f"[{i}]" if isinstance(entries, list) else "")
+            for key, qt in (("quant_type", d.get("quant_type")), ("convert.quant_type",
+                                                                    (d.get("convert") or {}).get("quant_type"))):
+                if qt is not None and not known(qt):
+                    raise InputError(f"{where}: unknown {key} {qt!r}", src)
+            if ("scale" in d) != ("zero_point" in d):
+                raise InputError(f"{where}: 'scale' and 'zero_point' must be given together", src)
+            if "scale" in d and not (math.isfinite(d["scale"]) and d["scale"] > 0):
+                raise InputError(f"{where}: scale {d['scale']!r} is not a positive finite number", src)
+            bits = ORT_QUANT_TYPES.get(str(d.get("quant_type", "")))
+            if "zero_point" in d and not -(1 << 31) <= d["zero_point"] < (1 << 32):
+                raise InputError(f"{where}: zero_point {d['zero_point']} is not a 32-bit integer", src)
+            if "zero_point" in d and bits is not None:
+                lo, hi = (-(1 << (bits[0] - 1)), (1 << (bits[0] - 1)) - 1) if bits[1] else (0, (1 << bits[0]) - 1)
+                if not lo <= d["zero_point"] <= hi:
+                    raise InputError(f"{where}: zero_point {d['zero_point']} outside [{lo}, {hi}] for "
+                                     f"{d['quant_type']}", src)
+            for k in ("rmin", "rmax"):
+                if k in d and not math.isfinite(d[k]):
+                    raise InputError(f"{where}: {k} {d[k]!r} is not finite", src)
+            if "rmin" in d and "rmax" in d and d["rmin"] > d["rmax"]:
+                raise InputError(f"{where}: rmin {d['rmin']} > rmax {d['rmax']}", src)
+
+
 def _quant_type_name(v: Any) -> str:
     name = getattr(v, "name", v)
     if not isinstance(name, str) or name not in ORT_QUANT_TYPES:
@@ -656,6 +854,7 @@ def to_ort_overrides(
     json_safe: bool = False,
     signed_symmetric: bool = True,
     skip_unsupported: bool = False,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """ONNX Runtime ``TensorQuantOverrides`` (``init_overrides`` of ``get_qnn_qdq_config``).
 
@@ -666,11 +865,15 @@ def to_ort_overrides(
             float32 scales: a float64 scale is rounded to float32 here, as ORT would).
         signed_symmetric: write symmetric encodings in signed storage with zero point 0 (ORT and the
             QNN EP's convention), keeping the grid.
-        skip_unsupported: leave out float precision requests instead of raising.
+        skip_unsupported: leave out what ORT overrides cannot express instead of raising: float precision
+            requests and 32-bit integer encodings (biases: ORT derives their scale from the input and
+            weight scales, so a valid QNN overrides file holding them still applies).
+        skipped: with ``skip_unsupported``, receives ``(name, reason)`` for each encoding left out.
 
     Raises:
         UsageError: an encoding ORT overrides cannot express (float precision requests, a 32-bit
-            integer encoding, a per-channel encoding without an axis).
+            integer encoding, a per-channel encoding without an axis); :class:`InputError` naming the
+            file instead when the encodings were read from one.
     """
     items = encs.items()
     qt_enum = None
@@ -679,10 +882,13 @@ def to_ort_overrides(
     out: dict[str, list[dict[str, Any]]] = {}
     for name, enc in items:
         if enc.is_float or enc.bitwidth not in (4, 8, 16):
-            if skip_unsupported:
-                continue
             what = "a float precision request" if enc.is_float else f"a {enc.bitwidth}-bit integer encoding"
-            raise UsageError(f"{name!r}: ORT TensorQuantOverrides cannot express {what}")
+            if skip_unsupported:
+                if skipped is not None:
+                    skipped.append((name, f"ORT TensorQuantOverrides cannot express {what}"
+                                          + ("" if enc.is_float else " (ORT derives bias quantization)")))
+                continue
+            raise _error(f"{name!r}: ORT TensorQuantOverrides cannot express {what}", encs)
         e = enc.as_signed() if (signed_symmetric and enc.symmetric and enc.scale) else enc
         qname = _ORT_BY_BITS[(e.bitwidth, e.signed)]
         qtype = qname if json_safe else getattr(qt_enum, qname)
@@ -690,7 +896,7 @@ def to_ort_overrides(
         if e.bitwidth == 4 and not json_safe:
             zdt = np.dtype("int8" if e.signed else "uint8")
         if e.per_channel and e.axis is None:
-            raise UsageError(f"{name!r}: per-channel encoding without an axis; read it with model= to infer one")
+            raise _error(f"{name!r}: per-channel encoding without an axis; read it with model= to infer one", encs)
         entries: list[dict[str, Any]] = []
         n = e.channels
         for c in range(n):
@@ -726,11 +932,12 @@ def from_ort_overrides(
     src = os.fspath(source) if source is not None else None
     inits: set[str] | None = None
     if model is not None:
-
         inits = {i.name for i in load_model(model).graph.initializer}
     out = EncodingSet(format="ort", source=src)
     for name, lst in overrides.items():
-        if not isinstance(lst, list) or not lst or not all(isinstance(x, dict) for x in lst):
+        if isinstance(lst, Mapping):
+            lst = [lst]
+        if not isinstance(lst, list) or not lst or not all(isinstance(x, Mapping) for x in lst):
             raise InputError(f"{name!r}: ORT overrides must be a non-empty list of dicts", src)
         first = lst[0]
         unknown = set(first) - _ORT_KEYS

@@ -13,12 +13,18 @@ ORT's dump writes only the ``scale_offset`` member of the quantize-params union,
 (``AXIS_SCALE_OFFSET``) tensor shows the union's other member reinterpreted: ``scale`` holds the bits
 of the int32 axis and ``offset`` the channel count. :func:`read_net_json` decodes that and marks the
 per-channel scales as unavailable (``QnnQuant.per_channel_missing``).
+
+The files are untrusted: each tensor and node object is checked against :data:`TENSOR_SCHEMA` /
+:data:`NODE_SCHEMA` (JSON Schema, ``docs/input-formats.md``) before use — dims non-negative integers
+below 2^32, offsets 32-bit integers, scales numbers — then quantization parameters are checked for
+meaning: finite scales, positive for a defined fixed-point encoding, a per-channel axis inside the
+tensor's rank with one scale per channel. Any failure is a one-line ``InputError`` naming the file, the
+tensor and the field.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import os
 import struct
 from collections.abc import Iterator
@@ -29,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError
+from ivq_debug.util import check_schema, load_json
 
 # ----------------------------------------------------------------------------- enums
 #: Qnn_DataType_t code → (name, numpy dtype name or None, bitwidth)
@@ -109,11 +116,12 @@ def data_type_code(value: Any) -> int | None:
 
 
 def numpy_dtype(code: int) -> np.dtype:
-    """The numpy dtype QNN stores a tensor of this data type in (4-bit types: one value per byte)."""
+    """The numpy dtype QNN stores a tensor of this data type in (4-bit types: one value per byte;
+    ``STRING``: ``object``, which no raw file can be read as)."""
     info = DATA_TYPES.get(code)
-    if info is None or info[1] is None:
+    if info is None:
         raise ValueError(f"QNN data type {code:#06x} has no numpy dtype")
-    return np.dtype(info[1])
+    return np.dtype(info[1] or object)
 
 
 def is_fixed_point(code: int) -> bool:
@@ -338,21 +346,61 @@ class QnnGraph:
         return len(self.tensors)
 
 
+# ----------------------------------------------------------------------------- schemas
+_ENUM = {"type": ["integer", "string"]}
+_DIMS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 0xFFFFFFFF}}
+_OFFSET = {"type": "integer", "minimum": -(1 << 31), "maximum": (1 << 31) - 1}
+_BW = {"type": ["integer", "null"], "minimum": 0, "maximum": 64}
+_SCALE_OFFSET = {"type": "object", "properties": {"scale": {"type": "number"}, "offset": _OFFSET,
+                                                  "bitwidth": _BW, "bitWidth": _BW}}
+_AXIS_SCALE_OFFSET = {
+    "type": "object",
+    "properties": {
+        "axis": {"type": "integer"}, "num_scale_offsets": {"type": "integer", "minimum": 0},
+        "scale_offsets": {"type": "array", "items": _SCALE_OFFSET},
+        "scaleOffset": {"type": "array", "items": _SCALE_OFFSET},
+        "scaleOffsets": {"type": "array", "items": _SCALE_OFFSET},
+        "scales": {"type": "array", "items": {"type": "number"}}, "offsets": {"type": "array", "items": _OFFSET},
+        "bitwidth": _BW, "bitWidth": _BW,
+    },
+}
+_QUANT = {
+    "type": ["object", "null"],
+    "properties": {
+        **{k: _ENUM for k in ("definition", "encodingDefinition", "encoding", "quantizationEncoding",
+                              "encodingType")},
+        **{k: _SCALE_OFFSET for k in ("scale_offset", "scaleOffset", "scaleOffsetEncoding", "bw_scale_offset",
+                                      "bwScaleOffsetEncoding")},
+        **{k: _AXIS_SCALE_OFFSET for k in ("axis_scale_offset", "axisScaleOffset", "axisScaleOffsetEncoding",
+                                           "bw_axis_scale_offset", "bwAxisScaleOffsetEncoding")},
+    },
+}
+#: JSON Schema of one tensor object (converter net JSON, ORT dump, context-binary JSON; both spellings)
+TENSOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"}, "id": {"type": ["integer", "null"]}, "type": _ENUM,
+        "data_type": _ENUM, "dataType": _ENUM,
+        "dims": _DIMS, "dimensions": _DIMS, "current_dims": _DIMS, "currentDimensions": _DIMS,
+        "permute_order_to_src": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
+        "axis_format": {"type": ["string", "null"]}, "src_axis_format": {"type": ["string", "null"]},
+        "quant_params": _QUANT, "quantizeParams": _QUANT,
+    },
+}
+#: JSON Schema of one op object of a converter net JSON / ORT dump
+NODE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string"}, "package": {"type": ["string", "null"]},
+        "input_names": {"type": "array", "items": {"type": "string"}},
+        "output_names": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
 # ----------------------------------------------------------------------------- reading helpers
 def _load_json(path: str | os.PathLike) -> Any:
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such file", p)
-    if p.is_dir():
-        raise InputError("is a directory, expected a JSON file", p)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read ({type(e).__name__})", p) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"bad JSON at line {e.lineno} column {e.colno}: {e.msg}", p) from None
+    return load_json(path, "graph JSON")
 
 
 def _f32_bits_to_int(x: float) -> int:
@@ -367,7 +415,19 @@ def _first(d: dict[str, Any], *keys: str) -> Any:
 
 
 def _quant(qp: Any, data_type: int, where: str, path: Path) -> QnnQuant | None:
-    """Parse a ``quant_params`` / ``quantizeParams`` object (both spellings)."""
+    """Parse a ``quant_params`` / ``quantizeParams`` object (both spellings) and check its values."""
+    q = _parse_quant(qp, data_type, where, path)
+    if q is None or q.per_channel_missing:
+        return q
+    if not np.all(np.isfinite(q.scale)):
+        raise InputError(f"tensor {where!r}: quantization scale {q.scale[~np.isfinite(q.scale)][0]} is not finite",
+                         path)
+    if is_fixed_point(data_type) and np.any(q.scale <= 0):
+        raise InputError(f"tensor {where!r}: quantization scale {q.scale[q.scale <= 0][0]} is not positive", path)
+    return q
+
+
+def _parse_quant(qp: Any, data_type: int, where: str, path: Path) -> QnnQuant | None:
     if not isinstance(qp, dict):
         return None
     definition = _enum(_first(qp, "definition", "encodingDefinition"), _DEF_BY_NAME, "QNN_DEFINITION_")
@@ -418,6 +478,7 @@ def _quant(qp: Any, data_type: int, where: str, path: Path) -> QnnQuant | None:
 def _tensor(name: str, t: Any, graph: str, path: Path, default_type: str | None = None) -> QnnTensor:
     if not isinstance(t, dict):
         raise InputError(f"tensor {name!r} is not an object", path)
+    check_schema(t, TENSOR_SCHEMA, path, f"tensor {name!r}")
     code = data_type_code(_first(t, "data_type", "dataType"))
     if code is None or code not in DATA_TYPES:
         raise InputError(f"tensor {name!r}: missing or unknown data_type {t.get('data_type', t.get('dataType'))!r}", path)
@@ -434,6 +495,12 @@ def _tensor(name: str, t: Any, graph: str, path: Path, default_type: str | None 
         if perm == tuple(range(len(dims))):
             perm = None
     q = _quant(_first(t, "quant_params", "quantizeParams"), code, name, path)
+    if q is not None and q.axis is not None and not q.per_channel_missing:
+        if not 0 <= q.axis < len(dims):
+            raise InputError(f"tensor {name!r}: per-channel axis {q.axis} outside its rank {len(dims)}", path)
+        if q.scale.size not in (1, dims[q.axis]):
+            raise InputError(f"tensor {name!r}: {q.scale.size} per-channel scales for an axis of size "
+                             f"{dims[q.axis]}", path)
     tid = t.get("id")
     return QnnTensor(
         name=name,
@@ -468,9 +535,13 @@ def read_net_json(path: str | os.PathLike, graph_name: str | None = None) -> Qnn
     name = graph_name or (p.stem[: -len("_net")] if p.stem.endswith("_net") else p.stem)
     tensors = {n: _tensor(n, t, name, p) for n, t in g["tensors"].items()}
     nodes: dict[str, QnnNode] = {}
-    for n, nd in (g.get("nodes") or {}).items():
+    raw_nodes = g.get("nodes") or {}
+    if not isinstance(raw_nodes, dict):
+        raise InputError(f"graph.nodes must be an object keyed by op name, got {type(raw_nodes).__name__}", p)
+    for n, nd in raw_nodes.items():
         if not isinstance(nd, dict):
             raise InputError(f"node {n!r} is not an object", p)
+        check_schema(nd, NODE_SCHEMA, p, f"node {n!r}")
         nodes[n] = QnnNode(
             name=n,
             type=str(nd.get("type", "")),

@@ -15,13 +15,19 @@ op to the ONNX nodes of its QDQ node unit (the ``ONNX Source Ops``) and to the t
 produce, named both as ONNX tensors and as golden-dump keys.
 
 Emulated-HTP cycle counts are host-side and vary run to run: use them for mapping and relative hot spots.
+
+Every file is untrusted: it must be a regular UTF-8 text file without NUL bytes (a FIFO, a device or a
+binary log is refused before anything blocks or allocates); a CSV must end with a newline (QNN EP writes
+whole rows: a cut last row means a cut file) and its fields fit the ``csv`` module's limit; times and
+durations must be finite numbers (durations not negative). Failures are one-line ``InputError`` s naming
+the file and the line.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -32,6 +38,7 @@ from ivq_debug.errors import InputError, UsageError
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import list_sites
 from ivq_debug.qnn.names import NameMap
+from ivq_debug.util import open_input, parse_json, read_input_text
 
 #: the normalized table's columns, in order
 COLUMNS = (
@@ -125,6 +132,16 @@ def read_qnn_ep_csv(
     lines = text.splitlines()
     if not lines:
         raise InputError("empty profiling CSV", p)
+    try:
+        df = _parse_qnn_ep_csv(text, p, graph, graphs_per_run)
+    except csv.Error as e:
+        raise InputError(f"not a readable CSV ({e})", p) from None
+    if not text.endswith(("\n", "\r")):  # QNN EP writes whole rows: a cut last row means a cut file
+        raise InputError(f"line {len(lines)} is cut (no end of line): truncated file?", p)
+    return df
+
+
+def _parse_qnn_ep_csv(text: str, p: Path, graph: str | Sequence[str] | None, graphs_per_run: int | None) -> Any:
     reader = csv.reader(io.StringIO(text))
     header = next(reader)
     if tuple(h.strip() for h in header[: len(_CSV_HEADER)]) != _CSV_HEADER:
@@ -154,14 +171,20 @@ def read_qnn_ep_csv(
         try:
             value = float(tval)
         except ValueError:
-            raise InputError(f"line {lineno}: Time {tval!r} is not a number (truncated or corrupt file?)", p) from None
+            raise InputError(f"line {lineno}: Time {tval[:40]!r} is not a number (truncated or corrupt file?)",
+                             p) from None
+        if not math.isfinite(value):
+            raise InputError(f"line {lineno}: Time {tval[:40]!r} is not a finite number", p)
         msg_u, lvl = msg.upper(), level.upper()
-        if msg_u in _PHASE_MSG and lvl == "ROOT":
-            if msg_u in ("INIT", "FINALIZE") and executed_in_session:
+        # a session loaded from an EPContext model writes "BACKEND ... Accelerator (load binary) time" before its
+        # "INIT ... QNN (load binary) time": both belong to the init phase
+        load = lvl == "ROOT" and "(load binary)" in ident.lower()
+        if (msg_u in _PHASE_MSG or load) and lvl == "ROOT":
+            if (msg_u in ("INIT", "FINALIZE") or load) and executed_in_session:
                 session += 1
                 executed_in_session = False
             force_new_run = True
-            phase = _PHASE_MSG[msg_u]
+            phase = _PHASE_MSG.get(msg_u, "init")
         elif lvl == "SUB-EVENT" and phase != "execute" and msg_u != "NODE":
             pass  # a sub-stage of the current init / finalize / de-init
         else:
@@ -198,16 +221,13 @@ def _num_or_none(s: str) -> float | None:
 
 
 def _read_text(p: Path) -> str:
-    if not p.exists():
-        raise InputError("no such file", p)
-    if p.is_dir():
-        raise InputError("is a directory, expected a profiling file", p)
+    """A profiling file's text (a regular UTF-8 file without NUL bytes)."""
     try:
-        return p.read_text(encoding="utf-8", errors="strict")
-    except UnicodeDecodeError:
-        raise InputError("not a text file (binary profiling logs need qnn-profile-viewer first)", p) from None
-    except OSError as e:
-        raise InputError(f"cannot read ({type(e).__name__})", p) from None
+        return read_input_text(p, "profiling file")
+    except InputError as e:
+        if "UTF-8" in e.message or "NUL" in e.message:
+            raise InputError(f"{e.message} (binary profiling logs need qnn-profile-viewer first)", p) from None
+        raise
 
 
 # ============================================================================ qnn-profile-viewer text
@@ -305,15 +325,23 @@ def read_chrome_trace(path: str | os.PathLike) -> Any:
         InputError: missing file, bad JSON (including a truncated file), no events.
     """
     p = Path(path)
-    text = _read_text(p)
     try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"bad JSON at line {e.lineno} column {e.colno}: {e.msg} (truncated file?)", p) from None
+        d = parse_json(_read_text(p), p, "Chrome trace")
+    except InputError as e:
+        if e.message.startswith("bad JSON"):
+            raise InputError(f"{e.message} (truncated file?)", p) from None
+        raise
     events = d.get("traceEvents") if isinstance(d, dict) else d
     if not isinstance(events, list):
         raise InputError("not a Chrome trace (no traceEvents list)", p)
     events = [e for e in events if isinstance(e, dict)]
+    for i, e in enumerate(events):
+        for k in ("ts", "dur"):
+            v = e.get(k)
+            if _is_num(v) and not math.isfinite(v):
+                raise InputError(f"event {i}: {k} {v!r} is not a finite number", p)
+        if e.get("ph") == "X" and _is_num(e.get("dur")) and e["dur"] < 0:
+            raise InputError(f"event {i} ({str(e.get('name'))[:60]!r}): negative duration {e['dur']}", p)
     spans = _spans(events)
     if not spans:
         raise InputError("Chrome trace holds no duration events", p)
@@ -386,18 +414,16 @@ def read_profile(path: str | os.PathLike, graph: str | Sequence[str] | None = No
     """Read any supported profiling file (detected from its first bytes); ``graph`` / ``graphs_per_run``
     apply to QNN EP CSVs (see :func:`read_qnn_ep_csv`)."""
     p = Path(path)
-    if p.exists() and p.is_file():
-        with open(p, "rb") as f:
-            head = f.read(256)
-        h = head.lstrip()
-        if h.startswith((b"{", b"[")):
-            return read_chrome_trace(p)
-        if head.startswith(b"Msg Timestamp"):
-            return read_qnn_ep_csv(p, graph, graphs_per_run)
-        if b"\x00" in head:
-            raise InputError("binary profiling log: convert it with qnn-profile-viewer --input_log first", p)
-        return read_profile_viewer_text(p)
-    return read_qnn_ep_csv(p, graph, graphs_per_run)  # raises the missing-file error
+    with open_input(p, "profiling file") as f:
+        head = f.read(256)
+    h = head.lstrip()
+    if h.startswith((b"{", b"[")):
+        return read_chrome_trace(p)
+    if head.startswith(b"Msg Timestamp"):
+        return read_qnn_ep_csv(p, graph, graphs_per_run)
+    if b"\x00" in head:
+        raise InputError("binary profiling log: convert it with qnn-profile-viewer --input_log first", p)
+    return read_profile_viewer_text(p)
 
 
 # ============================================================================ join to tensors

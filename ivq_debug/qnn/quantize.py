@@ -17,7 +17,6 @@ The output appears under its final name only when complete (written in a temp fo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -35,9 +34,9 @@ from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
-from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides
+from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import read_arrays
+from ivq_debug.util import WRITE_ERRNOS, check_output, load_json, output_error, read_arrays
 
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {
@@ -136,6 +135,8 @@ def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     if a.dtype != spec.dtype:
         if a.dtype.kind == "f" and spec.dtype.kind in "iu":
             raise InputError(f"input {spec.name!r}: float data for an integer input", where)
+        if a.dtype.kind == "c" and spec.dtype.kind != "c":
+            raise InputError(f"input {spec.name!r}: complex data for a real input", where)
         a = a.astype(spec.dtype)
     return np.ascontiguousarray(a)
 
@@ -222,11 +223,19 @@ def load_calibration(
         missing = [n for n in free if n not in sample]
         if missing:
             raise InputError(f"sample lacks inputs {missing}", where)
+        extra = sorted(k for k in sample if k not in specs)
+        if extra:
+            raise InputError(f"sample has arrays for names that are not model inputs: {extra[:5]} "
+                             f"(inputs: {free})", where)
         feed = {n: _fit(sample[n], specs[n], where) for n in free}
         feed.update({n: _fit(v, specs[n], "fixed_feeds") for n, v in fixed.items()})
         samples.append(feed)
 
     def stacked(arrays: Mapping[str, Any], where: str | Path) -> None:
+        extra = sorted(k for k in arrays if k not in specs)
+        if extra:
+            raise InputError(f"arrays for names that are not model inputs: {extra[:5]} (inputs: {free})",
+                             where)
         arrays = {k: np.asarray(v) for k, v in arrays.items() if k in free}
         if len(arrays) != len(free):
             raise InputError(f"needs arrays for inputs {free}, got {sorted(arrays)}", where)
@@ -333,6 +342,14 @@ def _qtype(name: Any) -> Any:
         raise UsageError(f"unknown quant_type {name!r} (e.g. QUInt8, QUInt16, QInt8)") from None
 
 
+def _known_qtype(name: str) -> bool:
+    """True when ``name`` is a QuantType name or one of the spellings :func:`_qtype` accepts."""
+    from onnxruntime.quantization import QuantType
+
+    key = str(name).strip()
+    return _QTYPE_ALIASES.get(key.lower(), key) in QuantType.__members__
+
+
 def _is_qnn_encodings(data: Mapping[str, Any]) -> bool:
     return "activation_encodings" in data or "param_encodings" in data
 
@@ -346,9 +363,10 @@ def _from_qnn_encodings(data: Mapping[str, Any], where: str, model: Any,
     """
     encs = parse_encodings(dict(data), None if where == "overrides" else where)
     encs = encs.infer_axes(model)
-    encs.validate()
-    notes.extend(f"overrides: {name}: {why} (not applied)" for name, why in encs.dropped)
-    ort = to_ort_overrides(encs)
+    encs.validate(model, allow_sanitized=True)
+    skipped: list[tuple[str, str]] = []
+    ort = to_ort_overrides(encs, skip_unsupported=True, skipped=skipped)
+    notes.extend(f"overrides: {name}: {why} (not applied)" for name, why in [*encs.dropped, *skipped])
     nm = NameMap.from_onnx(model)
     known = set(nm.tensors)
     out: dict[str, list[dict[str, Any]]] = {}
@@ -386,16 +404,13 @@ def load_overrides(
     if isinstance(overrides, str | os.PathLike):
         p = Path(overrides)
         where = str(p)
-        try:
-            data = json.loads(p.read_text())
-        except OSError:
-            raise InputError("cannot read overrides", p) from None
-        except ValueError as e:
-            raise InputError(f"overrides are not JSON ({e})", p) from None
+        data = load_json(p, "overrides file")
     if not isinstance(data, Mapping):
         raise InputError("overrides must be a JSON object", where if where != "overrides" else None)
     if _is_qnn_encodings(data):
         data = _from_qnn_encodings(data, where, model, notes)
+    elif where != "overrides":  # an ORT TensorQuantOverrides file: checked before ORT sees it
+        validate_ort_overrides(data, where, known_quant_type=_known_qtype)
     inits = {i.name for i in model.graph.initializer}
     out: dict[str, list[dict[str, Any]]] = {}
     for name, entries in data.items():
@@ -461,6 +476,13 @@ class _LogCapture(logging.Handler):
             self.messages.append(msg)
 
 
+def _write_or_input_error(e: OSError, out: Path, src: Path, what: str) -> IvqError:
+    """A full disk / read-only folder while writing ``out`` (exit 2), else a problem with the model (exit 3)."""
+    if e.errno in WRITE_ERRNOS:
+        return output_error(e, out)
+    return InputError(f"{what}: {type(e).__name__}: {one_line(e, 400)}", src)
+
+
 def quantize_for_qnn(
     model_path: str | os.PathLike,
     output_path: str | os.PathLike,
@@ -509,7 +531,7 @@ def quantize_for_qnn(
     not hold), and is checked (``onnx.checker`` + an ORT CPU load) before it appears under ``output_path``.
 
     Raises:
-        CheckError: the written model failed its check (exit 6; nothing is left under ``output_path``).
+        CheckError: the written model failed its check (exit 7; nothing is left under ``output_path``).
     """
     from onnxruntime.quantization import CalibrationMethod, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
@@ -521,12 +543,8 @@ def quantize_for_qnn(
         raise UsageError(f"unknown preset {preset!r} ({', '.join(PRESETS)})")
     if calibrate_method.lower() not in CALIBRATE_METHODS:
         raise UsageError(f"unknown calibrate_method {calibrate_method!r} ({', '.join(CALIBRATE_METHODS)})")
-    if out.exists() and not overwrite:
-        raise UsageError("output exists; pass overwrite=True (CLI: --force) to replace it", out)
-    if out.is_dir():
-        raise InputError("output path is a directory", out)
-    if out.resolve() == src.resolve():
-        raise UsageError("output would replace the float model", out)
+    files = [x for x in (calibration, overrides) if isinstance(x, str | os.PathLike)]
+    check_output(out, [src, *files], overwrite)  # never replaces an input, even with overwrite
     proto = load_model(src)
 
     if is_qdq_model(proto):
@@ -542,9 +560,10 @@ def quantize_for_qnn(
     known = _tensor_names(proto)
     unmatched = sorted(k for k in init_overrides if k not in known)
     if unmatched and strict_overrides:
-        raise UsageError(f"overrides name {len(unmatched)} tensor(s) the model lacks: {unmatched[:8]}"
-                         f"{' …' if len(unmatched) > 8 else ''} (ONNX names, unsanitized; strict_overrides=False "
-                         "to ignore)")
+        src = overrides if isinstance(overrides, str | os.PathLike) else None  # a file's content: exit 3
+        raise (InputError if src else UsageError)(
+            f"overrides name {len(unmatched)} tensor(s) the model lacks: {unmatched[:8]}"
+            f"{' …' if len(unmatched) > 8 else ''} (ONNX names, unsanitized; strict_overrides=False to ignore)", src)
     for k in unmatched:
         init_overrides.pop(k)
     big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
@@ -570,6 +589,8 @@ def quantize_for_qnn(
             try:
                 preprocessed = bool(qnn_preprocess_model(source, pre, save_as_external_data=big,
                                                          all_tensors_to_one_file=True))
+            except OSError as e:
+                raise _write_or_input_error(e, out, src, "qnn_preprocess_model failed") from None
             except Exception as e:
                 raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", src) from None
             if preprocessed:
@@ -591,6 +612,8 @@ def quantize_for_qnn(
             quantize(source, staged, cfg)
         except IvqError:
             raise
+        except OSError as e:
+            raise _write_or_input_error(e, out, src, "quantization failed") from None
         except Exception as e:
             raise InputError(f"quantization failed: {type(e).__name__}: {one_line(e, 400)}",
                              src) from None

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ivq_debug.errors import printable
+
 FONT = "font-family:inherit"
 AXIS = "#5f6b7a"
 GRID = "#e6e9ee"
@@ -40,8 +42,9 @@ SQNR_STOPS: tuple[tuple[float, str], ...] = (
 
 
 def esc(v: object) -> str:
-    """HTML/SVG-escape any value (text and attribute values)."""
-    return html.escape(str(v), quote=True)
+    """HTML/SVG-escape any value (text and attribute values); control, surrogate and bidi characters
+    (names come from files) are written as visible escapes first (:func:`~ivq_debug.errors.printable`)."""
+    return html.escape(printable(v, multiline=True), quote=True)
 
 
 def _hex(c: str) -> tuple[int, int, int]:

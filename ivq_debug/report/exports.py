@@ -171,7 +171,7 @@ def write_perfetto(cmp: Any, path: str | os.PathLike, *, model: Any = None, over
 
 
 # ============================================================================ Model Explorer node data
-_LOWER_IS_BETTER = {"max_abs", "mean_abs", "rmse", "rel_l2", "lsb_rmse", "kl"}
+_LOWER_IS_BETTER = {"max_abs", "mean_abs", "rmse", "rel_l2", "lsb_rmse", "lsb_max", "kl"}
 
 
 def _producers(model: Any) -> tuple[str, dict[str, str]]:

@@ -34,6 +34,7 @@ from ivq_debug import __version__, defaults
 from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
 from ivq_debug.dump.stats import sample_indices
 from ivq_debug.errors import UsageError
+from ivq_debug.report import threeway as threeway_report
 from ivq_debug.report.charts import (
     NODATA_COLOR,
     Bar,
@@ -173,7 +174,18 @@ class _Ctx:
 
 # ============================================================================ sections
 def _verdict(cmp: Any) -> str:
-    return '<span class="verdict pass">PASS</span>' if cmp.passed else '<span class="verdict fail">FAIL</span>'
+    v = getattr(cmp, "verdict", None)
+    ok = v.passed if v is not None else cmp.passed
+    tip = f' title="{esc(v.sentence)}"' if v is not None else ""
+    return f'<span class="verdict pass"{tip}>PASS</span>' if ok else f'<span class="verdict fail"{tip}>FAIL</span>'
+
+
+def _verdict_line(cmp: Any) -> str:
+    """The one-glance verdict under the title: pass/fail and why (the same sentence as the terminal and JSON)."""
+    v = getattr(cmp, "verdict", None)
+    if v is None:
+        return ""
+    return (f'<div class="sub verdict-line"><b>{"PASS" if v.passed else "FAIL"}</b>: {esc(v.sentence)}</div>')
 
 
 def _header(ctx: _Ctx, title: str) -> str:
@@ -193,7 +205,7 @@ def _header(ctx: _Ctx, title: str) -> str:
     return (f'<header class="top"><div class="wrap"><h1>{esc(title)}{_verdict(cmp)}</h1>'
             f'<div class="sub">reference <code>{esc(cmp.ref.path)}</code> ({esc(cmp.ref.backend)}) → test '
             f'<code>{esc(cmp.test.path)}</code> ({esc(cmp.test.backend)}) · budgets: {esc(budgets)}</div>'
-            f"{banner}</div></header>")
+            f"{_verdict_line(cmp)}{banner}</div></header>")
 
 
 def _nav(sections: list[tuple[str, str]]) -> str:
@@ -300,7 +312,12 @@ def _summary(ctx: _Ctx) -> str:
         _stat("unmatched ref / test", f"{um['ref']['count']} / {um['test']['count']}",
               bad=(um["ref"]["count"] + um["test"]["count"]) > 0),
     ]
+    contract = getattr(cmp, "contract", None)
+    if contract is not None:
+        stats.append(_stat("input contract", contract.status, bad=contract.status != "ok"))
     html_ = [f'<section class="card" id="summary"><h2>Summary</h2><div class="grid">{"".join(stats)}</div>']
+    if contract is not None:
+        html_.append(f'<p class="{"note" if contract.status == "ok" else "banner"}">{esc(contract.line())}</p>')
     if fd is not None:
         row = ctx.view.find((fd["sample"], fd["part"], fd["step"]), fd["ref_name"])
         html_.append(f"<p><b>First divergence</b> (first tensor in execution order breaking "
@@ -548,6 +565,11 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
              "SQNR dB</th>"]
     heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(lab)}</th>'
               for lab in v.extra_labels]
+    tw = getattr(ctx.cmp, "three_way", None)
+    if tw is not None:
+        heads += ['<th class="wrap" data-sort="num" title="rel-L2 error vs the reference of this comparison divided '
+                  'by that of the expected (CPU-QDQ) dump, this record">ratio vs CPU-QDQ</th>',
+                  '<th data-sort="num" title="Bhattacharyya coefficient of the two |error| histograms">BC</th>']
     if v.has_replay:
         heads += ['<th class="wrap" data-sort="num" title="SQNR of the error this QDQ unit introduces when fed the '
                   'reference inputs (replay)">introduced SQNR</th>',
@@ -587,6 +609,8 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
         sq_cell = _sqnr_cell(r["sqnr_db"], status)
         if status not in ("ok",):
             sq_cell = sq_cell.replace("</td>", f' <span class="pill {esc(status)}">{esc(status)}</span></td>', 1)
+        if getattr(ctx.cmp, "contract", None) is not None and ctx.cmp.contract.status == "broken":
+            sq_cell = sq_cell.replace("</td>", ' <span class="pill fail">inputs differ</span></td>', 1)
         cells = [
             f'<td class="num" data-v="{r["row"]}">{int(r["order"])}</td>',
             f'<td data-v="{_rec_sort(key)}">{esc(_rec_label(key, ctx.multi_sample))}</td>',
@@ -598,6 +622,8 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
         for lab in v.extra_labels:
             e = r["extras"].get(lab)
             cells.append(_sqnr_cell(e["sqnr_db"], e["status"]) if e else '<td class="num" data-v="">–</td>')
+        if tw is not None:
+            cells += list(threeway_report.ratio_cells(tw, r))
         if v.has_replay:
             cells.append(_sqnr_cell(r["intro_sqnr_db"], r["intro_status"]))
             sh = as_float(r["inherited_share"])
@@ -974,6 +1000,10 @@ def render_report(
     title = title or f"ivq-debug report: {label}"
     sections = [("findings", "Findings"), ("summary", "Summary"), ("depth", "Error vs depth")]
     body = [_findings(ctx), _summary(ctx), _depth(ctx)]
+    tw_html = threeway_report.section(cmp, ctx.max_points)
+    if tw_html:
+        sections.append(("threeway", "Backend vs quantization"))
+        body.append(tw_html)
     hm = _heatmaps(ctx)
     if hm:
         sections.append(("heatmap", "Heatmap"))

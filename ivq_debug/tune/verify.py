@@ -1,23 +1,33 @@
-"""Verify overrides: re-quantize, re-capture on QNN HTP (emulated on x86), compare before and after.
+"""Verify overrides before recommending them: re-quantize, re-capture on the backend, compare before and after.
 
-A *trial* quantizes the float model with a set of overrides, captures the QDQ model on the test backend
-(QNN HTP by default) for the given inputs, compares it with the float reference dump and, optionally,
-runs a task metric (e.g. caption accuracy of the reference VLM). :func:`verify` runs the baseline and
-the suggested overrides; :func:`greedy` adds suggestions one at a time and keeps those that help, until
-the watched tensors meet a budget or nothing more helps, escalating a 16-bit entry that is still bad to
-fp16 (the node left unquantized).
+A *trial* writes the suggestions as the overrides file that will be delivered (QNN ``legacy`` / ``1.0.0`` or ORT
+JSON: every trial round-trips the format), reads it back, quantizes the float model with it, captures the QDQ
+model on the verified backend (QNN HTP, emulated on x86, or ORT CPU-QDQ) for the evaluation inputs, compares it
+with the float reference dump and, optionally, scores a task metric. :func:`verify` tries candidate sets in
+order (all suggestions, then weights only / activations only, each pattern group, the top half, the top one)
+and recommends the first that does not lower the watched outputs' SQNR (the final output by default) or any
+task metric; every refused set is reported with the reason. :func:`greedy` adds suggestions one at a time and
+keeps those that help, escalating a 16-bit entry that is still bad to fp16 (the node left unquantized).
 
-Costs come with each trial: the QDQ model size, and the summed per-op cycles of a detailed QNN profile
+Calibration and evaluation stay apart: the quantizer calibrates on the calibration data, widened ranges come
+from the float model's ranges over the calibration data (:meth:`Tuner.calibration_ranges`), and the evaluation
+inputs are only scored.
+
+Every trial is checkpointed (``<workdir>/checkpoint.json``, rewritten atomically after each trial, keyed by the
+trial's settings): a run that fails late loses nothing, and a rerun with the same workdir reuses the finished
+trials. Costs come with each trial: the QDQ model size, and the summed per-op cycles of a detailed QNN profile
 (emulated cycles: relative only, see ``docs/qnn-capture.md``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,15 +38,21 @@ from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import InputError
-from ivq_debug.qnn.quantize import quantize_for_qnn
-from ivq_debug.tune.suggest import Suggestion, ort_overrides
-from ivq_debug.util import json_safe
+from ivq_debug.errors import InputError, IvqError, one_line
+from ivq_debug.onnxgraph.load import load_model, model_file_bytes
+from ivq_debug.qnn.encodings import EncodingSet, to_ort_overrides
+from ivq_debug.qnn.quantize import load_calibration, quantize_for_qnn
+from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
+from ivq_debug.util import atomic_write_text, json_safe
+
+CHECKPOINT = "checkpoint.json"
+#: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
+MAX_CANDIDATES = 6
 
 
 @dataclass
 class Trial:
-    """One quantize + capture + compare round."""
+    """One quantize + capture + compare round (``error`` set when it failed)."""
 
     label: str
     suggestions: list[Suggestion]
@@ -47,9 +63,14 @@ class Trial:
     model_bytes: int = 0
     cycles: float | None = None
     seconds: float = 0.0
+    error: str | None = None
+    overrides: Path | None = None
+    reused: bool = False
 
     def sqnr(self, name: str) -> float | None:
-        """Worst SQNR of a tensor over the records (None when absent)."""
+        """Worst SQNR of a tensor over the records (None when absent or the trial failed)."""
+        if self.comparison is None:
+            return None
         t = self.comparison.table
         v = t.loc[(t["ref_name"] == name) | (t["test_name"] == name), "sqnr_db"]
         return float(v.min()) if len(v) else None
@@ -57,12 +78,16 @@ class Trial:
 
 @dataclass
 class TuneReport:
-    """Before / after figures of a tuning run."""
+    """Before / after figures of a tuning run, and the candidate sets refused on the way."""
 
     before: Trial
     after: Trial
     watch: list[str]
     steps: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    recommended: bool = True
+    backend: str = "qnn"
+    format: str = "legacy"
 
     @property
     def changed(self):
@@ -101,13 +126,16 @@ class TuneReport:
         """JSON-ready summary."""
 
         return json_safe({
+            "backend": self.backend, "format": self.format, "recommended": self.recommended,
             "watch": self.watch,
             "changed": self.changed.to_dict(orient="records"),
             "end_to_end": self.end_to_end.to_dict(orient="records"),
-            "overrides": [s.to_dict() for s in self.after.suggestions],
+            "overrides": [s.to_dict() for s in self.after.suggestions] if self.recommended else [],
+            "refused": self.refused,
             "steps": self.steps,
             "before": {"qdq_model": str(self.before.qdq_model), "dump": str(self.before.dump)},
-            "after": {"qdq_model": str(self.after.qdq_model), "dump": str(self.after.dump)},
+            "after": {"qdq_model": str(self.after.qdq_model), "dump": str(self.after.dump),
+                      "overrides": str(self.after.overrides) if self.after.overrides else None},
         })
 
 
@@ -126,6 +154,15 @@ def _cycles(dump_path: Path) -> float | None:
     return float(ops["value"].sum())
 
 
+def _suggestion_key(s: Suggestion) -> list[Any]:
+    return [s.tensor, s.action, s.rmin, s.rmax, s.axis, s.node]
+
+
+def _jsonable_overrides(d: Mapping[str, Any]) -> Any:
+    return json.loads(json.dumps(json_safe({k: [{kk: getattr(vv, "name", vv) for kk, vv in e.items()} for e in v]
+                                            for k, v in d.items()}), default=str))
+
+
 @dataclass
 class Tuner:
     """What every trial shares: the float model, calibration, inputs, reference and backend.
@@ -133,16 +170,25 @@ class Tuner:
     Args:
         float_model: the float ONNX model to quantize.
         calibration: calibration data (see :func:`ivq_debug.qnn.quantize.load_calibration`).
-        feeds: inputs to capture, one dict per sample (records ``(sample, part, 0)``).
+        feeds: evaluation inputs to capture, one dict per sample (records ``(sample, part, 0)``).
         reference: the float reference dump of the same inputs (path).
-        workdir: where trial models and dumps go.
+        workdir: where trial models and dumps go (and ``checkpoint.json``).
         preset: quantization preset (``a8w8``…).
         part: record part name of the captures.
-        runner_factory: ``f(qdq_path, profiling_csv) -> runner`` (default: QNN HTP, detailed profiling).
-        task: ``f(qdq_path) -> dict`` of task metrics (e.g. caption accuracy).
-        quantize_kw: extra :func:`~ivq_debug.qnn.quantize.quantize_for_qnn` arguments.
+        runner_factory: ``f(qdq_path, profiling_csv) -> runner`` (default: by ``backend``).
+        task: ``f(qdq_path) -> dict`` of task metrics (higher is better; e.g. caption accuracy).
+        output_metric: ``f(outputs) -> float | dict``: a task metric on the trial's model outputs (one
+            ``{output name: array}`` per evaluation input, in order; higher is better).
+        quantize_kw: extra :func:`~ivq_debug.qnn.quantize.quantize_for_qnn` arguments (``per_channel``,
+            ``calibrate_method``, ...).
         base_overrides: ORT overrides every trial starts from (the configuration being tuned);
             suggestions replace the entries of the tensors they name.
+        backend: ``"qnn"`` (QNN HTP, emulated on x86, detailed profile) or ``"cpu"`` (ORT CPU-QDQ).
+        fmt: the overrides format every trial writes and reads back (``legacy``, ``1.0.0``, ``ort``).
+        resume: reuse the finished trials of ``checkpoint.json`` with the same settings.
+        preprocess: run the quantizer's ``qnn_preprocess_model`` once (``<workdir>/preprocessed.onnx``) and
+            quantize that model in every trial, so overrides can name the tensors it creates (the ``Gemm``
+            outputs between reshapes); the overrides files name the quantizer's tensors.
     """
 
     float_model: Path
@@ -154,35 +200,189 @@ class Tuner:
     part: str = "model"
     runner_factory: Callable[[Path, Path], Any] | None = None
     task: Callable[[Path], dict[str, Any]] | None = None
+    output_metric: Callable[[list[dict[str, np.ndarray]]], Any] | None = None
     quantize_kw: dict[str, Any] = field(default_factory=dict)
     base_overrides: dict[str, Any] = field(default_factory=dict)
+    backend: str = "qnn"
+    fmt: str = "legacy"
+    resume: bool = True
+    preprocess: bool = True
+    _ranges: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
+    _checkpoint: dict[str, Any] | None = field(default=None, repr=False)
+    _source: Path | None = field(default=None, repr=False)
 
+    def source(self) -> Path:
+        """The model every trial quantizes: the float model after the quantizer's preprocessing (when it changes
+        anything), else the float model itself."""
+        if self._source is None:
+            self._source = Path(self.float_model)
+            if self.preprocess:
+                pre = preprocessed_model(self.float_model, Path(self.workdir))
+                if pre is not None:
+                    self._source = pre
+        return self._source
+
+    # ------------------------------------------------------------------ calibration
+    def calibration_ranges(self) -> dict[str, tuple[float, float]]:
+        """``{tensor: (min, max)}`` of the float model over the calibration samples (captured once on the CPU
+        into ``<workdir>/calibration.h5``): the only source of widened ranges."""
+        if self._ranges is None:
+            wd = Path(self.workdir)
+            wd.mkdir(parents=True, exist_ok=True)
+            path = wd / "calibration.h5"
+            if not (self.resume and path.exists()):
+                samples, _ = load_calibration(self.calibration, self.source(),
+                                              **{k: v for k, v in self.quantize_kw.items()
+                                                 if k in ("fixed_feeds", "max_samples", "image_mean", "image_std",
+                                                          "transform")})
+                capture(make_runner("onnx", self.source(), selection=Selection()), samples, path, part=self.part,
+                        summary_only=True, overwrite=True, progress=None)
+            out: dict[str, tuple[float, float]] = {}
+            with open_dump(path) as d:
+                for e in [*d.tensors(), *d.tensors(kind="input")]:
+                    lo, hi = e.stats.get("min"), e.stats.get("max")
+                    if lo is None or hi is None:
+                        continue
+                    cur = out.get(e.name)
+                    out[e.name] = (min(lo, cur[0]), max(hi, cur[1])) if cur else (float(lo), float(hi))
+            self._ranges = out
+        return self._ranges
+
+    # ------------------------------------------------------------------ checkpoint
+    def _ckpt(self) -> dict[str, Any]:
+        if self._checkpoint is None:
+            p = Path(self.workdir) / CHECKPOINT
+            doc: dict[str, Any] = {"version": 1, "trials": {}}
+            if self.resume and p.exists():
+                try:
+                    loaded = json.loads(p.read_text())
+                    if isinstance(loaded, dict) and isinstance(loaded.get("trials"), dict):
+                        doc = loaded
+                except (OSError, ValueError):
+                    pass  # an unreadable checkpoint is started over
+            self._checkpoint = doc
+        return self._checkpoint
+
+    def _save(self, key: str, entry: dict[str, Any]) -> None:
+        doc = self._ckpt()
+        doc["trials"][key] = json_safe(entry)
+        Path(self.workdir).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(self.workdir) / CHECKPOINT, json.dumps(doc, indent=1, default=str) + "\n",
+                          overwrite=True)
+
+    def key(self, suggestions: Sequence[Suggestion]) -> str:
+        """The checkpoint key of a trial: its suggestions and every setting that changes its result."""
+        blob = json.dumps({"s": [_suggestion_key(s) for s in suggestions], "preset": self.preset, "fmt": self.fmt,
+                           "backend": self.backend, "kw": {k: str(v) for k, v in sorted(self.quantize_kw.items())},
+                           "base": _jsonable_overrides(self.base_overrides), "model": str(self.float_model),
+                           "ref": str(self.reference)}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    # ------------------------------------------------------------------ a trial
     def trial(self, label: str, suggestions: list[Suggestion]) -> Trial:
-        """Quantize with ``suggestions``, capture, compare (and run the task metric)."""
+        """Write, read back and apply ``suggestions``; quantize, capture, compare (and score the task)."""
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
+        key = self.key(suggestions)
         qdq = wd / f"{label}.qdq.onnx"
-        act = "QUInt16" if self.preset.startswith("a16") else "QUInt8"
-        suggested, exclude = ort_overrides(suggestions, act)
-        overrides = {**self.base_overrides, **suggested}
-        kw = dict(self.quantize_kw)
-        if exclude:
-            kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
-        quantize_consistent(self.float_model, qdq, self.calibration, self.preset, overrides, kw)
         dump = wd / f"{label}.h5"
-        prof = wd / f"{label}.profile.csv"
+        done = self._ckpt()["trials"].get(key)
+        if self.resume and done is not None and not done.get("error") and Path(done["dump"]).exists() \
+                and Path(done["qdq_model"]).exists():
+            cmp = compare(self.reference, done["dump"], progress=False)
+            ov = Path(done["overrides"]) if done.get("overrides") else None
+            return Trial(done["label"], list(suggestions), Path(done["qdq_model"]), Path(done["dump"]), cmp,
+                         dict(done.get("task") or {}), int(done.get("model_bytes") or 0), done.get("cycles"),
+                         float(done.get("seconds") or 0.0), None, ov, reused=True)
+        entry: dict[str, Any] = {"label": label, "suggestions": [s.to_dict() for s in suggestions],
+                                 "qdq_model": str(qdq), "dump": str(dump)}
+        try:
+            ov_path, overrides, exclude = self._overrides(label, suggestions)
+            kw = dict(self.quantize_kw) | {"preprocess": False}
+            if exclude:
+                kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
+            quantize_consistent(self.source(), qdq, self.calibration, self.preset, overrides, kw)
+            prof = wd / f"{label}.profile.csv"
+            runner = self._runner(qdq, prof, bool(exclude))
+            capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
+                    overwrite=True, progress=None)
+            cmp = compare(self.reference, dump, progress=False)
+            task = dict(self.task(qdq)) if self.task else {}
+            if self.output_metric is not None:
+                task.update(_score(self.output_metric, dump, self.float_model))
+        except Exception as e:  # a failed trial is a result: recorded, checkpointed, refused
+            msg = one_line(e, 400) if isinstance(e, IvqError) else f"{type(e).__name__}: {one_line(e, 400)}"
+            entry |= {"error": msg, "seconds": round(time.perf_counter() - t0, 2)}
+            self._save(key, entry)
+            return Trial(label, list(suggestions), qdq, dump, None, error=entry["error"],
+                         seconds=entry["seconds"])
+        tr = Trial(label, list(suggestions), qdq, dump, cmp, task, model_file_bytes(qdq), _cycles(dump),
+                   time.perf_counter() - t0, None, ov_path)
+        entry |= {"overrides": str(ov_path) if ov_path else None, "task": task, "model_bytes": tr.model_bytes,
+                  "cycles": tr.cycles, "seconds": round(tr.seconds, 2)}
+        self._save(key, entry)
+        return tr
+
+    def _runner(self, qdq: Path, prof: Path, fallback: bool) -> Any:
         if self.runner_factory is not None:
-            runner = self.runner_factory(qdq, prof)
-        else:
-            runner = make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
-                                 overwrite=True, allow_cpu_fallback=bool(exclude))
-        capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
-                overwrite=True, progress=None)
-        cmp = compare(self.reference, dump, progress=False)
-        task = self.task(qdq) if self.task else {}
-        return Trial(label, list(suggestions), qdq, dump, cmp, task, qdq.stat().st_size, _cycles(dump),
-                     time.perf_counter() - t0)
+            return self.runner_factory(qdq, prof)
+        if self.backend == "cpu":
+            return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
+        return make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
+                           overwrite=True, allow_cpu_fallback=fallback)
+
+    def _overrides(self, label: str, suggestions: list[Suggestion]) -> tuple[Path | None, dict[str, Any], list[str]]:
+        """The suggestions written in the tuner's format and read back: (file, ORT overrides, float nodes)."""
+        if not suggestions:
+            return None, dict(self.base_overrides), []
+        path = Path(self.workdir) / f"{label}.overrides.json"
+        act_bits = 16 if self.preset.startswith("a16") else 8
+        write_suggestions(suggestions, path, fmt=self.fmt, activation_bits=act_bits, float_model=self.source(),
+                          overwrite=True)
+        encs, exclude = read_overrides(path, load_model(self.source()))
+        floats = [n for n, e in encs.activations.items() if e.is_float]
+        ints = EncodingSet(format=encs.format, activations={n: e for n, e in encs.activations.items()
+                                                              if not e.is_float}, params=dict(encs.params))
+        nodes = {s.tensor: s.node for s in suggestions if s.node}
+        exclude = [*exclude, *[nodes[n] for n in floats if nodes.get(n)]]
+        return path, {**self.base_overrides, **to_ort_overrides(ints)}, exclude
+
+
+def preprocessed_model(float_model: str | os.PathLike, folder: Path) -> Path | None:
+    """``<folder>/preprocessed.onnx``: the float model after ORT's ``qnn_preprocess_model`` (the fusions the
+    QNN flow makes before quantizing), or None when it changes nothing."""
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "preprocessed.onnx"
+    tmp = folder / f".preprocessed.partial-{os.getpid()}.onnx"
+    try:
+        changed = bool(qnn_preprocess_model(Path(float_model), tmp))
+    except Exception as e:
+        raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", float_model) from None
+    if not changed:
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, out)
+    return out
+
+
+def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], dump: Path, float_model: Path) -> dict[str, float]:
+    """A user task metric on a dump's graph outputs (``task`` for a bare number, else its keys)."""
+    outs = [o.name for o in load_model(float_model).graph.output]
+    with open_dump(dump) as d:
+        per = []
+        for rid in d.records.sort_values(["sample", "step"])["rid"]:
+            have = {e.name: e for e in d.tensors(rid)}
+            per.append({o: d.read(have[o]) for o in outs if o in have})
+    try:
+        v = fn(per)
+    except Exception as e:  # the user's function: report it on one line
+        raise InputError(f"the task metric failed: {type(e).__name__}: {one_line(e, 200)}") from None
+    if isinstance(v, Mapping):
+        return {f"task {k}": float(x) for k, x in v.items()}
+    return {"task": float(v)}
 
 
 _CONFLICT = re.compile(r"Desired producer quant_type for (.+?) doesn't match existing type")
@@ -197,7 +397,6 @@ def quantize_consistent(float_model: Path, out: Path, calibration: Any, preset: 
     X is given the other activation type (8 ↔ 16 bit) and the quantization retried; the fixes are recorded.
     """
     from onnxruntime.quantization import QuantType
-
 
     fixes: list[str] = []
     default = QuantType.QUInt16 if preset.startswith("a16") else QuantType.QUInt8
@@ -219,12 +418,76 @@ def quantize_consistent(float_model: Path, out: Path, calibration: Any, preset: 
     return fixes
 
 
+# ---------------------------------------------------------------------------------------------- verify
+def candidate_sets(suggestions: Sequence[Suggestion]) -> list[tuple[str, list[Suggestion]]]:
+    """The sets :func:`verify` tries, in order: all; weights only and activations only (when both); each pattern
+    group (largest priority first); the top half; the top one. Duplicates are dropped."""
+    sug = sorted(suggestions, key=lambda s: -s.priority)
+    out: list[tuple[str, list[Suggestion]]] = [("all", sug)]
+    w = [s for s in sug if s.is_weight]
+    a = [s for s in sug if not s.is_weight]
+    if w and a:
+        out += [("weights only", w), ("activations only", a)]
+    grouped: dict[str, list[Suggestion]] = {}
+    for s in sug:
+        if s.group:
+            grouped.setdefault(s.group, []).append(s)
+    if len(grouped) > 1 or (grouped and len(next(iter(grouped.values()))) < len(sug)):
+        out += [(f"group {g}", ss) for g, ss in grouped.items()]
+    if len(sug) > 2:
+        out.append(("top half", sug[: (len(sug) + 1) // 2]))
+    if len(sug) > 1:
+        out.append(("top one", sug[:1]))
+    seen: set[tuple[str, ...]] = set()
+    uniq = []
+    for name, ss in out:
+        k = tuple(sorted(s.tensor + "|" + s.action for s in ss))
+        if k not in seen:
+            seen.add(k)
+            uniq.append((name, ss))
+    return uniq
+
+
+def judge(before: Trial, after: Trial, watch: Sequence[str]) -> str | None:
+    """Why ``after`` must not be recommended (None: it may): it failed, it lowers a watched tensor's SQNR, or
+    it lowers a task metric."""
+    if after.error:
+        return f"the trial failed: {after.error}"
+    for w in watch:
+        b, a = before.sqnr(w), after.sqnr(w)
+        if b is not None and a is not None and a < b:
+            return f"lowers {w} from {b:.2f} to {a:.2f} dB SQNR"
+        if b is not None and a is None:
+            return f"{w} is missing from the trial's capture"
+    for k, b in before.task.items():
+        a = after.task.get(k)
+        if isinstance(b, (int, float)) and isinstance(a, (int, float)) and a < b:
+            return f"lowers {k} from {b:.4g} to {a:.4g}"
+    return None
+
+
 def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (),
-           before: Trial | None = None) -> TuneReport:
-    """Baseline vs the given overrides (``watch``: tensors whose SQNR is the end-to-end figure)."""
+           before: Trial | None = None, *, candidates: Sequence[tuple[str, list[Suggestion]]] | None = None,
+           max_candidates: int = MAX_CANDIDATES) -> TuneReport:
+    """Baseline vs candidate override sets; the first that lowers no watched SQNR (default: the final output)
+    and no task metric is recommended, the others are refused with their reason (module docstring)."""
     before = before or tuner.trial("before", [])
-    after = tuner.trial("after", suggestions)
-    return TuneReport(before, after, list(watch) or _default_watch(before))
+    if before.error:
+        raise InputError(f"the baseline trial failed: {before.error}")
+    watch = list(watch) or _default_watch(before)
+    refused: list[dict[str, Any]] = []
+    cands = list(candidates) if candidates is not None else candidate_sets(suggestions)
+    for i, (name, sset) in enumerate(cands[:max_candidates]):
+        tr = tuner.trial("after" if i == 0 else f"candidate{i + 1}", list(sset))
+        why = judge(before, tr, watch)
+        if why is None:
+            return TuneReport(before, tr, watch, refused=refused, backend=tuner.backend, format=tuner.fmt,
+                              steps=[{"candidate": name, "label": tr.label, "kept": True}])
+        refused.append({"candidate": name, "label": tr.label, "overrides": [s.tensor for s in sset],
+                        "reason": why, "watch": {w: [before.sqnr(w), tr.sqnr(w)] for w in watch},
+                        "task": {k: [before.task.get(k), tr.task.get(k)] for k in tr.task}})
+    return TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
+                      backend=tuner.backend, format=tuner.fmt)
 
 
 def _default_watch(trial: Trial) -> list[str]:
@@ -238,12 +501,15 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
            min_gain_db: float = 0.5, max_trials: int = 24, progress: bool = True) -> TuneReport:
     """Add suggestions one at a time while they help the watched tensors, until the budget is met.
 
-    A suggestion is kept when the worst watched SQNR improves by at least ``min_gain_db``. A kept 16-bit
-    entry whose own tensor stays below the budget is retried as fp16 (its node left unquantized).
+    A suggestion is kept when the worst watched SQNR improves by at least ``min_gain_db`` and no task metric
+    drops. A kept 16-bit entry whose own tensor stays below the budget is retried as fp16 (its node left
+    unquantized).
     """
 
     watch = list(watch)
     before = tuner.trial("before", [])
+    if before.error:
+        raise InputError(f"the baseline trial failed: {before.error}")
 
     def score(tr: Trial) -> float:
         vals = [tr.sqnr(w) for w in watch]
@@ -253,6 +519,7 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
     best, best_score = before, score(before)
     active: list[Suggestion] = []
     steps: list[dict[str, Any]] = [{"step": 0, "label": "before", "score_db": best_score, "kept": True}]
+    refused: list[dict[str, Any]] = []
     n = 0
     queue = list(suggestions)
     it = track(queue, "tuning", total=len(queue)) if progress else queue
@@ -262,25 +529,30 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
         n += 1
         tr = tuner.trial(f"step{n}", [*active, s])
         sc = score(tr)
-        keep = sc >= best_score + min_gain_db
+        why = judge(best, tr, ())
+        keep = why is None and sc >= best_score + min_gain_db
         steps.append({"step": n, "label": tr.label, "added": s.tensor, "action": s.action, "score_db": sc,
-                      "kept": keep})
+                      "kept": keep, "error": tr.error})
+        if not keep and why:
+            refused.append({"candidate": f"+{s.tensor} {s.action}", "label": tr.label, "reason": why})
         if keep:
             active.append(s)
             best, best_score = tr, sc
             own = tr.sqnr(s.tensor)
-            if s.bitwidth == 16 and own is not None and own < budget_sqnr_db and s.node and n < max_trials:
+            if s.bitwidth == 16 and not s.is_weight and own is not None and own < budget_sqnr_db and s.node \
+                    and n < max_trials:
                 n += 1
                 fp = replace(s, action="fp16", reason=s.reason + "; still below budget at 16-bit → fp16")
                 tr2 = tuner.trial(f"step{n}", [*active[:-1], fp])
                 sc2 = score(tr2)
-                keep2 = sc2 >= best_score + min_gain_db
+                keep2 = judge(best, tr2, ()) is None and sc2 >= best_score + min_gain_db
                 steps.append({"step": n, "label": tr2.label, "added": s.tensor, "action": "fp16",
-                              "score_db": sc2, "kept": keep2})
+                              "score_db": sc2, "kept": keep2, "error": tr2.error})
                 if keep2:
                     active[-1] = fp
                     best, best_score = tr2, sc2
-    return TuneReport(before, best, watch, steps)
+    return TuneReport(before, best, watch, steps, refused=refused, recommended=best is not before,
+                      backend=tuner.backend, format=tuner.fmt)
 
 
 def tune_dir_cleanup(workdir: str | os.PathLike, keep: Sequence[str] = ()) -> None:

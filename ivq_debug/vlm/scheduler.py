@@ -252,6 +252,17 @@ class Generation:
         return decode_ids(self.tokens)
 
 
+#: contract roles of the inputs the scheduler stores (``ivq_debug.dump.contract``): prompt and teacher-forced tokens
+#: are external (both sides of a comparison must be fed the same); positions, masks, cache lengths and token
+#: embeddings are the scheduler's own rules (derived: the position diagnostics judge them); prompt embeddings hold
+#: this backend's vision output and a free-running step's token is this backend's choice (carried); the KV cache
+#: is carried by name (``defaults.CONTRACT_CARRIED_INPUTS``)
+PREFILL_ROLES = {"input_ids": "external", "inputs_embeds": "carried", "attention_mask": "derived",
+                 "position_ids": "derived", "cache_len": "derived"}
+DECODE_ROLES_FORCED = {"input_ids": "external", "inputs_embeds": "derived", "attention_mask": "derived",
+                       "position_ids": "derived", "cache_len": "derived"}
+DECODE_ROLES_FREE = dict(DECODE_ROLES_FORCED, input_ids="carried", inputs_embeds="carried")
+
 #: runner facts a capture through a scheduler records per part (QNN target, emulation, exposure check, partition)
 PART_INFO_KEYS = ("soc_model", "htp_arch", "emulated", "qnn_sdk_version", "onnxruntime_qnn", "exposure_check",
                   "partition")
@@ -402,7 +413,8 @@ class Scheduler:
         S, C = sp.prefill_len, sp.max_cache
         # -- vision
         vf = self.vision_feeds(image)
-        self._begin(writer, sample, "vision", 0, bucket=sp.bucket, image_shape=list(image.shape))
+        self._begin(writer, sample, "vision", 0, bucket=sp.bucket, image_shape=list(image.shape),
+                    preprocess=self.preprocess_identity(image))
         self._inputs(writer, vf)
         vout = self.runners["vision"].run(vf, writer)
         feats = vout[IMAGE_FEATURES]
@@ -414,7 +426,7 @@ class Scheduler:
         self._begin(writer, sample, "prefill", 0, input_ids=ids, position_ids=pos.reshape(-1).tolist(),
                     attention_mask=[1] * S, cache_len=0, bucket=sp.bucket)
         self._inputs(writer, {"input_ids": np.asarray([ids], np.int64), **feeds,
-                              "cache_len": np.asarray(0, np.int64)})
+                              "cache_len": np.asarray(0, np.int64)}, PREFILL_ROLES)
         out = self.runners["prefill"].run(feeds, writer)
         cache = {}
         for i in range(sp.num_layers):
@@ -440,7 +452,8 @@ class Scheduler:
             self._begin(writer, sample, "decode", step, input_ids=[fed[-1]], position_ids=dpos.reshape(-1).tolist(),
                         attention_mask=valid, cache_len=cache_len, bucket=sp.bucket)
             self._inputs(writer, {"input_ids": np.asarray([[fed[-1]]], np.int64), **feeds,
-                                  "cache_len": np.asarray(cache_len, np.int64)})
+                                  "cache_len": np.asarray(cache_len, np.int64)},
+                         DECODE_ROLES_FORCED if forced_tokens is not None else DECODE_ROLES_FREE)
             out = self.runners["decode"].run(feeds, writer)
             for i in range(sp.num_layers):
                 for kind in ("key", "value"):
@@ -484,11 +497,17 @@ class Scheduler:
         if writer is not None:
             writer.begin_record(sample=sample, part=part, step=step, **self.knobs(), **meta)
 
+    def preprocess_identity(self, image: np.ndarray) -> dict[str, Any]:
+        """The preprocessing a vision record's ``pixel_values`` went through (contract: ``meta["preprocess"]``)."""
+        return {"function": "ivq_debug.vlm.inputs.vision_feeds", "family": self.spec.family,
+                "bucket": self.spec.bucket, "resize": "none (the image is the bucket's size)",
+                "normalize": f"(x - {task.PIXEL_MEAN}) / {task.PIXEL_STD}", "image_shape": list(image.shape)}
+
     @staticmethod
-    def _inputs(writer: Any, feeds: dict[str, np.ndarray]) -> None:
+    def _inputs(writer: Any, feeds: dict[str, np.ndarray], roles: dict[str, str] | None = None) -> None:
         if writer is not None:
             for name, value in feeds.items():
-                writer.add_input(name, value)
+                writer.add_input(name, value, role=(roles or {}).get(name))
 
 
 def _check_layout(spec: SplitSpec, layout: str | None) -> str | None:

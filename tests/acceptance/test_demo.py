@@ -10,8 +10,8 @@ from tests.acceptance.conftest import label
 
 
 def test_demo_writes_dumps_report_and_summary(demo: Any) -> None:
-    assert set(demo.dumps) == {"torch", "ort-fp32", "cpu-qdq-a8w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss",
-                               "ort-fp32-restart"}
+    assert set(demo.dumps) == {"torch", "ort-fp32", "cpu-qdq-a8w8", "cpu-qdq-a16w8", "htp-a8w8", "htp-a16w8",
+                               "htp-projector-miss", "ort-fp32-restart"}
     for path in demo.dumps.values():
         with open_dump(path) as d:
             assert d.complete and d.model["demo"] is True

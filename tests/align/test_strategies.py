@@ -29,7 +29,7 @@ def _matches(al) -> dict[tuple[str, str], str]:
 
 
 def test_strategy_names_and_order() -> None:
-    assert [s.name for s in STRATEGIES] == ["map", "exact", "input", "qdq", "qnn", "qnn", "scope"]
+    assert [s.name for s in STRATEGIES] == ["map", "exact", "input", "qdq", "qnn", "qnn", "scope", "reshape", "fused"]
 
 
 def test_map_wins_over_exact_names(tmp_path: Path) -> None:
@@ -75,6 +75,43 @@ def test_scope_torch_module_to_last_onnx_tensor_of_same_shape(tmp_path: Path) ->
                                       ("/encoder/mlp/Reshape_output_0", (2, 3), "encoder.mlp")])
     m = _matches(align(ref, test))
     assert m == {("encoder.mlp", "/encoder/mlp/fc2/MatMul_output_0"): "scope"}
+
+
+def _valued(path: Path, tensors: list[tuple[str, np.ndarray, str | None]]):
+    """tensors: (name, values, op_type), written in order."""
+    with DumpWriter(path, backend="onnxruntime-cpu-qdq") as w:
+        w.begin_record()
+        for i, (name, v, op) in enumerate(tensors):
+            w.add_tensor(name, v, order=i, op_type=op)
+    return open_dump(path)
+
+
+def test_reshape_takes_the_partner_of_the_same_values_in_another_shape(tmp_path: Path) -> None:
+    rs = np.random.RandomState(0)
+    ln, add = rs.randn(1, 4, 6).astype(np.float32), rs.randn(1, 4, 8).astype(np.float32)
+    ref = _valued(tmp_path / "r.h5", [("ln", ln, "Add"), ("fc/MatMul", add - 0.1, "MatMul"), ("fc/Add", add, "Add")])
+    q = np.round(add * 10) / 10  # the quantized side
+    test = _valued(tmp_path / "t.h5", [("ln", np.round(ln * 10) / 10, "Add"),
+                                       ("gemm_input_reshape_arg", (np.round(ln * 10) / 10).reshape(4, 6), "Reshape"),
+                                       ("gemm_output_reshape_arg", q.reshape(4, 8), "Gemm"),
+                                       ("fc/Add", q, "Reshape"),
+                                       ("other", rs.randn(4, 8).astype(np.float32), "Gemm")])
+    m = _matches(align(ref, test))
+    assert m[("ln", "gemm_input_reshape_arg")] == "reshape" and m[("fc/Add", "gemm_output_reshape_arg")] == "reshape"
+    assert m[("fc/Add", "fc/Add")] == "exact" and not any(t == "other" and v == "reshape" for (_, t), v in m.items())
+
+
+def test_fused_op_output_to_the_agreeing_reference_between_its_neighbours(tmp_path: Path) -> None:
+    rs = np.random.RandomState(1)
+    x = rs.randn(2, 16).astype(np.float32)
+    gelu = x * 0.5 * (1 + np.tanh(x))
+    ref = _valued(tmp_path / "r.h5", [("x", x, "Add"), ("act/Div", x / 1.41, "Div"), ("act/Erf", np.tanh(x), "Erf"),
+                                      ("act/Mul_1", gelu, "Mul"), ("y", gelu + 1, "Add")])
+    test = _valued(tmp_path / "t.h5", [("x", x, "Add"), ("gelu_fused", gelu + 0.01 * rs.randn(2, 16), "Gelu"),
+                                       ("y", gelu + 1, "Add")])
+    al = align(ref, test)
+    assert _matches(al)[("act/Mul_1", "gelu_fused")] == "fused"
+    assert {e.name for e in al.unmatched_ref} == {"act/Div", "act/Erf"}  # the fused interior stays ref-only
 
 
 def test_unmatched_policy_in_the_api(tmp_path: Path) -> None:

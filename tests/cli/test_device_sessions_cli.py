@@ -223,7 +223,7 @@ def test_diff_fail_on(diagnosed, capfd, tmp_path):
     capfd.readouterr()
     assert ivq_diff(ref, sess, "-q") == 1  # no threshold given: the error finding alone fails the run
     out = capfd.readouterr().out
-    assert "FAIL 1 error finding(s): position_id_offset (decode step 1)" in out  # the verdict says why (stdout)
+    assert "FAIL: 1 error finding(s): position_id_offset (decode step 1)" in out  # the verdict says why (stdout)
     assert ivq_diff(ref, sess, "-q", "--fail-on", "never") == 0
     assert ivq_diff(ref, sess, "-q", "--fail-on", "warning") == 1
     assert ivq_diff(ref, sess, "-q", "--fail-on", "bogus") == 2

@@ -127,7 +127,7 @@ def test_ivq_diff_prints_the_finding(host: dict[str, Path], tmp_path: Path, capf
     code, out, err = run_ivq(["diff", host["host"], hw], capfd)
     assert code == 1, err  # saturation is an error finding: `--fail-on error` (the default) fails the run
     assert "platform_kernel" in out and "accumulation saturates" in " ".join(out.split())  # (results: stdout)
-    assert "FAIL 1 error finding(s): platform_kernel" in out
+    assert "FAIL: 1 error finding(s): platform_kernel" in out
 
 
 def test_registered_and_labels() -> None:

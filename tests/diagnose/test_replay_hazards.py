@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
 
 import ivq_debug as ivq
 from ivq_debug.diagnose.replay import find_units, replay
 from tests.support import tiny
+from tests.support.vit import scale_activation as _scale_encoding
 
 FAULT = "/blocks.1/fc1/Add_output_0"
 
@@ -29,15 +29,6 @@ def _quantize(src: Path, dst: Path) -> None:
 
     cfg = get_qnn_qdq_config(str(src), Reader(), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
     quantize(str(src), str(dst), cfg)
-
-
-def _scale_encoding(src: Path, dst: Path, tensor: str, factor: float) -> None:
-    m = onnx.load(str(src))
-    q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
-    init = next(i for i in m.graph.initializer if i.name == q.input[1])
-    v = numpy_helper.to_array(init)
-    init.CopyFrom(numpy_helper.from_array((v * factor).astype(v.dtype), init.name))
-    onnx.save(m, str(dst))
 
 
 @pytest.fixture(scope="module")

@@ -142,6 +142,31 @@ def test_ort_overrides_reproduce_the_quantization_exactly(tmp_path: Path) -> Non
     assert again.activations["/attn/Softmax_output_0"].scale == real.activations["/attn/Softmax_output_0"].scale
 
 
+@pytest.mark.parametrize("fmt", ["legacy", "1.0.0"])
+def test_quantize_cli_applies_qnn_overrides_files_exactly(tmp_path: Path, fmt: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``ivq quantize --overrides`` with the real encodings written as a QNN legacy / 1.0.0 file (32-bit bias
+    encodings included, as AIMET writes them): accepted, and the new QDQ model has the same scales and zero
+    points tensor by tensor (per-channel axes inferred from the model; biases left to ORT, noted)."""
+    from ivq_debug.cli.main import main
+
+    real = _real()
+    ov = tmp_path / f"overrides.{fmt}.json"
+    write_encodings(real, ov, fmt)
+    assert any(e.bitwidth == 32 for _, e in real.items())
+    feeds = np.load(FIX / "reference.npz", allow_pickle=False)
+    np.savez(tmp_path / "calib.npz", **{"input.1": feeds["feeds|0|input.1"], "text.embeds": feeds["feeds|0|text.embeds"]})
+    out = tmp_path / "requant.onnx"
+    with pytest.raises(SystemExit) as e:
+        main(["quantize", str(FLOAT_MODEL), "-o", str(out), "--calibration", str(tmp_path / "calib.npz"),
+              "--preset", "a16w8", "--per-channel", "--overrides", str(ov)])
+    err = capsys.readouterr().err
+    assert e.value.code == 0, err
+    assert "ORT derives bias quantization" in err
+    again = encodings_from_qdq_model(out)
+    assert again.equivalent(real), [n for n, x in real.items() if not x.equivalent(again.get(n) or x)]
+
+
 def test_write_is_atomic_and_refuses_to_overwrite(tmp_path: Path) -> None:
     p = tmp_path / "o.encodings"
     e = parse_encodings(LEGACY)
@@ -188,7 +213,7 @@ def test_float_and_signedness() -> None:
         ({"activation_encodings": {"a": [{"bitwidth": 8, "scale": -0.1, "offset": 0}]}}, "not a positive finite"),
         ({"activation_encodings": {"a": [{"scale": 0.1, "offset": 0}]}}, "missing 'bitwidth'"),
         ({"activation_encodings": {"a": [{"bitwidth": 8, "is_symmetric": "yes", "scale": 0.1, "offset": 0}]}},
-         "is_symmetric must be 'True' or 'False'"),
+         "is_symmetric: must be 'True' or 'False'"),
         ({"activation_encodings": {"a": {"bitwidth": 8}}}, "non-empty list"),
         ({"activation_encodings": {"a": [{"bitwidth": 8}]}}, "needs 'scale'+'offset' or 'min'+'max'"),
         ({"activation_encodings": {"a": [{"bitwidth": 8, "scale": 0.1, "offset": -300}]}}, "below -(2^8-1)"),
@@ -231,7 +256,7 @@ def test_bad_json_file(tmp_path: Path) -> None:
     p.write_text('{"activation_encodings": {')
     with pytest.raises(InputError, match="bad JSON at line 1"):
         read_encodings(p)
-    with pytest.raises(InputError, match="no such file"):
+    with pytest.raises(InputError, match="no such encodings file"):
         read_encodings(tmp_path / "none.json")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ivq_debug.errors import printable
 from tests.report.conftest import EDGE_NAMES
 from tests.report.pipeline import XSS
 
@@ -36,8 +37,8 @@ def test_edge_names_escaped_and_json_blocks_parse(edge_cmp: Any) -> None:
     from ivq_debug.report import render_report
 
     page = render_report(edge_cmp)
-    for name in (EDGE_NAMES["ctrl"], EDGE_NAMES["quote"]):
-        assert name not in page and html.escape(name) in page
+    for name in (EDGE_NAMES["ctrl"], EDGE_NAMES["quote"]):  # controls shown as visible escapes, then HTML-escaped
+        assert name not in page and html.escape(printable(name, multiline=True)) in page
     assert EDGE_NAMES["uni"] in page  # nothing to escape: UTF-8 text as is
     assert "<b>bold</b>" not in page and "<!--" not in page
     blocks = JSON_BLOCK.findall(page)

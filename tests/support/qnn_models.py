@@ -10,6 +10,8 @@ HTP does not take a quantized Erf). ``build_conv``: an NCHW image model for imag
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -18,6 +20,8 @@ from onnx import TensorProto
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from ivq_debug.dump import DumpWriter
+
 HAVE_QNN = importlib.util.find_spec("onnxruntime_qnn") is not None
 needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn is not installed (QNN HTP emulation)")
 
@@ -25,6 +29,16 @@ needs_qnn = pytest.mark.skipif(not HAVE_QNN, reason="onnxruntime-qnn is not inst
 CAL_SEED, FEED_SEED = 1, 5
 
 S, D, F, V = 8, 32, 64, 16
+
+
+def capture_feeds(runner: Any, feeds: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+    """Capture one forward of ``runner`` on ``feeds`` into the dump ``path`` (one ``model`` record, its inputs
+    recorded); returns the graph outputs."""
+    with DumpWriter(path, backend=runner.backend, backend_info=runner.info, model={"path": str(runner.model_path)}) as w:
+        w.begin_record(sample=0, part="model", step=0)
+        for k, v in feeds.items():
+            w.add_input(k, v)
+        return runner.run(feeds, w)
 
 
 def block_feeds(seed: int, n: int = 1) -> list[dict[str, np.ndarray]]:

@@ -23,6 +23,7 @@ import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.optimized import graph_kernels, optimized_model
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
 from ivq_debug.capture.onnxrt.platform import platform_info
-from ivq_debug.errors import CaptureError, UsageError, one_line
+from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
@@ -92,6 +93,22 @@ class CpuSessions:
         import onnxruntime as ort
 
         return ort.InferenceSession(model, sess_options=options(), providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class ExposedAs:
+    """How a composing runner exposes one tensor instead of adding it as a graph output directly.
+
+    ``nodes`` (``onnx.NodeProto``) are appended to the derived graph and compute ``fetch`` from the tensor; the
+    runner fetches ``fetch`` and stores ``restore(value)`` as the tensor. ``restore`` must be pure data movement
+    (e.g. a transpose back), so the stored values are exactly the tensor's. Example: the QNN HTP runner exposes a
+    channels-last tensor through ``Transpose(perm=[0, 2, 3, 1])`` (which ORT cancels against the layout transpose
+    QNN would otherwise add per exposed output) and transposes it back in numpy (``docs/qnn-compile.md``).
+    """
+
+    fetch: str
+    nodes: tuple[Any, ...]
+    restore: Callable[[np.ndarray], np.ndarray]
 
 
 class OrtRunner(Closing):
@@ -170,6 +187,9 @@ class OrtRunner(Closing):
         # graph outputs are captured too (under their own names) so the logits align
         self._producers = {o: (i, n) for i, n in enumerate(self.model.graph.node) for o in n.output if o}
         self.sessions: dict[int, Any] = {}
+        #: site output -> how it is exposed, set by a composing runner (whole-model runs only: the partitioned
+        #: CPU capture exposes every tensor directly)
+        self.exposed_as: dict[str, ExposedAs] = {}
         self._plain: Any = None
         self._verified: dict[str, Any] | None = None
         self._kernels_for: Any = None  # weak reference to the writer that has /meta/kernels
@@ -276,9 +296,18 @@ class OrtRunner(Closing):
         m.CopyFrom(self.model)
         existing = {o.name for o in m.graph.output}
         for name in outputs:
+            how = self.exposed_as.get(name)
+            if how is not None:
+                m.graph.node.extend(how.nodes)
+                name = how.fetch
             if name not in existing:
                 m.graph.output.append(onnx.ValueInfoProto(name=name))
         return self.serialized(m)
+
+    def fetch_name(self, output: str) -> str:
+        """The graph output fetched for exposed value ``output`` (see :class:`ExposedAs`)."""
+        how = self.exposed_as.get(output)
+        return how.fetch if how is not None else output
 
     def serialized(self, m: Any) -> bytes | str:
         """A derived model (same folder, same weights) as bytes, or as a temporary file in the model's folder
@@ -330,8 +359,20 @@ class OrtRunner(Closing):
         except CaptureError:
             raise
         except Exception as e:
-            raise CaptureError(f"session creation failed: {one_line(e, 400)}",
-                               self.model_path) from None
+            msg = one_line(e, 400)
+        if model == str(self.model_path) or not self._plain_loads():
+            # the user's own model does not load (invalid graph, opset, external data outside its folder or
+            # missing, initializer sizes): a bad input, exit 3
+            raise InputError(f"ONNX Runtime cannot load the model: {msg}", self.model_path)
+        raise CaptureError(f"session creation failed: {msg}", self.model_path)
+
+    def _plain_loads(self) -> bool:
+        """Whether the unmodified model gets a session (tells a bad model from a bad derived graph)."""
+        try:
+            self.create_session(str(self.model_path))
+        except Exception:
+            return False
+        return True
 
     @contextmanager
     def augmented(self, outputs: list[str]) -> Iterator[bytes | str]:
@@ -370,7 +411,7 @@ class OrtRunner(Closing):
         groups = self.groups() if writer is not None else [[]]
         for gi, group in enumerate(groups):
             sess = self.session_for(gi if writer is not None else -1, group if writer is not None else [])
-            names = self.output_names + [s.output for s in group]
+            names = self.output_names + [self.fetch_name(s.output) for s in group]
             try:
                 values = sess.run(names, feeds)
             except Exception as e:
@@ -380,7 +421,8 @@ class OrtRunner(Closing):
                 result = out
             if writer is not None:
                 for site, val in zip(group, values[len(self.output_names) :], strict=True):
-                    self._write_site(writer, site, val)
+                    how = self.exposed_as.get(site.output)
+                    self._write_site(writer, site, how.restore(val) if how is not None else val)
                     del val
         assert result is not None
         if writer is not None:

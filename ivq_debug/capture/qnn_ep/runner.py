@@ -25,8 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ivq_debug import defaults
 from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.runner import OrtRunner
+from ivq_debug.capture.qnn_ep.cache import ContextCache, default_root
+from ivq_debug.capture.qnn_ep.plan import DEAD_REASON, channels_last, consumers_of, dead_sites, nhwc_exposure
 from ivq_debug.capture.qnn_ep.session import (
     EP_NAME,
     Partition,
@@ -36,7 +39,9 @@ from ivq_debug.capture.qnn_ep.session import (
     create_qnn_session,
     qnn_backend_info,
     require_qnn_ep,
+    source_ops,
 )
+from ivq_debug.console import note, phase, warn
 from ivq_debug.errors import CaptureError, UsageError
 from ivq_debug.onnxgraph.sites import TensorSite
 from ivq_debug.qnn.profiling import join_tensors, read_qnn_ep_csv
@@ -79,7 +84,7 @@ class QnnSessions:
 
     def __init__(self, config: QnnSessionConfig, *, profiling_path: str | os.PathLike | None = None,
                  op_trace_dir: str | os.PathLike | None = None, json_graph_dir: str | os.PathLike | None = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, cache: ContextCache | None = None) -> None:
         self.status = require_qnn_ep()
         config.validate(paths=False)
         if config.profiling_level not in (None, "off") and profiling_path is None:
@@ -97,6 +102,12 @@ class QnnSessions:
         self.profiling_files: dict[str, str] = {}
         #: the label whose profile is the main CSV: ``capture`` when the runner exposes tensors
         self.main_profile = "capture"
+        #: compiled contexts are loaded from / published to this cache (None: every session compiles)
+        self.cache = cache
+        #: what the next session is, for the progress display (set by the runner: "capture 1/2, 369 tensors")
+        self.what: str | None = None
+        #: seconds of every compile (not cache loads) and of every refused attempt so far
+        self.compile_seconds: list[float] = []
 
     # ---------------------------------------------------------------- factory protocol
     def backend(self, qdq: bool) -> str:
@@ -117,13 +128,29 @@ class QnnSessions:
         """One QNN HTP session (no CPU fallback unless allowed), its partition recorded."""
         label = "plain" if plain else self._capture_label()
         cfg = self._config_for(label)
+        what = self.what or ("model outputs only (exposure check)" if plain else label)
         try:
-            qs = create_qnn_session(model, cfg, session_options_factory=options, model_proto=proto)
+            qs = self._compile(model, cfg, options, proto, what)
         except BaseException:
             _remove_profile(self.profiling_files.pop(label, None))  # written by this failed attempt
             raise
         self.sessions[label] = qs
         return _TimedSession(qs.session, self.run_times.setdefault(label, []))
+
+    def _compile(self, model: bytes | str, cfg: QnnSessionConfig, options: Callable[[], Any], proto: Any,
+                 what: str) -> QnnSession:
+        """One session through the cache, shown as a compile phase; its compile seconds recorded."""
+        t0 = time.perf_counter()
+        try:
+            with phase(f"compiling QNN HTP graph: {what}"):
+                qs = create_qnn_session(model, cfg, session_options_factory=options, model_proto=proto,
+                                        cache=self.cache)
+        except QnnUnsupportedError:
+            self.compile_seconds.append(time.perf_counter() - t0)
+            raise
+        if not (qs.cache or {}).get("hit"):
+            self.compile_seconds.append(qs.create_seconds)
+        return qs
 
     # ---------------------------------------------------------------- labels and per-session files
     def _capture_label(self) -> str:
@@ -157,11 +184,13 @@ class QnnSessions:
             self.run_times.pop(label, None)
             _remove_profile(self.profiling_files.pop(label, None))
 
-    def accepts(self, model: bytes | str, options: Callable[[], Any], proto: Any) -> bool:
-        """Whether QNN takes ``model`` at all (a throw-away session: no profile, no trace)."""
-        cfg = self.config.with_changes(log_severity_level=4, record_op_trace=False, profiling_level=None)
+    def accepts(self, model: bytes | str, options: Callable[[], Any], proto: Any, what: str = "probe") -> bool:
+        """Whether QNN takes ``model`` at all (a throw-away session: no profile; an accepted graph is published
+        to the cache, so the capture session that follows on the same tensors loads it instead of compiling)."""
+        cfg = self.config.with_changes(log_severity_level=4, record_op_trace=self.cache is not None,
+                                       profiling_level=None)
         try:
-            create_qnn_session(model, cfg, session_options_factory=options, model_proto=proto)
+            self._compile(model, cfg, options, proto, what)
         except CaptureError:
             return False
         return True
@@ -191,7 +220,60 @@ class QnnSessions:
         runs = {k: [round(t, 5) for t in v[-3:]] for k, v in self.run_times.items() if v}
         if runs:
             out["run_seconds"] = runs
+        if self.cache is not None:
+            caches = {k: v.cache for k, v in self.sessions.items() if v.cache is not None}
+            hits = sorted(k for k, c in caches.items() if c.get("hit"))
+            saved = sum(float(caches[k].get("compile_seconds") or 0) - float(caches[k].get("load_seconds") or 0)
+                        for k in hits)
+            out["context_cache"] = {"root": str(self.cache.root), "hits": hits,
+                                    "misses": sorted(k for k in caches if k not in hits),
+                                    "compile_seconds_saved": round(saved, 3), "warnings": list(self.cache.warnings)}
         return out
+
+
+#: how far :meth:`QnnHtpRunner._unplan` looks upstream of a refused tensor (tensors: Q out, float, DQ out, ...)
+UPSTREAM_HOPS = 7
+
+
+class _Probes:
+    """The throw-away compiles the unexposable search may still make (a count cap and a time budget)."""
+
+    def __init__(self, cap: int, budget_s: float) -> None:
+        self.cap, self.budget_s = cap, budget_s
+        self.used, self.spent = 0, 0.0
+
+    def allowed(self, est_s: float) -> int:
+        """How many more probes fit, at ``est_s`` seconds each."""
+        left = self.cap - self.used
+        if est_s > 0:
+            left = min(left, int((self.budget_s - self.spent) // est_s))
+        return max(0, left)
+
+    def take(self, est_s: float) -> bool:
+        """Spend one probe if it fits."""
+        if self.allowed(est_s) < 1:
+            return False
+        self.used += 1
+        return True
+
+
+def _names(items: list[dict[str, Any]], limit: int = 6) -> str:
+    names = [str(u["name"]) for u in items]
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _cache_of(option: str | os.PathLike | ContextCache | bool | None) -> ContextCache | None:
+    """The runner's ``qnn_cache`` argument as a cache (None: off). ``$IVQ_QNN_CACHE=off`` turns the default off."""
+    if option is False:
+        return None
+    if isinstance(option, ContextCache):
+        return option
+    if option is None or option is True:
+        if os.environ.get(defaults.QNN_CACHE_ENV, "").strip().lower() in ("off", "0", "none", "false"):
+            return None
+        return ContextCache(default_root())
+    return ContextCache(option)
 
 
 class QnnHtpRunner(Closing):
@@ -209,7 +291,20 @@ class QnnHtpRunner(Closing):
         require_bit_identical: raise :class:`CaptureError` when that check fails.
         drop_unexposable: when exposing a tensor makes QNN refuse the graph although the unmodified
             model runs (e.g. the output of a Transpose that QNN fuses into the following MatMul), leave
-            that tensor out and list it in ``info["unexposable"]`` instead of failing the capture.
+            that tensor out and list it in ``info["unexposable"]`` instead of failing the capture. The search
+            first keeps a refused tensor in one session with its neighbour's tensor (a group boundary between a
+            fused pair is what QNN refuses), then probes with throw-away compiles, at most ``max_probes`` of
+            them and no more than fit in ``defaults.QNN_PROBE_BUDGET_S`` at the measured compile time; what it
+            could not probe is left out too, listed with the reason and said on the console.
+        max_probes: the probe cap above (default ``defaults.QNN_MAX_PROBES``).
+        channels_last: expose channels-last tensors through an NHWC Transpose that ORT cancels against QNN's
+            own, transposed back in numpy (default ``defaults.QNN_CHANNELS_LAST_EXPOSURE``; the same values,
+            a fraction of the compile time on conv nets: ``docs/qnn-compile.md``).
+        qnn_cache: the compiled-context cache: ``None`` (default) the folder of
+            :func:`~ivq_debug.capture.qnn_ep.cache.default_root`, a path, a
+            :class:`~ivq_debug.capture.qnn_ep.cache.ContextCache`, or ``False`` to compile every session.
+        fast_compile: QNN's faster, less optimized finalization (``defaults.QNN_FAST_COMPILE_OPTIONS``): 10x
+            faster compiles, but the model's output can differ by a quantization step; recorded in the dump.
         soc_model, htp_arch: the QNN target (defaults from :mod:`ivq_debug.defaults`); always set.
         allow_cpu_fallback: let unsupported nodes run on the CPU EP (they are recorded in the partition);
             default False: unsupported nodes raise :class:`CaptureError` naming them.
@@ -254,6 +349,10 @@ class QnnHtpRunner(Closing):
         overwrite: bool = False,
         threads: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
+        max_probes: int | None = None,
+        channels_last: bool | None = None,
+        qnn_cache: str | os.PathLike | ContextCache | bool | None = None,
+        fast_compile: bool = False,
     ) -> None:
         if config is None:
             config = QnnSessionConfig(allow_cpu_fallback=allow_cpu_fallback, profiling_level=profiling_level)
@@ -261,22 +360,54 @@ class QnnHtpRunner(Closing):
                 config.soc_model = str(soc_model)
             if htp_arch is not None:
                 config.htp_arch = str(htp_arch)
+        if fast_compile:
+            config = config.with_changes(provider_options={**config.provider_options,
+                                                           **defaults.QNN_FAST_COMPILE_OPTIONS})
         artifacts = {
             "profiling_path": profiling_path if profiling_path is not None else config.profiling_file_path,
             "op_trace_dir": op_trace_dir if op_trace_dir is not None else config.op_trace_dir,
             "json_graph_dir": json_graph_dir if json_graph_dir is not None else config.json_graph_dir,
         }
         config = config.with_changes(profiling_file_path=None, op_trace_dir=None, json_graph_dir=None)
-        self.qnn = QnnSessions(config, overwrite=overwrite, **artifacts)
+        self.qnn = QnnSessions(config, overwrite=overwrite, cache=_cache_of(qnn_cache), **artifacts)
         self.ort = OrtRunner(model_path, selection=selection, exposure=exposure, optimization=optimization,
                              max_outputs_per_run=max_outputs_per_run, verify=verify, threads=threads,
                              sessions=self.qnn, input_shapes=input_shapes)
-        self.qnn.main_profile = "capture" if self.ort.sites else "plain"
         self.require_bit_identical = require_bit_identical
         self.drop_unexposable = drop_unexposable
+        self.max_probes = defaults.QNN_MAX_PROBES if max_probes is None else int(max_probes)
         self.unexposable: list[dict[str, Any]] = []
+        self._bonds: list[set[str]] = []  # site outputs that must share a capture session
+        self._probes = _Probes(self.max_probes, defaults.QNN_PROBE_BUDGET_S)
         self._prepared = False
         self._written: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+        self._plan_exposure(defaults.QNN_CHANNELS_LAST_EXPOSURE if channels_last is None else channels_last)
+        self.qnn.main_profile = "capture" if self.ort.sites else "plain"
+        self._cache_said = False
+        if fast_compile:
+            self.ort.info["fast_compile"] = {**defaults.QNN_FAST_COMPILE_OPTIONS, "note": (
+                "QNN's faster, less optimized finalization: the model's output can differ by a quantization "
+                "step from a default compile")}
+            self.ort.info["label"] += " [fast compile: less optimized graph]"
+
+    def _plan_exposure(self, nhwc: bool) -> None:
+        """Leave out dead tensors (listed as unexposable) and expose channels-last ones in their own layout."""
+        ort = self.ort
+        if not ort.sites:
+            return
+        dead = dead_sites(self.model, ort.sites)
+        if dead:
+            for s in dead:
+                self.unexposable.append({"name": s.name, "output": s.output, "op_type": s.op_type,
+                                         "reason": DEAD_REASON})
+            gone = {s.output for s in dead}
+            ort.sites = [s for s in ort.sites if s.output not in gone]
+            ort.info["unexposable"] = list(self.unexposable)
+            ort.info["exposed_tensors"] = len(ort.sites)
+        if nhwc:
+            plan = channels_last(self.model, ort.sites)
+            ort.exposed_as = {o: nhwc_exposure(o) for o in sorted(plan)}
+            ort.info["channels_last_exposure"] = len(plan)
 
     # ---------------------------------------------------------------- what the ORT runner knows
     @property
@@ -337,77 +468,220 @@ class QnnHtpRunner(Closing):
         return self.qnn.sessions[label].op_trace if label else None
 
     # ---------------------------------------------------------------- exposure that breaks QNN
+    def _what(self, gi: int, n_groups: int, n: int) -> str:
+        total = n_groups + (1 if self.ort.verify else 0)  # + the exposure check's session
+        return f"capture {gi + 1}/{total}, {n} tensors"
+
     def _prepare(self) -> None:
         """Create every capture session before anything is written; prune tensors QNN cannot expose."""
         ort = self.ort
-        for _ in range(4):
+        dead = [u for u in self.unexposable if u["reason"] == DEAD_REASON]
+        if dead:
+            note(f"not exposing {len(dead)} tensor(s) nothing reads on the way to a model output (the deployed "
+                 f"graph does not compute them; exposing them changes what QNN compiles): {_names(dead)}")
+        self._probes = _Probes(self.max_probes, defaults.QNN_PROBE_BUDGET_S)
+        for _ in range(4 + 2 * len(ort.groups())):
+            groups = ort.groups()
             failure = None
-            for gi, group in enumerate(ort.groups()):
+            for gi, group in enumerate(groups):
+                self.qnn.what = self._what(gi, len(groups), len(group))
                 try:
                     ort.session_for(gi, group)
                 except QnnUnsupportedError as e:
-                    failure = (group, e)
+                    failure = (gi, len(groups), group, e)
                     break
+                finally:
+                    self.qnn.what = None
             if failure is None:
                 self._prepared = True
                 return
-            group, err = failure
+            gi, n_groups, group, err = failure
             if not group or not self.drop_unexposable:
                 raise err
-            ort.session_for(-1, [])  # the unmodified model must run on HTP; if not, its error is the real one
-            bad = self._culprits(group, err)
-            if not bad:
-                raise err
-            reasons = "; ".join(sorted({f"{u['name']} ({u['op_type']}): {u['reason']}" for u in err.unsupported}))
-            for site in bad:
-                self.unexposable.append({"name": site.name, "output": site.output, "op_type": site.op_type,
-                                         "reason": f"exposing it makes QNN refuse the graph: {reasons}"[:600]})
-            drop = {s.output for s in bad}
-            ort.sites = [s for s in ort.sites if s.output not in drop]
+            self.qnn.what = "model outputs only (the unmodified model must run on HTP)"
+            try:
+                ort.session_for(-1, [])  # if the unmodified model does not run, its error is the real one
+            finally:
+                self.qnn.what = None
+            if not self._unplan(group, err) and not self._bond(group, err):
+                found = self._culprits(f"capture {gi + 1}/{n_groups}", group, err)
+                if not found:
+                    raise err
+                for site, reason in found:
+                    self.unexposable.append({"name": site.name, "output": site.output, "op_type": site.op_type,
+                                             "reason": reason[:600]})
+                drop = {s.output for s, _ in found}
+                ort.sites = [s for s in ort.sites if s.output not in drop]
+                ort.info["unexposable"] = list(self.unexposable)
+                ort.info["exposed_tensors"] = len(ort.sites)
+                warn(f"not exposing {len(found)} tensor(s) on QNN HTP: "
+                     + "; ".join(f"{_names([{'name': s.name} for s, r in found if r == reason])}: {reason[:300]}"
+                                 for reason in dict.fromkeys(r for _, r in found)))
+            ort.sites = self._ordered(ort.sites)
             for k in [k for k in ort.sessions if k != -1]:
                 del ort.sessions[k]
             self.qnn.drop_capture_sessions()
-            ort.info["unexposable"] = list(self.unexposable)
-            ort.info["exposed_tensors"] = len(ort.sites)
         raise CaptureError("could not find a set of exposed tensors QNN accepts", self.model_path)
 
-    def _accepts(self, sites: list[TensorSite]) -> bool:
+    def _accepts(self, sites: list[TensorSite], what: str) -> bool:
         """Whether QNN takes the model with these tensors exposed (a throw-away session)."""
+        t0 = time.perf_counter()
         with self.ort.augmented([s.output for s in sites]) as model:
-            return self.qnn.accepts(model, self.ort.session_options, self.model)
+            ok = self.qnn.accepts(model, self.ort.session_options, self.model, what)
+        self._probes.spent += time.perf_counter() - t0
+        return ok
 
-    def _culprits(self, group: list[TensorSite], err: QnnUnsupportedError) -> list[TensorSite]:
-        """The exposed tensors that make QNN refuse the graph: the ones next to the refused nodes, else
-        found by bisection."""
+    def _near(self, sites: list[TensorSite], refused: set[str]) -> list[TensorSite]:
+        """The sites produced or read by the nodes QNN refused."""
+        users = self._users()
+        return [s for s in sites if s.node in refused or set(users.get(s.output, ())) & refused]
+
+    def _users(self) -> dict[str, list[str]]:
+        if not hasattr(self, "_users_map"):
+            self._users_map = consumers_of(self.model)
+        return self._users_map
+
+    def _unplan(self, group: list[TensorSite], err: QnnUnsupportedError) -> bool:
+        """Expose the channels-last tensors next to the refused nodes in their plain NCHW layout again (the extra
+        Transpose can meet a layout transpose QNN cannot fold: a ViT's patch embedding exposed in a 17-tensor
+        group). Looks from each refused site up through the view ops to the sites that feed it. Returns True when
+        some exposure changed (the caller retries before dropping anything)."""
+        plan = self.ort.exposed_as
+        if not plan:
+            return False
+        near = self._near(group, {str(u.get("name")) for u in err.unsupported})
+        if not near:
+            return False
+        producer = {o: n for n in self.model.graph.node for o in n.output if o}
+        site_of = {s.output: s for s in self.ort.sites}
+        found = {s.output for s in near}
+        for s in near:  # up to two producing ops back (through their Q / DQ): ``UPSTREAM_HOPS`` tensors
+            stack, seen = [(s.output, 0)], set()
+            while stack:
+                t, depth = stack.pop()
+                if t in seen or depth > UPSTREAM_HOPS:
+                    continue
+                seen.add(t)
+                if t in site_of:
+                    found.add(t)
+                n = producer.get(t)
+                if n is not None:
+                    stack.extend((i, depth + 1) for i in n.input if i in producer)
+        back = sorted(o for o in found if o in plan)
+        if not back:
+            return False
+        for o in back:
+            del plan[o]
+        self.ort.info["channels_last_exposure"] = len(plan)
+        note(f"QNN HTP refused a capture group next to {len(back)} tensor(s) exposed channels-last; exposing "
+             f"{_names([{'name': site_of[o].name} for o in back])} in the NCHW layout instead")
+        return True
+
+    def _bond(self, group: list[TensorSite], err: QnnUnsupportedError) -> bool:
+        """Keep the refused tensors in one session with their neighbours' tensors when a group boundary
+        separates them (QNN refuses a fused pair such as ViT's Kᵀ Transpose exposed without the Mul after it).
+        Returns True when the groups changed (the caller retries before dropping anything)."""
+        n = self.ort.max_outputs_per_run
         refused = {str(u.get("name")) for u in err.unsupported}
-        consumers: dict[str, set[str]] = {}
-        for n in self.model.graph.node:
-            for i in n.input:
-                consumers.setdefault(i, set()).add(n.name)
-        dq_of: dict[str, list[str]] = {}
-        for n in self.model.graph.node:
-            if n.op_type == "DequantizeLinear" and n.input:
-                dq_of.setdefault(n.input[0], []).extend(o for o in n.output if o)
-        near = []
-        for s in group:
-            users = set(consumers.get(s.output, set()))
-            for dq in dq_of.get(s.output, []):
-                users |= consumers.get(dq, set())
-            if s.node in refused or users & refused:
-                near.append(s)
-        if near and self._accepts([s for s in group if s not in near]):
-            bad = list(near)
-            for s in near:  # keep the neighbours whose exposure is harmless on its own
-                trial = [x for x in group if x not in bad or x is s]
-                if self._accepts(trial):
-                    bad.remove(s)
-            return bad
+        near = self._near(group, refused)
+        if not n or not near:
+            return False
+        users = self._users()
+        inside = {s.output for s in group}
+        near_users = {u for s in near for u in users.get(s.output, ())}
+        near_nodes = {s.node for s in near}
+        partners = [t for t in self.ort.sites if t.output not in inside
+                    and (t.node in refused or t.node in near_users
+                         or set(users.get(t.output, ())) & (refused | near_nodes))]
+        bond = {s.output for s in near} | {t.output for t in partners}
+        if not partners or len(bond) > n or any(bond <= b for b in self._bonds):
+            return False  # nothing outside the group, too many, or already together and still refused
+        merged = [b for b in self._bonds if b & bond]
+        self._bonds = [b for b in self._bonds if not b & bond] + [set().union(bond, *merged)]
+        note(f"QNN HTP refused a capture group exposing {_names([{'name': s.name} for s in near])} without "
+             f"{_names([{'name': t.name} for t in partners])}; keeping them in one session")
+        return True
 
-        def bisect(sites: list[TensorSite]) -> list[TensorSite]:
-            if not sites or self._accepts(sites):
+    def _ordered(self, sites: list[TensorSite]) -> list[TensorSite]:
+        """``sites`` reordered so that every bond falls inside one capture group (groups are consecutive slices
+        of ``max_outputs_per_run``); the dump keeps the topological order (each tensor carries its own)."""
+        n = self.ort.max_outputs_per_run
+        if not n or not self._bonds:
+            return sites
+        cluster = {o: i for i, b in enumerate(self._bonds) for o in b}
+        units: list[list[TensorSite]] = []
+        by_cluster: dict[int, list[TensorSite]] = {}
+        for s in sites:
+            c = cluster.get(s.output)
+            if c is None:
+                units.append([s])
+            elif c in by_cluster:
+                by_cluster[c].append(s)
+            else:
+                by_cluster[c] = [s]
+                units.append(by_cluster[c])
+        out: list[TensorSite] = []
+        room = n
+        while units:
+            k = next((i for i, u in enumerate(units) if len(u) <= room), None)
+            if k is None:  # only clusters larger than the room are left: they cannot all be kept whole
+                return out + [s for u in units for s in u]
+            u = units.pop(k)
+            out.extend(u)
+            room -= len(u)
+            if room == 0:
+                room = n
+        return out
+
+    def _culprits(self, where: str, group: list[TensorSite],
+                  err: QnnUnsupportedError) -> list[tuple[TensorSite, str]]:
+        """The exposed tensors that make QNN refuse the graph, with the reason for each: the ones next to the
+        refused nodes, else found by bisection; each probe is a throw-away compile, within the probe budget.
+        What the budget does not cover is returned with a "not probed" reason."""
+        refused = {str(u.get("name")) for u in err.unsupported}
+        why = "; ".join(sorted({f"{u['name']} ({u['op_type']}): {u['reason']}" for u in err.unsupported}))
+        refused_reason = f"exposing it makes QNN refuse the graph: {why}"
+        probes = self._probes
+        est = max(self.qnn.compile_seconds or [0.0])
+        left = probes.allowed(est)
+        note(f"QNN HTP refused {where} ({len(group)} tensors exposed): {why[:300]}. Looking for the tensors it "
+             f"will not expose: at most {left} probe compile(s) of ~{est:.0f} s each (each recompiles the graph)")
+        unprobed = (f"not probed: QNN refused a graph exposing it ({why}) and the search for the culprits stops "
+                    f"after {probes.cap} probe compiles or {probes.budget_s:.0f} s (one compile of this model takes "
+                    f"~{est:.0f} s); capture it in a smaller --include set to try again")
+
+        def probe(sites: list[TensorSite]) -> bool | None:
+            if not probes.take(max(self.qnn.compile_seconds or [0.0])):
+                return None
+            return self._accepts(sites, f"probe {probes.used}/{probes.cap}, {len(sites)} tensors")
+
+        near = self._near(group, refused)
+        if near:
+            ok = probe([s for s in group if s not in near])
+            if ok is None:  # no budget: leave out the neighbours unverified; the next capture session checks
+                return [(s, f"next to the nodes QNN refused; {unprobed}") for s in near]
+            if ok:
+                bad, found = list(near), []
+                for s in near:  # keep the neighbours whose exposure is harmless on its own
+                    keep = probe([x for x in group if x not in bad or x is s])
+                    if keep is None:
+                        found.append((s, f"next to the nodes QNN refused; {unprobed}"))
+                    elif keep:
+                        bad.remove(s)
+                    else:
+                        found.append((s, refused_reason))
+                return found
+
+        def bisect(sites: list[TensorSite]) -> list[tuple[TensorSite, str]]:
+            if not sites:
+                return []
+            ok = probe(sites)
+            if ok is None:
+                return [(s, unprobed) for s in sites]
+            if ok:
                 return []
             if len(sites) == 1:
-                return sites
+                return [(sites[0], refused_reason)]
             half = len(sites) // 2
             return bisect(sites[:half]) + bisect(sites[half:])
 
@@ -431,7 +705,22 @@ class QnnHtpRunner(Closing):
                                self.model_path)
         if writer is not None:
             self._write_meta(writer)
+            self._say_cache()
         return out
+
+    def _say_cache(self) -> None:
+        """One console line after the first capture run: how many sessions the context cache gave back."""
+        cc = self.info.get("context_cache")
+        if self._cache_said or not cc:
+            return
+        self._cache_said = True
+        hits, misses = cc["hits"], cc["misses"]
+        if hits:
+            note(f"QNN context cache hit: {len(hits)} of {len(hits) + len(misses)} QNN HTP session(s) loaded instead "
+                 f"of compiled ({cc['compile_seconds_saved']:.1f} s of compile saved; {cc['root']})")
+        elif misses:
+            note(f"QNN context cache: compiled {len(misses)} session(s) and stored them in {cc['root']}; the next "
+                 f"capture of this model loads them")
 
     def _write_meta(self, writer: Any) -> None:
         labels = tuple(sorted(self.qnn.sessions))
@@ -443,7 +732,8 @@ class QnnHtpRunner(Closing):
             self._written[writer] = labels
         info = self.info
         keys = ("sessions", "partition", "providers", "unexposable", "exposed_tensors", "compiled_target",
-                "target_verified", "run_seconds", "profiling", "exposure_check")
+                "target_verified", "run_seconds", "profiling", "exposure_check", "context_cache",
+                "channels_last_exposure")
         writer.update_backend_info(**{k: info[k] for k in keys if k in info})
         self._attach_profiling(writer)
 
@@ -456,8 +746,14 @@ class QnnHtpRunner(Closing):
         # with CPU fallback a session holds several QNN partitions: each inference writes one block each
         n_qnn = sum(1 for ep, _ in part.subgraphs if ep == EP_NAME) if part is not None else 1
         table = read_qnn_ep_csv(csv, graphs_per_run=max(1, n_qnn))
-        if table is not None:
-            writer.add_table("profiling", join_tensors(table, self.model))
+        if table is None:
+            return
+        if (self.qnn.sessions[label].cache or {}).get("hit"):  # a loaded context: source ops from the trace
+            src = source_ops(self.op_trace(label))
+            table["onnx_source_ops"] = [ops if ops or not is_op else src.get(str(q), [])
+                                        for ops, is_op, q in zip(table["onnx_source_ops"], table["is_op"],
+                                                                 table["qnn_name"], strict=True)]
+        writer.add_table("profiling", join_tensors(table, self.model))
 
     def close(self) -> None:
         """Release the sessions."""

@@ -38,6 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug import defaults
+from ivq_debug.capture.qnn_ep.cache import (
+    CACHE_FORMAT,
+    CTX_FILE,
+    EMBED_MODE,
+    RUNTIME_OPTIONS,
+    CacheEntry,
+    ContextCache,
+    model_digest,
+)
 from ivq_debug.errors import CaptureError, InputError, ToolNotFoundError, UsageError, one_line
 from ivq_debug.onnxgraph.load import load_model
 
@@ -394,6 +403,25 @@ class Partition:
             ]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Partition:
+        """The partition :meth:`to_dict` (``with_nodes=True``) wrote (a cached context's compile-time one)."""
+        cpu = {n["name"]: n for n in d.get("cpu_nodes", [])}
+        subgraphs = []
+        for sg in d["subgraphs"]:
+            ep = sg["ep"]
+            nodes = [PartitionNode(str(name), str(op), str(dom), ep, cpu.get(name, {}).get("reason") if ep != EP_NAME
+                                   else None, bool(cpu.get(name, {}).get("io_offload")) if ep != EP_NAME else False)
+                     for name, op, dom in sg["nodes"]]
+            subgraphs.append((ep, nodes))
+        rewritten = d.get("rewritten")
+        model_nodes = None
+        if rewritten is not None:  # the model's node names: assigned minus added, plus removed
+            added = set(rewritten.get("added", []))
+            model_nodes = tuple([n.name for _, ns in subgraphs for n in ns if n.name not in added]
+                                + list(rewritten.get("removed", [])))
+        return cls(subgraphs, bool(d["fallback_allowed"]), model_nodes)
+
 
 def _io_offload_names(model: Any) -> set[str]:
     """Graph-input QuantizeLinear and graph-output DequantizeLinear node names."""
@@ -451,6 +479,19 @@ def unsupported_from_trace(trace: dict[str, Any] | None) -> list[dict[str, Any]]
         return []
     return [{"name": u.get("node_name"), "op_type": u.get("op_type"), "reason": u.get("reason")}
             for u in trace["unsupported_nodes"]]
+
+
+def source_ops(trace: dict[str, Any] | None) -> dict[str, list[str]]:
+    """QNN op name -> the ONNX nodes of its QDQ node unit, from an op trace: exactly what the profile CSV's
+    ``ONNX Source Ops`` column holds after a compile (188 / 188 op rows on the svtr bench model); a session
+    loaded from a cached context writes that column empty, so the runner fills it from the stored trace."""
+    out: dict[str, list[str]] = {}
+    for st in (trace or {}).get("subgraph_traces") or []:
+        for om in st.get("op_mappings") or []:
+            if isinstance(om, dict) and om.get("dst_name"):
+                out[str(om["dst_name"])] = [str(x.get("name")) for x in om.get("sources") or []
+                                            if isinstance(x, dict) and x.get("type") == "OP"]
+    return out
 
 
 def compiled_target(trace: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -522,10 +563,12 @@ class QnnSession:
     create_seconds: float
     native_stdout: str = ""
     op_trace: dict[str, Any] | None = None
+    #: the context cache's verdict: ``{"hit", "key", "folder", "compile_seconds", ...}`` (None: not cached)
+    cache: dict[str, Any] | None = None
 
     def info(self) -> dict[str, Any]:
-        """Plain-JSON summary (providers, partition counts, compiled target, timings)."""
-        return {
+        """Plain-JSON summary (providers, partition counts, compiled target, timings, context cache)."""
+        out = {
             "providers": list(self.session.get_providers()),
             "provider_options": dict(self.provider_options),
             "session_seconds": round(self.create_seconds, 4),
@@ -535,6 +578,9 @@ class QnnSession:
             "op_trace_summary": (self.op_trace or {}).get("summary"),
             "native_stdout": self.native_stdout.strip(),
         }
+        if self.cache is not None:
+            out["context_cache"] = dict(self.cache)
+        return out
 
 
 def _new_options(factory: Callable[[], Any] | None) -> Any:
@@ -609,6 +655,7 @@ def create_qnn_session(
     *,
     session_options_factory: Callable[[], Any] | None = None,
     model_proto: Any = None,
+    cache: ContextCache | None = None,
 ) -> QnnSession:
     """Create an ORT session on the QNN HTP EP (see the module docstring for what is enforced).
 
@@ -617,7 +664,12 @@ def create_qnn_session(
         config: EP settings (defaults: soc/htp from :mod:`ivq_debug.defaults`, CPU fallback disabled).
         session_options_factory: returns fresh ``ort.SessionOptions`` (graph optimization level, threads,
             ...) to which the EP is added; called again for the diagnostic session on failure.
-        model_proto: the loaded graph, if the caller has it (used to flag graph-I/O Q/DQ on the CPU).
+        model_proto: the loaded graph, if the caller has it (used to flag graph-I/O Q/DQ on the CPU, and to find
+            the external-data files the cache key hashes).
+        cache: load the compiled graph from this context cache when it holds it; otherwise compile, dump the
+            EPContext model and publish it (:mod:`ivq_debug.capture.qnn_ep.cache`). Not used with
+            ``json_graph_dir`` (the QNN graph JSON is written only by a compile). The session's ``cache`` says
+            what happened.
 
     Raises:
         ToolNotFoundError: onnxruntime-qnn is absent.
@@ -627,12 +679,116 @@ def create_qnn_session(
     config = config or QnnSessionConfig()
     config.validate()
     register_qnn_ep()
+    if cache is not None and config.json_graph_dir is None:
+        return _cached_session(model, config, session_options_factory, model_proto, cache)
     with contextlib.ExitStack() as stack:
         eff = config
         if config.op_trace_dir is None and config.record_op_trace:
             td = stack.enter_context(tempfile.TemporaryDirectory(prefix="ivq-qnn-trace-"))
             eff = config.with_changes(op_trace_dir=td)
-        return _create(model, config, eff, session_options_factory, model_proto)
+        qs = _create(model, config, eff, session_options_factory, model_proto)
+    if cache is not None:
+        qs.cache = {"hit": False, "used": False, "reason": "json_graph_dir is set: the QNN graph JSON is written "
+                    "only by a compile"}
+    return qs
+
+
+def cache_material(model: bytes | str | os.PathLike, config: QnnSessionConfig, options: Any,
+                   model_proto: Any = None) -> dict[str, Any]:
+    """Everything that changes what QNN compiles for ``model`` (the context cache key, see its module)."""
+    st = require_qnn_ep()
+    if model_proto is None and not isinstance(model, bytes | bytearray | memoryview):
+        try:
+            model_proto = load_model(model)
+        except InputError:
+            model_proto = None
+    return {
+        "format": CACHE_FORMAT,
+        "model": model_digest(model, model_proto),
+        "soc_model": str(config.soc_model),
+        "htp_arch": str(config.htp_arch),
+        "provider_options": {k: v for k, v in sorted(config.ep_options().items()) if k not in RUNTIME_OPTIONS},
+        "session_config": {k: v for k, v in sorted(config.session_entries().items())
+                           if not k.startswith("ep.context")},
+        "graph_optimization_level": str(options.graph_optimization_level),
+        "embed_mode": EMBED_MODE,
+        "onnxruntime": st.onnxruntime_version,
+        "onnxruntime_qnn": st.ep_version,
+        "qnn_sdk_version": st.qnn_sdk_version,
+        "machine": st.machine,
+    }
+
+
+def _cached_session(model: bytes | str | os.PathLike, config: QnnSessionConfig,
+                    session_options_factory: Callable[[], Any] | None, model_proto: Any,
+                    cache: ContextCache) -> QnnSession:
+    """A hit loads the cached context; a miss compiles (with the op trace, which meta.json keeps) and publishes."""
+    material = cache_material(model, config, _new_options(session_options_factory), model_proto)
+    entry = cache.lookup(material)
+    if entry is not None:
+        try:
+            return _load_entry(entry, config, session_options_factory)
+        except CaptureError as e:
+            cache._warn(f"ignoring QNN context cache entry {entry.folder}: it does not load ({one_line(e, 200)}); "
+                        f"compiling afresh")
+    with contextlib.ExitStack() as stack:
+        stage = stack.enter_context(cache.staging())
+        td = config.op_trace_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="ivq-qnn-trace-"))
+        entries = dict(config.session_config)
+        if stage is not None:
+            entries.update({"ep.context_enable": "1", "ep.context_file_path": str(stage / CTX_FILE),
+                            "ep.context_embed_mode": EMBED_MODE})
+        eff = config.with_changes(op_trace_dir=td, session_config=entries)
+        qs = _create(model, config, eff, session_options_factory, model_proto)
+        published = None
+        if stage is not None:
+            meta = {"compile_seconds": round(qs.create_seconds, 4), "op_trace": qs.op_trace,
+                    "partition": qs.partition.to_dict(with_nodes=True),
+                    "outputs": [o.name for o in qs.session.get_outputs()]}
+            published = cache.publish(stage, material, meta)
+    qs.cache = {"hit": False, "used": True, "key": published.key if published else None,
+                "folder": str(published.folder) if published else None,
+                "compile_seconds": round(qs.create_seconds, 4), "root": str(cache.root)}
+    return qs
+
+
+def _load_entry(entry: CacheEntry, config: QnnSessionConfig,
+                session_options_factory: Callable[[], Any] | None) -> QnnSession:
+    """A session on a cached EPContext model, with the compile-time partition and op trace of its meta.json."""
+    meta = entry.meta
+    so = _new_options(session_options_factory)
+    with contextlib.ExitStack() as stack:
+        # with profiling, the op trace keeps the CSV's ``ONNX Source Ops`` column (a load leaves it empty)
+        td = (stack.enter_context(tempfile.TemporaryDirectory(prefix="ivq-qnn-trace-"))
+              if config.profiling_level not in (None, "off") else None)
+        eff = config.with_changes(op_trace_dir=td, record_op_trace=False, json_graph_dir=None)
+        opts = apply_qnn_ep(so, eff)
+        try:
+            sess, native, seconds = _inference_session(str(entry.model), so)
+        except Exception as e:
+            raise CaptureError(one_line(e, 300)) from None
+    if td is not None:
+        opts = {**opts, "framework_op_trace_dir": "<temporary>"}
+    if EP_NAME not in sess.get_providers():
+        raise CaptureError(f"the session did not get the QNN EP (providers {sess.get_providers()})")
+    outputs = [o.name for o in sess.get_outputs()]
+    if outputs != meta.get("outputs"):
+        raise CaptureError("its outputs are not the ones recorded at compile time")
+    trace = meta.get("op_trace")
+    target = compiled_target(trace)
+    if _target_matches(config, target) is False:
+        raise CaptureError(f"it was compiled for {target}")
+    try:
+        part = Partition.from_dict(meta["partition"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CaptureError(f"its partition record is malformed ({one_line(e, 100)})") from None
+    if config.op_trace_dir is not None and trace is not None:  # the trace the user asked for, as compiled
+        Path(config.op_trace_dir).mkdir(parents=True, exist_ok=True)
+        (Path(config.op_trace_dir) / OP_TRACE_FILE).write_text(json.dumps(trace))
+    compile_s = meta.get("compile_seconds")
+    cache = {"hit": True, "used": True, "key": entry.key, "folder": str(entry.folder), "created": meta.get("created"),
+             "compile_seconds": compile_s, "load_seconds": round(seconds, 4), "root": str(entry.folder.parent)}
+    return QnnSession(sess, config, opts, part, seconds, native, trace, cache)
 
 
 def _target_matches(config: QnnSessionConfig, targets: list[dict[str, Any]]) -> bool | None:

@@ -149,6 +149,7 @@ def capture_net_run(
     parts: Mapping[str, str] | None = None,
     overwrite: bool = False,
     backend_info: Mapping[str, Any] | None = None,
+    allow_outside: bool = False,
 ) -> NetRunCapture:
     """Ingest a qnn-net-run output folder into a new golden dump.
 
@@ -166,6 +167,7 @@ def capture_net_run(
         parts: graph name → record part (default ``model`` for one graph, else the graph name).
         overwrite: replace an existing dump.
         backend_info: extra provenance (device, SDK version, soc_model, …).
+        allow_outside: read raw files / Result folders that are symlinks leaving ``output_dir``.
 
     Raises:
         UsageError: the dump exists and ``overwrite`` is false.
@@ -179,7 +181,7 @@ def capture_net_run(
             raise UsageError(f"unknown part(s) {sorted(bad)} (use {', '.join(PARTS)})")
     if as_steps and first_step < 1:
         raise UsageError(f"first_step {first_step}: decode steps start at 1 (step 0 is the prefill)")
-    ing = ingest_output(output_dir, graphs, model=model, strict=strict)
+    ing = ingest_output(output_dir, graphs, model=model, strict=strict, allow_outside=allow_outside)
     prof = None
     if profiling is not None:
 
@@ -244,6 +246,21 @@ def decode_cache_len(call: NetRunCall) -> int | None:
     return attended - 1
 
 
+#: inputs a device runtime computes by its own rules (contract role ``derived``, :mod:`ivq_debug.dump.contract`)
+DERIVED_INPUTS = ("position_ids", "attention_mask", "cache_position")
+
+
+def session_role(part: str, name: str) -> str | None:
+    """The contract role of a device session's input: positions and masks are the device runtime's (``derived``),
+    prefill ``inputs_embeds`` hold the device's own vision output (``carried``); the rest take the default role
+    (``past*`` carried, token embeddings and pixels external: a teacher-forced reference must be fed the same)."""
+    if name in DERIVED_INPUTS:
+        return "derived"
+    if part == "prefill" and name == "inputs_embeds":
+        return "carried"
+    return None
+
+
 def _record_rows(writer: Any, call: NetRunCall, key: tuple[int, str, int],
                  meta: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
     """Write one inference as one record (inputs, then outputs); returns its mapping rows and tensor count."""
@@ -253,7 +270,7 @@ def _record_rows(writer: Any, call: NetRunCall, key: tuple[int, str, int],
                         input_list_line=call.line, **meta)
     rows = []
     for t in call.inputs:
-        writer.add_input(t.name, t.load(), qnn_name=t.qnn_name, source_file=str(t.path))
+        writer.add_input(t.name, t.load(), qnn_name=t.qnn_name, source_file=str(t.path), role=session_role(part, t.name))
     token = None
     for t in call.outputs:
         v = t.load()

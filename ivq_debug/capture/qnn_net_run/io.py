@@ -25,6 +25,7 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import list_sites
 from ivq_debug.qnn.names import NameMap, qnn_sanitize
 from ivq_debug.qnn.netjson import QnnGraph, QnnTensor, is_fixed_point, read_qnn_json
+from ivq_debug.util import file_in_folder_problem, is_inside
 
 _RESULT_RE = re.compile(r"^Result_(\d+)$")
 
@@ -166,8 +167,8 @@ def _atomic_bytes(path: Path, data: bytes) -> None:
 class IngestProblem:
     """Something wrong or notable in an output folder.
 
-    ``kind``: ``missing_file``, ``byte_size``, ``unknown_tensor``, ``no_encoding`` (fatal: data is lost) or
-    ``unmapped``, ``ambiguous``, ``duplicate``, ``mismatch`` (notes: the data is kept).
+    ``kind``: ``missing_file``, ``byte_size``, ``unknown_tensor``, ``no_encoding``, ``unreadable`` (fatal: data
+    is lost) or ``unmapped``, ``ambiguous``, ``duplicate``, ``mismatch`` (notes: the data is kept).
     """
 
     kind: str
@@ -400,6 +401,7 @@ def ingest_output(
     model: Any = None,
     strict: bool = True,
     expect_outputs: bool = True,
+    allow_outside: bool = False,
 ) -> Ingest:
     """Inventory and check a qnn-net-run output folder.
 
@@ -412,6 +414,8 @@ def ingest_output(
         strict: raise the first fatal problem as a one-line :class:`InputError` naming the file;
             otherwise collect problems (``Ingest.complete`` is then false).
         expect_outputs: every graph output (APP_READ) must be in every Result folder.
+        allow_outside: read ``.raw`` files and ``Result_<i>`` folders that are symlinks leaving ``output_dir``
+            (refused by default, an ``unreadable`` problem like a symlink loop or a FIFO).
 
     Raises:
         InputError: unreadable folder / graph JSON; with ``strict``, any fatal problem.
@@ -436,9 +440,23 @@ def ingest_output(
         order = g.order()
         prod = g.producers()
         per_result: dict[int, dict[str, dict[str, Path]]] = {}
+        for j in sorted(set(range(rds[-1][0] + 1)) - {i for i, _ in rds}) if rds[0][1] != out else ():
+            ing.problems.append(IngestProblem(  # one Result_<i> per input_list line: a gap is lost data
+                "missing_file", str(rds[0][1].parent / f"Result_{j}"), f"missing folder Result_{j} (graph {gname!r})"))
+        refused = set()
         for ri, rdir in rds:
             found: dict[str, dict[str, Path]] = {}
+            per_result[ri] = found
+            if not allow_outside and not is_inside(rdir, out):
+                refused.add(ri)
+                ing.problems.append(IngestProblem("unreadable", str(rdir), "Result folder is a symlink to a folder "
+                                                  "outside the output folder (--allow-outside-inputs reads it)"))
+                continue
             for f in sorted(rdir.rglob("*.raw")):
+                bad = file_in_folder_problem(f, out, "raw file", allow_outside)
+                if bad:
+                    ing.problems.append(IngestProblem("unreadable", str(f), bad))
+                    continue
                 stem = f.relative_to(rdir).with_suffix("").as_posix()
                 hit = _classify(stem, index)
                 if hit is None:
@@ -453,13 +471,14 @@ def ingest_output(
                         fatal=False))
                     continue
                 slot[kind] = f
-            per_result[ri] = found
         seen_any = set().union(*(set(v) for v in per_result.values())) if per_result else set()
         expected = set(seen_any)
         if expect_outputs:
             expected |= {t.name for t in g.outputs}
         for ri, rdir in rds:
             found = per_result[ri]
+            if ri in refused:
+                continue
             for name in sorted(expected - set(found), key=lambda n: order.get(n, 1 << 30)):
                 others = [f"Result_{j}" for j, _ in rds if name in per_result[j]]
                 why = f"present in {others[0]}" if others else "a graph output"
@@ -523,7 +542,9 @@ def _make_tensor(
 ) -> IngestedTensor | None:
     ok = True
     ff, nf = files.get("float"), files.get("native")
-    if t.dtype.name == "object":  # pragma: no cover - STRING tensors have no numpy dtype
+    if t.dtype.name == "object":  # STRING tensors have no fixed-size elements
+        ing.problems.append(IngestProblem("unreadable", str(ff or nf), f"tensor {t.name!r} is a QNN STRING tensor: "
+                                          "its raw file cannot be read as numbers"))
         return None
     for kind, f in (("float", ff), ("native", nf)):
         if f is None:

@@ -37,6 +37,7 @@ from ivq_debug.capture.base import Selection, capture, make_runner, model_facts
 from ivq_debug.capture.qnn_net_run.ingest import LOGITS, find_part_model, load_config, token_of
 from ivq_debug.capture.qnn_net_run.io import GraphIO
 from ivq_debug.dump import check_writable, open_dump
+from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import sha256_file
 from ivq_debug.vlm.inputs import rope_index
@@ -174,12 +175,28 @@ class SessionReplay:
             feeds[t.name] = device[t.name].astype(t.dtype, copy=False)
         return feeds
 
-    def _run(self, writer: Any, key: tuple[int, str, int], feeds: dict[str, np.ndarray], **meta: Any
-             ) -> dict[str, np.ndarray]:
+    def _run(self, writer: Any, key: tuple[int, str, int], feeds: dict[str, np.ndarray],
+             recomputed: Mapping[str, str] | None = None, **meta: Any) -> dict[str, np.ndarray]:
         writer.begin_record(sample=key[0], part=key[1], step=key[2], **meta)
+        self._store_inputs(writer, key, feeds, recomputed or {})
         out = self.runners[key[1]].run(feeds, writer)
         self.records.append(key)
         return out
+
+    def _store_inputs(self, writer: Any, key: tuple[int, str, int], feeds: Mapping[str, np.ndarray],
+                      recomputed: Mapping[str, str]) -> None:
+        """The record's inputs with their contract roles: ``recomputed`` (name -> why) for what the replay
+        recomputes on purpose, ``carried`` for its own cache, the device's role for what it passes through."""
+        rid = self.session.record_keys().get(key)
+        dev = (self.session.record_meta(rid).get(INPUTS_META) or {}) if rid is not None else {}
+        past = set(self.past.values())
+        for name, value in feeds.items():
+            if name in recomputed:
+                writer.add_input(name, value, role="recomputed", reason=recomputed[name])
+            elif name in past:
+                writer.add_input(name, value, role="carried")
+            else:
+                writer.add_input(name, value, role=(dev.get(name) or {}).get("role"))
 
     def _token_meta(self, writer: Any, out: Mapping[str, np.ndarray], device_meta: Mapping[str, Any]) -> None:
         meta = {}
@@ -269,7 +286,12 @@ class SessionReplay:
                 "prefill": None if pos is None else pos.reshape(-1).tolist(), "rope_delta": top + 1 - S,
                 "decode": {}}
         self.positions[sample] = info
-        out = self._run(writer, (sample, "prefill", 0), feeds, cache_len=0,
+        why = {}
+        if pos is not None:
+            why[POSITIONS] = f"ivq reference: the model's positions ({info['rule']})"
+        if rows is not None and feats is not None and "inputs_embeds" in feeds and "input_ids" not in feeds:
+            why["inputs_embeds"] = "ivq reference: image rows replaced by the reference's own vision output"
+        out = self._run(writer, (sample, "prefill", 0), feeds, why, cache_len=0,
                         position_ids=info["prefill"], rope_delta=top + 1 - S, image_rows=self.image_rows[sample])
         self._token_meta(writer, out, self.session.record_meta(pre))
         pnames = _pairs([n for n in out if _PRESENT.match(n)])
@@ -308,8 +330,9 @@ class SessionReplay:
                 raise InputError(f"decode step {k} of sample {sample}: the device's attention_mask has "
                                  f"{mask.shape[-1]} slots, the reference's cache {cache_len} + 1", self.session.path)
             info["decode"][k] = feeds[POSITIONS].reshape(-1).tolist()
-            out = self._run(writer, (sample, "decode", k), feeds, cache_len=cache_len,
-                            position_ids=info["decode"][k])
+            out = self._run(writer, (sample, "decode", k), feeds,
+                            {POSITIONS: "ivq reference: the model's decode position max(prefill positions) + k"},
+                            cache_len=cache_len, position_ids=info["decode"][k])
             self._token_meta(writer, out, self.session.record_meta(rid))
             for kk, n in self.present.items():
                 v = out[n]

@@ -12,10 +12,10 @@ import pytest
 
 from ivq_debug.capture.base import Selection
 from ivq_debug.capture.onnxrt.runner import OrtRunner
-from ivq_debug.dump import DumpWriter, open_dump
+from ivq_debug.dump import open_dump
 from ivq_debug.errors import CaptureError
 from tests.support import qnn_models as models
-from tests.support.qnn_models import FEED_SEED, needs_qnn
+from tests.support.qnn_models import FEED_SEED, capture_feeds, needs_qnn
 
 pytestmark = [pytest.mark.qnn, needs_qnn]
 
@@ -23,15 +23,6 @@ pytestmark = [pytest.mark.qnn, needs_qnn]
 #: v73, onnxruntime-qnn 2.7.0 / QNN 2.51.0): a8w8 5 steps (Gelu output), a16w8 361 steps (o_proj; the
 #: HTP 16x8 matmul is less precise than fake-quant). Over four model seeds the worst was 5 and 1030.
 MAX_STEPS = {"a8w8": 8, "a16w8": 1200}
-
-
-def _capture(runner: Any, feeds: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
-    with DumpWriter(path, backend=runner.backend, backend_info=runner.info, model={"path": str(runner.model_path)}) as w:
-        w.begin_record(sample=0, part="model", step=0)
-        for k, v in feeds.items():
-            w.add_input(k, v)
-        out = runner.run(feeds, w)
-    return out
 
 
 @pytest.fixture(scope="module", params=["a8w8", "a16w8"])
@@ -44,9 +35,9 @@ def captured(request: pytest.FixtureRequest, qnn_models: dict[str, Path], tmp_pa
     d = tmp_path_factory.mktemp(f"cap-{preset}")
     feeds = models.block_feeds(FEED_SEED)[0]
     cpu = OrtRunner(model, selection=Selection(), optimization="disable")
-    cpu_out = _capture(cpu, feeds, d / "cpu.h5")
+    cpu_out = capture_feeds(cpu, feeds, d / "cpu.h5")
     htp = QnnHtpRunner(model, selection=Selection(), profiling_level="detailed", profiling_path=d / "prof.csv")
-    htp_out = _capture(htp, feeds, d / "htp.h5")
+    htp_out = capture_feeds(htp, feeds, d / "htp.h5")
     plain = QnnHtpRunner(model)  # no selection: the unmodified graph, nothing exposed
     plain_out = plain.run(feeds)
     res = {"preset": preset, "model": model, "cpu": open_dump(d / "cpu.h5"), "htp": open_dump(d / "htp.h5"),
@@ -162,7 +153,7 @@ def test_unsupported_erf_fails_naming_it(qnn_models: dict[str, Path], tmp_path: 
     runner = QnnHtpRunner(qnn_models["erf.a8w8"], selection=Selection())
     feeds = {"x": models.block_feeds(FEED_SEED)[0]["x"]}
     with pytest.raises(CaptureError) as ei:
-        _capture(runner, feeds, tmp_path / "erf.h5")
+        capture_feeds(runner, feeds, tmp_path / "erf.h5")
     msg = str(ei.value)
     assert "bare_erf (Erf)" in msg and "not supported" in msg and "fallback is disabled" in msg
     assert not (tmp_path / "erf.h5").exists()
@@ -173,7 +164,7 @@ def test_fallback_allowed_records_cpu_nodes(qnn_models: dict[str, Path], tmp_pat
 
     runner = QnnHtpRunner(qnn_models["erf.a8w8"], selection=Selection(), allow_cpu_fallback=True)
     feeds = {"x": models.block_feeds(FEED_SEED)[0]["x"]}
-    _capture(runner, feeds, tmp_path / "erf.h5")
+    capture_feeds(runner, feeds, tmp_path / "erf.h5")
     with open_dump(tmp_path / "erf.h5") as d:
         part = d.meta("partition")
         assert d.backend_info["cpu_fallback"] == "allowed"

@@ -1,0 +1,106 @@
+"""The introduced-error replay on transformers' ViT: its cost against one capture, and the x² pattern figures.
+
+``speed``: a 12-block ViT at ViT-S widths (hidden 384, 6 heads, MLP 1536, 224² images, 16² patches: 197 tokens;
+an 83 MiB single-file float model, above the 64 MiB in-place loading threshold), quantized a8w8 with ORT's QNN
+flow, 4 evaluation images (issue 22's setting). Each step runs in its own process and is timed: ``ivq capture onnx``
+of the float model and of the QDQ model (CPU-QDQ), and ``ivq diagnose`` (compare of the 4 records + replay of
+every unit of the first under both attributions + the patterns' output share) against the user's float model. It
+prints the ratio ``diagnose / capture(QDQ)``.
+
+``x2``: the 4-block ViT of ``tests/support/vit.py`` whose x² encodings are set by outlier channels: the headline
+pattern under ``local`` and ``iso``, the worst SQNR of each, and the output share of lifting each (CPU-QDQ).
+
+    python bench/bench_replay.py speed [--workdir DIR] [--layers 12] [--images 4]
+    python bench/bench_replay.py x2 [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench/common.py
+from common import ivq_env, load_avg, run_measured  # noqa: E402
+
+
+def _ivq(wd: Path, step: str, *args: object) -> float:
+    """Run ``ivq ARGS`` in its own process (exit 0 or 1: 1 = a unit over budget); its wall time (s)."""
+    m = run_measured([sys.executable, "-m", "ivq_debug", *map(str, args)], log=wd / "logs" / step,
+                     env=ivq_env(ROOT), ok_codes=(0, 1))
+    if not m.ok:
+        raise SystemExit(f"{step} failed: {m.why()}")
+    return m.seconds
+
+
+def speed(wd: Path, layers: int, images: int) -> dict:
+    import numpy as np
+
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from tests.support import vit
+
+    wd.mkdir(parents=True, exist_ok=True)
+    fm = wd / "vit.onnx"
+    if not fm.exists():
+        vit.build(wd, layers=layers, hidden=384, heads=6, mlp=1536, size=224, patch=16)
+    q = wd / "vit.qdq.onnx"
+    if not q.exists():
+        quantize_for_qnn(fm, q, vit.calibration(4, size=224))
+    inputs = []
+    for i in range(images):
+        np.savez(wd / f"eval{i}.npz", **vit.image(7 + i, size=224))
+        inputs += ["--inputs", wd / f"eval{i}.npz"]
+    t_ref = _ivq(wd, "capture-float", "capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
+    t_cap = _ivq(wd, "capture-qdq", "capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
+    t_diag = _ivq(wd, "diagnose", "diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model", fm,
+                  "--json", wd / "diagnose.json", "--force")
+    doc = json.loads((wd / "diagnose.json").read_text())
+    return {"float_model_mib": round(fm.stat().st_size / 2**20, 1), "units": len(doc["units"]),
+            "skipped": len(doc["skipped"]), "sessions": doc["sessions"], "replay_s": doc["seconds"],
+            "capture_float_s": round(t_ref, 2), "capture_qdq_s": round(t_cap, 2), "diagnose_s": round(t_diag, 2),
+            "ratio": round(t_diag / t_cap, 2), "load": load_avg()}
+
+
+def x2(wd: Path) -> dict:
+    import ivq_debug as ivq
+    from ivq_debug.capture.base import Selection, capture, make_runner
+    from ivq_debug.diagnose.replay import replay
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from tests.support import vit
+
+    wd.mkdir(parents=True, exist_ok=True)
+    fm = vit.build(wd, layers=4, outliers=True, name="vit_x2")
+    q = quantize_for_qnn(fm, wd / "vit_x2.qdq.onnx", vit.calibration(bright=3.0), overwrite=True).model_path
+    ev = [vit.image(7, bright=1.0)]
+    ref = capture(make_runner("onnx", fm, selection=Selection()), ev, wd / "ref.h5", overwrite=True, progress=None)
+    test = capture(make_runner("onnx", q, selection=Selection()), ev, wd / "test.h5", overwrite=True, progress=None)
+    cmp = ivq.compare(ref, test, progress=False)
+    out = {"final_output_sqnr_db": round(float(cmp.table.sort_values("order").iloc[-1]["sqnr_db"]), 2)}
+    for att in ("local", "iso"):
+        r = replay(q, ref, cumulative=cmp, attribution=att, float_model=fm, progress=False)
+        h = r.findings()[0]
+        out[att] = {"headline": h.evidence["label"], "over_budget": f"{h.evidence['over_budget']} of "
+                    f"{h.evidence['units']}", "worst_db": round(float(h.evidence["worst"]["intro_sqnr_db"]), 2),
+                    "output_error_share": round(h.evidence["output_error_share"] or 0.0, 3)}
+    out["load"] = load_avg()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["speed", "x2"])
+    p.add_argument("--workdir", default="/tmp/ivq-bench-replay")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--images", type=int, default=4, help="evaluation images captured (the replay uses the first)")
+    a = p.parse_args(argv)
+    wd = Path(a.workdir) / a.what
+    res = speed(wd, a.layers, a.images) if a.what == "speed" else x2(wd)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,262 @@
+"""Compiled QNN HTP graphs cached on disk as EPContext models: a model compiles once across samples and commands.
+
+A QNN HTP compile of an OCR-sized graph takes seconds to minutes on the x86 emulator (an unrolled LSTM: 15-45 s
+per session, ``docs/qnn-compile.md``); loading the same graph from its EPContext model takes 0.01-0.15 s and
+gives the same bits. Every HTP session ivq makes (``ivq capture qnn``, ``ivq tune``, ``ivq diagnose --backend
+qnn``, the exposure check) goes through :class:`ContextCache` when it is on.
+
+**The key** is the SHA-256 of a JSON *material* holding everything that changes what QNN compiles: the exact
+graph (SHA-256 of the model bytes handed to ORT, which hold the exposed outputs and the channels-last plan, and
+of every external-data file they reference), soc_model and htp_arch, the onnxruntime / onnxruntime-qnn / QNN
+SDK versions and the host machine, every provider option except the runtime-only ones (profiling, op-trace and
+JSON-dump paths, performance mode), every session config entry (CPU fallback, ...), the ORT graph optimization
+level and the embed mode. The context model does not record soc_model / htp_arch (a v68 context loads silently
+under v73 options and keeps its v68 numerics), so they must be in the key.
+
+**An entry** is a folder ``<root>/<key>/`` holding the EPContext model (``ctx.onnx`` + ``ctx_qnn.bin``, embed
+mode 0: no protobuf size limit) and ``meta.json``: the material, the SHA-256 and size of each file, and what a
+load cannot give back (the compile-time op trace with its compiled target, the partition, the compile seconds).
+It is built in a temporary folder inside the root and published with one ``os.replace``, so a reader never sees
+half an entry and two writers of the same key cannot mix files. A hit re-checks the whole material and every
+file hash: an entry that does not match (corrupt, truncated, written by other code) is ignored with a warning
+and compiled afresh, never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ivq_debug import defaults
+from ivq_debug.console import warn
+from ivq_debug.errors import one_line
+from ivq_debug.util import atomic_write_text, sha256_file
+
+#: bump when the material or the entry layout changes (old entries then miss)
+CACHE_FORMAT = 1
+CTX_FILE = "ctx.onnx"
+META_FILE = "meta.json"
+#: embed mode of the cached context (0: the QNN binary in ``ctx_qnn.bin`` beside the model)
+EMBED_MODE = "0"
+#: provider options that do not change the compiled graph (left out of the key)
+RUNTIME_OPTIONS = frozenset({"profiling_level", "profiling_file_path", "enable_framework_op_trace",
+                             "framework_op_trace_dir", "dump_json_qnn_graph", "json_qnn_graph_dir",
+                             "htp_performance_mode", "backend_path"})
+
+#: staging folders older than this are removed when pruning (a killed process left them)
+STALE_STAGING_S = 24 * 3600
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a file, memoized per (path, size, mtime) within the process (weights files are large)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    k = (str(p), st.st_size, st.st_mtime_ns)
+    if k not in _HASHES:
+        _HASHES[k] = sha256_file(p)
+    return _HASHES[k]
+
+
+def external_files(proto: Any, base: Path) -> list[Path]:
+    """The external-data files an ONNX graph references (resolved against ``base``), sorted."""
+    locs = set()
+    for t in proto.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                locs.add(e.value)
+    return sorted(base / loc for loc in locs)
+
+
+def model_digest(model: bytes | str | os.PathLike, proto: Any = None) -> dict[str, Any]:
+    """What identifies the graph handed to ORT: the SHA-256 of its bytes and of its external-data files."""
+    if isinstance(model, bytes | bytearray | memoryview):
+        return {"sha256": hashlib.sha256(model).hexdigest(), "bytes": len(model), "external": {}}
+    p = Path(model)
+    ext = {f.name: file_digest(f) for f in external_files(proto, p.parent)} if proto is not None else {}
+    return {"sha256": file_digest(p), "bytes": p.stat().st_size, "external": ext}
+
+
+def key_of(material: dict[str, Any]) -> str:
+    """The cache key: SHA-256 of the canonical JSON of ``material``."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def default_root() -> Path:
+    """``$IVQ_QNN_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/ivq-debug/qnn-contexts``."""
+    env = os.environ.get(defaults.QNN_CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / defaults.QNN_CACHE_SUBDIR
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A verified cache entry: its folder and ``meta.json``."""
+
+    key: str
+    folder: Path
+    meta: dict[str, Any]
+
+    @property
+    def model(self) -> Path:
+        """The EPContext model to load."""
+        return self.folder / CTX_FILE
+
+
+class ContextCache:
+    """The folder of cached EPContext models (see the module docstring).
+
+    Args:
+        root: the cache folder (created on first write).
+        max_bytes: after a write, the least recently used entries are removed until the cache holds at most
+            this many bytes (the new entry is always kept).
+    """
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int = defaults.QNN_CACHE_MAX_BYTES) -> None:
+        self.root = Path(root).expanduser()
+        self.max_bytes = max_bytes
+        #: what was wrong with the entries ignored so far (also printed as warnings)
+        self.warnings: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"ContextCache({str(self.root)!r})"
+
+    def lookup(self, material: dict[str, Any]) -> CacheEntry | None:
+        """The entry of ``material`` when present and intact; None on a miss or a bad entry (with a warning)."""
+        key = key_of(material)
+        folder = self.root / key
+        if not folder.is_dir():
+            return None
+        problem = self._check(folder, key, material)
+        if problem is not None:
+            self._warn(f"ignoring QNN context cache entry {folder}: {problem}; compiling afresh")
+            return None
+        meta = json.loads((folder / META_FILE).read_text())
+        try:
+            os.utime(folder / META_FILE)  # least recently used goes first when pruning
+        except OSError:
+            pass
+        return CacheEntry(key, folder, meta)
+
+    def _check(self, folder: Path, key: str, material: dict[str, Any]) -> str | None:
+        try:
+            meta = json.loads((folder / META_FILE).read_text())
+        except (OSError, ValueError) as e:
+            return f"unreadable {META_FILE} ({one_line(e, 120)})"
+        if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+            return "written by another cache format"
+        if meta.get("key") != key or meta.get("material") != material:
+            return "its key material differs from this session's"
+        files = meta.get("files")
+        if not isinstance(files, dict) or CTX_FILE not in files:
+            return "no file list"
+        for name, want in files.items():
+            p = folder / name
+            if Path(name).name != name or not p.is_file():
+                return f"{name} is missing"
+            if not isinstance(want, dict) or p.stat().st_size != want.get("bytes") or sha256_file(p) != want.get("sha256"):
+                return f"{name} does not match its recorded size / SHA-256"
+        return None
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        warn(message)
+
+    @contextmanager
+    def staging(self) -> Iterator[Path | None]:
+        """A temporary folder inside the root to compile into (None when the root is not writable)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=self.root))
+        except OSError as e:
+            self._warn(f"QNN context cache {self.root} is not writable ({one_line(e, 120)}); not caching")
+            yield None
+            return
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def publish(self, staging: Path, material: dict[str, Any], meta: dict[str, Any]) -> CacheEntry | None:
+        """Turn a staging folder holding a freshly written EPContext model into the entry of ``material``.
+
+        Returns None (with a warning) when the context files are missing or the folder cannot be renamed; an
+        entry another process published first for the same key is kept (it is the same compile).
+        """
+        key = key_of(material)
+        names = sorted(p.name for p in staging.iterdir() if p.is_file())
+        if CTX_FILE not in names:
+            self._warn(f"the QNN EP wrote no EPContext model into {staging}; not caching")
+            return None
+        files = {}
+        for name in names:
+            p = staging / name
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+            files[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        doc = {"format": CACHE_FORMAT, "key": key, "material": material, "files": files,
+               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
+        atomic_write_text(staging / META_FILE, json.dumps(doc, indent=1, default=str))
+        dst = self.root / key
+        try:
+            if dst.exists():  # a bad entry (lookup ignored it) or a concurrent writer's
+                if self._check(dst, key, material) is None:
+                    return CacheEntry(key, dst, json.loads((dst / META_FILE).read_text()))
+                shutil.rmtree(dst, ignore_errors=True)
+            os.replace(staging, dst)
+        except OSError as e:
+            if dst.is_dir() and self._check(dst, key, material) is None:
+                return CacheEntry(key, dst, json.loads((dst / META_FILE).read_text()))
+            self._warn(f"cannot publish QNN context cache entry {dst} ({one_line(e, 120)}); not caching")
+            return None
+        self.prune(keep=key)
+        return CacheEntry(key, dst, doc)
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """``(last use, bytes, folder)`` of every entry, least recently used first."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        for d in self.root.iterdir():
+            m = d / META_FILE
+            if d.name.startswith(".") or not m.is_file():
+                continue
+            try:
+                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                out.append((m.stat().st_mtime, size, d))
+            except OSError:
+                continue
+        return sorted(out)
+
+    def prune(self, keep: str | None = None) -> list[Path]:
+        """Remove least recently used entries until the cache fits ``max_bytes``; returns the removed folders."""
+        for d in self.root.glob(".staging-*") if self.root.is_dir() else []:
+            try:  # left by a killed process
+                if time.time() - d.stat().st_mtime > STALE_STAGING_S:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
+        ents = self.entries()
+        total = sum(s for _, s, _ in ents)
+        removed = []
+        for _, size, d in ents:
+            if total <= self.max_bytes:
+                break
+            if d.name == keep:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            total -= size
+            removed.append(d)
+        return removed

@@ -1,0 +1,107 @@
+"""``backend_divergence``: layers where the backend departs from what quantization explains.
+
+Reads the three-way measurement of a comparison (``cmp.three_way``, :mod:`ivq_debug.comparator.threeway`:
+fp32 → backend, with the CPU-QDQ dump of the same QDQ model and inputs as the expected error), pooled per
+layer over samples and steps. A layer *departs* when the backend's error against fp32 exceeds ``k`` times the
+CPU-QDQ error (``defaults.BACKEND_DIVERGENCE_K``, 1.5) in relative L2 or relative L∞, counting a ratio only
+when the backend's own error in that norm is at least ``defaults.BACKEND_DIVERGENCE_MIN_REL_L2`` (below,
+the difference is float rounding). A backend exactly as bad as its quantization (the a8w8 mask collapse, which
+CPU-QDQ shows too) has ratios near 1 and gets no finding.
+
+One finding per part, at its first departing layer in execution order (where the backend's own error starts;
+later layers inherit it), severity ``error`` from ``defaults.BACKEND_DIVERGENCE_ERROR_RATIO`` on, else
+``warning``. A part whose inputs carry an earlier part's departure (a prefill after a departing vision part)
+is reported as downstream of it, at most a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ivq_debug import defaults
+from ivq_debug.diagnose.findings import Finding
+
+#: pipeline order of the parts (a departure in an earlier part is carried into the later ones)
+PART_ORDER = {"vision": 0, "prefill": 1, "model": 1, "decode": 2}
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def departure(row: dict[str, Any], k: float) -> float | None:
+    """The ratio by which a pooled layer row departs (the larger of its L2 / L∞ ratios over ``k`` whose own
+    backend error is at least the floor), or None when it does not depart."""
+    if row.get("status") not in ("ok", "expected_exact"):
+        return None
+    best = None
+    for r_key, e_key in (("ratio_l2", "rel_l2_test"), ("ratio_linf", "rel_linf_test")):
+        r, e = _num(row.get(r_key)), _num(row.get(e_key))
+        if r is None or e is None or e < defaults.BACKEND_DIVERGENCE_MIN_REL_L2 or not r > k:
+            continue
+        best = r if best is None else max(best, r)
+    return best
+
+
+def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
+    """Findings for the layers where the backend departs from CPU-QDQ (module docstring); none without an
+    expected dump."""
+    tw = getattr(cmp, "three_way", None)
+    if tw is None:
+        return []
+    k = float(k if k is not None else getattr(tw, "k", None) or defaults.BACKEND_DIVERGENCE_K)
+    layers = tw.layers()
+    if layers.empty:
+        return []
+    out: list[Finding] = []
+    upstream: tuple[str, str] | None = None
+    parts = sorted(set(layers["part"]), key=lambda p: PART_ORDER.get(p, 3))
+    for part in parts:
+        rows = [r for r in layers[layers["part"] == part].sort_values("order", kind="stable").to_dict("records")]
+        hits = [(r, x) for r in rows for x in [departure(r, k)] if x is not None]
+        if not hits:
+            continue
+        first, x = hits[0]
+        worst = max(hits, key=lambda h: h[1])
+        sev = "error" if x >= defaults.BACKEND_DIVERGENCE_ERROR_RATIO else "warning"
+        down = ""
+        if upstream is not None:
+            sev = "warning"
+            down = f"; downstream of the {upstream[0]} part's departure at {upstream[1]} (its inputs carry it)"
+        s, p, st = (first["worst"] or "0/?/0").split("/")
+        bc = _num(first.get("bc"))
+        out.append(Finding(
+            "backend_divergence", sev,
+            f"the backend departs from what quantization explains at {first['ref_name']} ({part}): error vs fp32 "
+            f"{_ratio_text(first)} CPU-QDQ's"
+            + (f", error-shape overlap (Bhattacharyya) {bc:.2f}" if bc is not None else "") + down,
+            where={"record": {"sample": int(s), "part": p, "step": int(st)}, "tensor": first["ref_name"],
+                   "part": part, "order": int(first["order"])},
+            evidence={"ratio_l2": _num(first["ratio_l2"]), "ratio_linf": _num(first["ratio_linf"]), "bc": bc,
+                      "rel_l2_test": _num(first["rel_l2_test"]), "rel_l2_expected": _num(first["rel_l2_expected"]),
+                      "rel_linf_test": _num(first["rel_linf_test"]),
+                      "rel_linf_expected": _num(first["rel_linf_expected"]), "records": int(first["records"]),
+                      "k": k, "error_ratio": defaults.BACKEND_DIVERGENCE_ERROR_RATIO,
+                      "departing_layers": len(hits), "layers": len(rows),
+                      "worst": {"tensor": worst[0]["ref_name"], "ratio": worst[1]},
+                      "expected": str(tw.expected.path)},
+            suggestion="the CPU-QDQ run of the same QDQ model does not show this error: compare this op's precision, "
+                       "encoding and partition on the backend (ivq diagnose --backend qnn replays it alone)",
+        ))
+        if upstream is None:
+            upstream = (part, first["ref_name"])
+    return out
+
+
+def _ratio_text(r: dict[str, Any]) -> str:
+    l2, li = _num(r.get("ratio_l2")), _num(r.get("ratio_linf"))
+
+    def fmt(v: float | None) -> str:
+        return "inf" if v is not None and math.isinf(v) else f"{v:.3g}" if v is not None else "?"
+
+    return f"{fmt(l2)}x (rel-L2) / {fmt(li)}x (rel-L∞)"

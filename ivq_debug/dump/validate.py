@@ -1,0 +1,425 @@
+"""A dump is untrusted: what the reader checks at open and before every read (issue 16).
+
+Dumps come from other machines and CI artifacts. The reader (:mod:`ivq_debug.dump.reader`) calls these
+helpers so that a hostile or broken file is one :class:`~ivq_debug.errors.InputError` (exit 3) naming the
+file and the field, and so that no call reaches the HDF5 paths known to crash or to read elsewhere:
+
+* **the file**: a regular file (a FIFO, socket, device, folder, symlink loop or too-long path is refused
+  with ``stat``, before HDF5 opens it: HDF5 would block on a FIFO);
+* **root attributes**: scalar strings / numbers / booleans (not arrays), ``backend_info`` and ``model``
+  JSON objects, ``incomplete_reasons`` a JSON list of strings (:data:`ROOT_SCHEMA`, ``jsonschema``);
+* **the manifest**: a scalar UTF-8 JSON string dataset reached by a hard link, whose rows match
+  :func:`manifest_schema` (types per column, non-negative integer shapes, known kinds and storage), with a
+  ``key`` that is one HDF5 link name (no ``/``: never a path into another group), a ``rid`` that is a
+  record, a dtype the reader knows and ``nbytes = prod(shape) * itemsize``; validated with
+  ``fastjsonschema`` (a compiled validator: about 10 µs per row, where ``jsonschema`` took 0.5 ms);
+* **records**: groups reached by hard links, attributes ``sample`` / ``step`` integers, ``part`` a
+  string, ``meta`` a JSON object (:data:`RECORD_SCHEMA`);
+* **every dataset before it is read** (:func:`open_dataset`, :func:`check_data`): reached by a hard link
+  (soft and external links are never followed), a dataset (not a group), neither virtual nor stored in
+  external files, a numeric dtype (strings, variable-length, compound and object types are refused
+  *before* any read: a variable-length string dataset read through the reader's ``os.preadv`` fast path
+  filled an object array with file bytes, which crashed the process), and the manifest's shape and dtype;
+* **HDF5 errors** while reading (a fletcher32 checksum failure, a truncated file) become one-line
+  :class:`InputError` (:func:`reading`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug.dump import format as fmt
+from ivq_debug.errors import InputError, one_line
+from ivq_debug.util import check_schema, parse_json, regular_file
+
+#: dtype kinds a tensor dataset may have: bool, signed / unsigned integers, floats, complex
+DATA_KINDS = "biufc"
+
+#: the root attributes once decoded (JSON attributes parsed), checked with ``jsonschema``
+ROOT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["backend", "backend_info", "model"],
+    "properties": {
+        "format_version": {"type": "integer", "minimum": 0},
+        "finalized": {"type": "boolean"},
+        "complete": {"type": "boolean"},
+        "summary_only": {"type": "boolean"},
+        "summary_samples": {"type": "integer", "minimum": 1},
+        "n_records": {"type": "integer", "minimum": 0},
+        "n_tensors": {"type": "integer", "minimum": 0},
+        "backend": {"type": "string"},
+        "backend_info": {"type": "object"},
+        "model": {"type": "object"},
+        "incomplete_reasons": {"type": "array", "items": {"type": "string"}},
+        "created": {"type": "string"},
+        "tool_version": {"type": "string"},
+        "command": {"type": "string"},
+        "host": {"type": "string"},
+    },
+}
+
+_STR = {"type": "string"}
+_STR_OR_NULL = {"type": ["string", "null"]}
+_COUNT = {"type": "integer", "minimum": 0}
+_STAT = {"type": ["number", "null"]}
+_SCALAR = {"type": ["number", "string", "boolean", "null"]}
+#: the type of each manifest column (``docs/dump-format.md``); columns a newer writer appends are not checked
+MANIFEST_COLUMN_TYPES: dict[str, dict[str, Any]] = {
+    "rid": {"type": "string", "pattern": r"^r[0-9]{6,}$"},
+    "sample": _COUNT,
+    "part": _STR,
+    "step": _COUNT,
+    "kind": {"enum": list(fmt.KIND_GROUPS)},
+    "name": _STR,
+    "key": {"type": "string", "minLength": 1},
+    "order": {"type": "integer"},
+    "op_type": _STR_OR_NULL,
+    "scope": _STR_OR_NULL,
+    "shape": {"type": "array", "items": _COUNT},
+    "dtype": _STR,
+    "layout": _STR_OR_NULL,
+    "stored": {"enum": ["full", "summary"]},
+    "nbytes": _COUNT,
+    "min": _STAT,
+    "max": _STAT,
+    "mean": _STAT,
+    "std": _STAT,
+    "nonfinite": {"type": ["integer", "null"], "minimum": 0},
+    # an encoding: bitwidth, scale / zero point (a number or a flat list), axis, dtype, qmin / qmax, ...
+    "encoding": {"type": ["object", "null"],
+                 "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]}},
+    "has_raw": {"type": "boolean"},
+    "qnn_name": _STR_OR_NULL,
+    "source_file": _STR_OR_NULL,
+}
+
+#: one record group's attributes (``meta`` parsed), all records checked in one call
+RECORD_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["sample", "part", "step", "meta"],
+        "properties": {"sample": _COUNT, "part": _STR, "step": _COUNT, "meta": {"type": "object"}},
+    },
+}
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def manifest_schema(columns: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON Schema (draft 7) of a manifest with these columns: every column of
+    :data:`~ivq_debug.dump.format.MANIFEST_COLUMNS` present once (but the ``OPTIONAL_COLUMNS`` older dumps
+    lack), each row as long as ``columns``, each cell of its column's type (:data:`MANIFEST_COLUMN_TYPES`)."""
+    n = len(columns)
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "required": ["columns", "rows"],
+        "properties": {
+            "columns": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "rows": {"type": "array", "items": {
+                "type": "array", "minItems": n, "maxItems": n,
+                "items": [MANIFEST_COLUMN_TYPES.get(c, {}) for c in columns]}},
+        },
+    }
+
+
+def _compiled(key: Any, schema: dict[str, Any]) -> Any:
+    v = _COMPILED.get(key)
+    if v is None:
+        import fastjsonschema
+
+        v = _COMPILED[key] = fastjsonschema.compile(schema)
+    return v
+
+
+def _fast_check(key: Any, schema: dict[str, Any], doc: Any, path: Path, where: Any) -> None:
+    """Validate with a compiled validator; the error names the field through ``where(path parts)``."""
+    import fastjsonschema
+
+    try:
+        _compiled(key, schema)(doc)
+    except fastjsonschema.JsonSchemaValueException as e:
+        parts = [p for p in (e.path or [])[1:]]
+        msg = e.message.split(" must ", 1)
+        raise InputError(f"{where(parts)}: must {msg[1]}" if len(msg) == 2 else f"{where(parts)}: {e.message}",
+                         path) from None
+
+
+# ============================================================================ the file and its root
+def check_file(path: str | os.PathLike) -> Path:
+    """The dump path, when it names a regular file (before HDF5 opens it)."""
+    return regular_file(path, "dump")
+
+
+def _attr(attrs: Any, name: str, path: Path) -> Any:
+    """One root / record attribute as a Python value: a str, int, float, bool or None (absent)."""
+    try:
+        v = attrs.get(name)
+    except (OSError, TypeError, ValueError, KeyError, RuntimeError) as e:
+        raise InputError(f"attribute {name!r} is unreadable ({one_line(e, 120)})", path) from None
+    if isinstance(v, np.ndarray):
+        if v.ndim != 0:
+            raise InputError(f"attribute {name!r} must be a scalar, got an array of shape {list(v.shape)}", path)
+        v = v[()]
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"attribute {name!r} is not UTF-8 text", path) from None
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if v is None or isinstance(v, str | int | float | bool):
+        return v
+    raise InputError(f"attribute {name!r} has an unsupported type ({type(v).__name__})", path)
+
+
+def _json_attr(attrs: Any, name: str, path: Path, default: str) -> Any:
+    v = _attr(attrs, name, path)
+    if v is None:
+        v = default
+    if not isinstance(v, str):
+        raise InputError(f"attribute {name!r} must be a JSON string, got {one_line(repr(v), 60)}", path)
+    return parse_json(v, path, f"attribute {name!r}")
+
+
+def root_attributes(attrs: Any, path: Path) -> dict[str, Any]:
+    """The root attributes decoded and checked (:data:`ROOT_SCHEMA`); ``format`` is checked by the caller."""
+    out: dict[str, Any] = {}
+    for k in ("format_version", "finalized", "complete", "summary_only", "summary_samples", "n_records",
+              "n_tensors", "backend", "created", "tool_version", "command", "host"):
+        v = _attr(attrs, k, path)
+        if v is not None:
+            out[k] = v
+    for k in ("finalized", "complete", "summary_only"):  # h5py stores a bool as an enum, older writers as int
+        if isinstance(out.get(k), int) and out[k] in (0, 1):
+            out[k] = bool(out[k])
+    for k, default in (("backend_info", "{}"), ("model", "{}"), ("incomplete_reasons", "[]")):
+        if k in ("backend_info", "model") and _attr(attrs, k, path) is None:
+            continue  # required: the schema names it
+        out[k] = _json_attr(attrs, k, path, default)
+    check_schema(out, ROOT_SCHEMA, path, "attribute")
+    return out
+
+
+# ============================================================================ links and JSON datasets
+def _link_kind(group: Any, name: str) -> str | None:
+    """``hard``, ``soft``, ``external`` (or another link class), or None when there is no such link."""
+    import h5py
+
+    try:
+        t = group.id.links.get_info(name.encode("utf-8", "surrogateescape")).type
+    except (KeyError, RuntimeError, ValueError):
+        return None
+    return {h5py.h5l.TYPE_HARD: "hard", h5py.h5l.TYPE_SOFT: "soft", h5py.h5l.TYPE_EXTERNAL: "external"}.get(
+        t, "user-defined")
+
+
+def _object_kind(group: Any, name: str) -> str:
+    import h5py
+
+    t = h5py.h5o.get_info(group.id, name.encode("utf-8", "surrogateescape")).type
+    return {h5py.h5o.TYPE_GROUP: "group", h5py.h5o.TYPE_DATASET: "dataset"}.get(t, "named datatype")
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def member(group: Any, name: str, kind: str, what: str, path: Path, required: bool = True) -> Any:
+    """``group[name]`` when it is a hard link to an object of ``kind`` (``group`` or ``dataset``); a soft,
+    external or user-defined link is never followed. None when absent and not ``required``."""
+    link = _link_kind(group, name)
+    if link is None:
+        if required:
+            raise InputError(f"{what} is missing", path)
+        return None
+    if link != "hard":
+        raise InputError(f"{what} is {_article(link)} {link} link (links are never followed)", path)
+    try:
+        got = _object_kind(group, name)
+    except (KeyError, RuntimeError, ValueError, OSError) as e:
+        raise InputError(f"{what} is unreadable ({one_line(e, 120)})", path) from None
+    if got != kind:
+        raise InputError(f"{what} is a {got}, not a {kind}", path)
+    return group[name]
+
+
+def json_dataset(group: Any, name: str, what: str, path: Path, depth_check: bool = True) -> Any:
+    """A JSON document stored as a scalar string dataset (the manifest, a table, a meta value)."""
+    import h5py
+
+    ds = member(group, name, "dataset", what, path)
+    if ds.shape != () or h5py.check_string_dtype(ds.dtype) is None:
+        raise InputError(f"{what} is not a JSON string (dtype {ds.dtype}, shape {ds.shape})", path)
+    with reading(what, path):
+        raw = ds[()]
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not UTF-8 text (byte {e.start})", path) from None
+    if depth_check:
+        return parse_json(text, path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{what}: bad JSON at line {e.lineno} column {e.colno}: {e.msg}", path) from None
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply", path) from None
+
+
+# ============================================================================ manifest and records
+def manifest(f: Any, records: set[str], path: Path) -> tuple[list[str], list[list[Any]]]:
+    """``(columns, rows)`` of the manifest, checked (:func:`manifest_schema` and the row rules above)."""
+    doc = json_dataset(f, fmt.MANIFEST, "manifest", path, depth_check=False)
+    if not isinstance(doc, dict) or not isinstance(doc.get("columns"), list):
+        raise InputError("manifest must be an object with 'columns' and 'rows'", path)
+    cols = doc["columns"]
+    if not all(isinstance(c, str) for c in cols):
+        raise InputError("manifest: columns must be strings", path)
+    missing = [c for c in fmt.MANIFEST_COLUMNS if c not in cols and c not in fmt.OPTIONAL_COLUMNS]
+    if missing:
+        raise InputError(f"manifest: missing column(s) {missing}", path)
+    key = tuple(cols)
+
+    def where(parts: list[str]) -> str:
+        if len(parts) >= 2 and parts[0] == "rows" and parts[1].isdigit():
+            out = f"manifest row {parts[1]}"
+            if len(parts) >= 3 and parts[2].isdigit() and int(parts[2]) < len(cols):
+                out += f" {cols[int(parts[2])]}" + "".join(f"[{p}]" for p in parts[3:])
+            return out
+        return "manifest " + ".".join(parts) if parts else "manifest"
+
+    _fast_check(("manifest", key), manifest_schema(key), doc, path, where)
+    c = {n: i for i, n in enumerate(cols)}
+    ci = [c[n] for n in ("rid", "kind", "name", "key", "dtype", "shape", "nbytes", "stored")]
+    for i, r in enumerate(doc["rows"]):
+        rid, kind, name, k, dtype, shape, nbytes, stored = (r[j] for j in ci)
+        if rid not in records:
+            raise InputError(f"manifest row {i}: rid {rid!r} is not a record of the dump", path)
+        if "/" in k or "\x00" in k or k in (".", ".."):
+            raise InputError(f"manifest row {i}: key {k!r} is not one HDF5 link name", path)
+        item = stored_dtype(dtype, path, f"manifest row {i}").itemsize
+        if nbytes != math.prod(shape) * item:
+            raise InputError(f"manifest row {i} ({name!r}): nbytes {nbytes} is not shape {shape} x {item} bytes",
+                             path)
+        if stored == "summary" and kind != "tensor":
+            raise InputError(f"manifest row {i}: only tensors are stored summary-only", path)
+    return cols, doc["rows"]
+
+
+def records(f: Any, path: Path) -> list[dict[str, Any]]:
+    """The records (``rid``, ``sample``, ``part``, ``step``, ``meta``), checked (:data:`RECORD_SCHEMA`)."""
+    grp = member(f, fmt.RECORDS, "group", "records", path)
+    out = []
+    for rid in grp:
+        g = member(grp, rid, "group", f"record {rid!r}", path)
+        a = g.attrs
+        out.append({"rid": rid, "sample": _attr(a, "sample", path), "part": _attr(a, "part", path),
+                    "step": _attr(a, "step", path), "meta": _json_attr(a, "meta", path, "{}")})
+
+    def where(parts: list[str]) -> str:
+        if parts and parts[0].isdigit() and int(parts[0]) < len(out):
+            return f"record {out[int(parts[0])]['rid']!r} " + ".".join(parts[1:])
+        return "records"
+
+    _fast_check("records", RECORD_SCHEMA, out, path, where)
+    return out
+
+
+#: a stored table (``/tables/<name>``): ``{"columns": [str, ...], "rows": [[...], ...]}``
+TABLE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["columns", "rows"],
+    "properties": {"columns": {"type": "array", "items": {"type": "string"}},
+                   "rows": {"type": "array", "items": {"type": "array"}}},
+}
+
+
+def table(doc: Any, what: str, path: Path) -> dict[str, Any]:
+    """A stored table checked (:data:`TABLE_SCHEMA`, every row as long as the columns)."""
+    _fast_check("table", TABLE_SCHEMA, doc, path, lambda parts: what + "".join(f"[{p}]" for p in parts))
+    n = len(doc["columns"])
+    bad = next((i for i, r in enumerate(doc["rows"]) if len(r) != n), None)
+    if bad is not None:
+        raise InputError(f"{what}: row {bad} has {len(doc['rows'][bad])} cells for {n} columns", path)
+    return doc
+
+
+# ============================================================================ tensor datasets
+def stored_dtype(name: str, path: Path, where: str) -> np.dtype:
+    """The numpy dtype a tensor of manifest dtype ``name`` is stored in (bfloat16 / float8: an integer view)."""
+    view = fmt.VIEW_DTYPES.get(name)
+    if view is not None:
+        return np.dtype(view)
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        raise InputError(f"{where}: unknown dtype {name!r}", path) from None
+    if dt.kind not in DATA_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise InputError(f"{where}: dtype {name!r} is not a numeric tensor type", path)
+    return dt
+
+
+def open_dataset(group: Any, key: str, what: str, path: Path, dapl: Any = None) -> Any:
+    """The dataset ``group/key`` checked before anything reads it: a hard link to a dataset, not virtual,
+    not in external files, of a numeric dtype (:data:`DATA_KINDS`, no strings / variable-length / compound /
+    object types)."""
+    import h5py
+
+    link = _link_kind(group, key)
+    if link is None:
+        raise InputError(f"manifest lists {what} but its data is missing", path)
+    if link != "hard":
+        raise InputError(f"{what} is {_article(link)} {link} link (links are never followed)", path)
+    try:
+        ds = h5py.Dataset(h5py.h5d.open(group.id, key.encode("utf-8", "surrogateescape"), dapl), readonly=True)
+    except (KeyError, ValueError, RuntimeError, OSError):
+        kind = _object_kind(group, key)
+        raise InputError(f"{what} is a {kind}, not a dataset", path) from None
+    dcpl = ds.id.get_create_plist()
+    if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+        raise InputError(f"{what} is a virtual dataset (its data lives in other files; never read)", path)
+    if dcpl.get_external_count():
+        raise InputError(f"{what} is stored in external files (never read)", path)
+    dt = ds.dtype
+    if (dt.kind not in DATA_KINDS or dt.fields is not None or dt.subdtype is not None
+            or h5py.check_vlen_dtype(dt) is not None or h5py.check_string_dtype(dt) is not None):
+        raise InputError(f"{what} has dtype {dt} (a tensor is numeric; strings, variable-length and compound "
+                         "types are never read)", path)
+    if ds.shape is None:
+        raise InputError(f"{what} has no dataspace (a null dataset)", path)
+    return ds
+
+
+def check_data(ds: Any, shape: tuple[int, ...], dtype: str, what: str, path: Path) -> None:
+    """The dataset holds what the manifest says: its shape and (stored) dtype."""
+    if tuple(ds.shape) != tuple(shape):
+        raise InputError(f"{what}: the manifest says shape {list(shape)}, the data is {list(ds.shape)}", path)
+    want = stored_dtype(dtype, path, what)
+    got = ds.dtype
+    if (got.kind, got.itemsize) != (want.kind, want.itemsize):
+        raise InputError(f"{what}: the manifest says dtype {dtype}, the data is {got}", path)
+
+
+@contextmanager
+def reading(what: str, path: Path) -> Iterator[None]:
+    """HDF5 / h5py errors while reading (a fletcher32 checksum failure, a cut file) as one-line InputErrors."""
+    try:
+        yield
+    except InputError:
+        raise
+    except (OSError, RuntimeError, ValueError, TypeError, KeyError) as e:
+        raise InputError(f"cannot read {what} ({one_line(e, 200)})", path) from None

@@ -1,0 +1,111 @@
+"""Both attributions of the replay (iso, local) on a real ViT (transformers' ViTModel, decomposed LayerNorm)
+quantized with ORT's QNN flow, diagnosed against the user's own float model, with injected faults (CPU-QDQ)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ivq_debug as ivq
+from ivq_debug import defaults
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.diagnose.replay import intro_budget, replay
+from ivq_debug.onnxgraph.load import load_model
+from tests.support import vit
+
+
+@pytest.fixture(scope="module")
+def m(tmp_path_factory):
+    return vit.models(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def runs(m, tmp_path_factory):
+    """The faulty models captured on CPU-QDQ and replayed under both attributions (first record)."""
+    d = tmp_path_factory.mktemp("attr")
+    out = {}
+    for tag in ("act", "weight"):
+        test = capture(make_runner("onnx", m[tag], selection=Selection()), [vit.image(7), vit.image(8)],
+                       d / f"{tag}.h5", progress=None)
+        cmp = ivq.compare(m["ref"], test, progress=False)
+        for att in ("local", "iso"):
+            out[(tag, att)] = replay(m[tag], m["ref"], cumulative=cmp, attribution=att, float_model=m["float"],
+                                     progress=False, lift=att == "local")
+    return out
+
+
+@pytest.mark.parametrize("tag,node", [("act", vit.ACT_NODE), ("weight", vit.WEIGHT_NODE)])
+@pytest.mark.parametrize("att", ["local", "iso"])
+def test_injected_fault_is_first_under_both_attributions(runs, tag, node, att) -> None:
+    r = runs[(tag, att)]
+    assert not r.skipped  # the user's float model names no Gemm tensor: matched by lineage, verified by values
+    assert r.worst(1).iloc[0]["node"] == node
+    head = r.findings()[0]
+    assert head.kind == "introduced_error" and head.severity == "error" and head.where["node"] == node
+
+
+def test_weight_fault_is_charged_to_the_weights_and_the_activation_fault_to_activations(runs) -> None:
+    t = runs[("weight", "local")].table.set_index("node")
+    assert t.loc[vit.WEIGHT_NODE, "weight_share"] > 0.9
+    assert runs[("weight", "local")].findings()[0].evidence["weight_share"] > 0.9
+    a = runs[("act", "local")].table.set_index("node")
+    assert a.loc[vit.ACT_NODE, "weight_share"] < 0.1
+
+
+def test_local_charges_the_producer_and_data_movement_is_lossless(runs) -> None:
+    loc, iso = runs[("act", "local")].table, runs[("act", "iso")].table
+    # the reshape after the faulty Gemm reads the same (faulty) encoding: iso repeats the error, local is exact
+    after = loc[(loc["tensor"] == vit.ACT_TENSOR)].iloc[0]
+    after_iso = iso[(iso["tensor"] == vit.ACT_TENSOR)].iloc[0]
+    assert after["op_type"] == "Reshape" and math.isinf(after["local_sqnr_db"])
+    assert after_iso["iso_sqnr_db"] < 20
+    views = loc[loc["op_type"].isin(["Reshape", "Transpose"])]
+    assert len(views) > 10 and np.isinf(views["local_sqnr_db"]).all()
+    # the faulty tensor's consumers are clean under local (its Q/DQ is the Gemm's charge)
+    assert (loc.sort_values("local_sqnr_db")["local_sqnr_db"].iloc[1]) > 25
+    # tensors the user's model does not name take the reference of the tensor they reshape (the alignment's
+    # ``reshape`` strategy; without a comparison, the QDQ model's own lineage)
+    assert {r["ref_match"].split(":")[0] for r in loc.to_dict("records")} == {"name", "alignment"}
+
+
+def test_records_accumulate_in_reused_sessions(m, runs) -> None:
+    r1 = runs[("weight", "local")]
+    r2 = replay(m["weight"], m["ref"], record="all", float_model=m["float"], progress=False, lift=False)
+    assert len(r2.records) == 2 and r2.sessions == r1.sessions == r2.batches == 1
+    w1 = r1.table.set_index("node").loc[vit.WEIGHT_NODE, "local_sqnr_db"]
+    w2 = r2.table.set_index("node").loc[vit.WEIGHT_NODE, "local_sqnr_db"]
+    assert abs(w1 - w2) < 1.5 and w2 < 20
+    assert {r["ref_match"].split(":")[0] for r in r2.table.to_dict("records")} == {"name", "lineage"}
+
+
+def test_x2_outliers_local_names_pow_iso_names_the_variance(m) -> None:
+    test = capture(make_runner("onnx", m["x2_qdq"], selection=Selection()), [vit.image(7, bright=1.0)],
+                   m["x2_ref"].parent / "x2_test.h5", progress=None)
+    cmp = ivq.compare(m["x2_ref"], test, progress=False)
+    loc = replay(m["x2_qdq"], m["x2_ref"], cumulative=cmp, float_model=m["x2_float"], progress=False)
+    iso = replay(m["x2_qdq"], m["x2_ref"], cumulative=cmp, float_model=m["x2_float"], progress=False,
+                 attribution="iso")
+    h_loc, h_iso = loc.findings()[0], iso.findings()[0]
+    assert h_loc.evidence["label"] == "LayerNorm x² (Pow)" and h_loc.evidence["fix"] == "a16"
+    assert h_iso.evidence["label"] == "LayerNorm variance (ReduceMean)"
+    assert h_loc.evidence["units"] == 5 and "blocks" in h_loc.message  # 2 LayerNorms per block + the final one
+    # lifting the x² encodings removes most of the output error; lifting the variance's removes none of it
+    assert h_loc.evidence["output_error_share"] > 0.3
+    assert iso.lift[h_iso.evidence["pattern"]]["share"] < 0.1
+    assert h_loc.evidence["first_over_budget"]["tensor"]
+
+
+def test_default_budget_follows_the_preset(m, tmp_path) -> None:
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    assert intro_budget(load_model(m["qdq"])) == defaults.INTRO_BUDGET_DB[8]
+    a16 = quantize_for_qnn(m["float"], tmp_path / "a16.onnx", vit.calibration(4), preset="a16w8").model_path
+    assert intro_budget(load_model(a16)) == defaults.INTRO_BUDGET_DB[16]
+    r = replay(a16, m["ref"], progress=False, lift=False)
+    clean = replay(m["qdq"], m["ref"], progress=False, lift=False)
+    assert r.budget_sqnr_db == 40 and clean.budget_sqnr_db == 20
+    # 16-bit units sit far above the 8-bit ones; the clean a8w8 model breaks no 8-bit budget
+    assert r.table["local_sqnr_db"].median() > clean.table["local_sqnr_db"].median() + 30
+    assert clean.findings() == [] and clean.table["local_sqnr_db"].min() > 30

@@ -1,0 +1,1442 @@
+"""The hostile-input catalog: every input format, broken in the ways files from devices, colleagues and CI
+artifacts break, run against every command that reads it (issue 16).
+
+Each generator returns :class:`~tests.hostile.harness.Case` objects. A case's ``build`` copies valid
+inputs from the session corpus (:mod:`tests.hostile.corpus`) into its folder, breaks one of them, and
+returns the argv. Expected outcomes are those of the contract (README "Exit codes", ``docs/cli.md``,
+issue 16): 3 for an unreadable or corrupt input (special files included), 2 for usage errors (an output
+that would replace an input, even with ``--force``; an output that cannot be written: read-only folder,
+full disk), 1 for an ingest with missing or wrong-size files (an incomplete dump is written), 0 when
+the input is valid however odd (hostile names are data: shown escaped). Where the effect of a change
+cannot be known in advance (a flipped bit in unchecksummed tensor data is just another number), the
+case allows the codes that are all correct.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.hostile.harness import Case, Workspace
+
+#: the tensor the data-level dump mutations break (float.h5: (1, 16, 16) float32)
+T = "/attn/Softmax_output_0"
+T_OTHER = "/relu/Relu_output_0"  # (1, 8, 4, 4)
+RID = "r000000"
+
+#: hostile strings used as names (tensor names, file names)
+NAMES = {
+    "ansi": "\x1b[31mred\x1b[0m\x1b]0;pwned\x07\x1b[2J",
+    "markup": "[bold red]x[/] [link=https://evil.example]click[/link]",
+    "html": "<img src=x onerror=alert(1)></script><script>alert(1)</script>",
+    "surrogate": "lone\udc80surrogate",
+    "newline": "two\nlines\rand\x0bmore",
+    "bidi": "abc\u202egnp.exe",
+    "long": "x" * 5000,
+}
+HTML_PAYLOADS = ("<img src=x onerror=alert(1)>", "</script><script>alert(1)")
+
+
+# ============================================================================ helpers
+def _h5(path: Path, fn: Callable[[Any], None]) -> None:
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        fn(f)
+
+
+def _manifest(f: Any) -> dict:
+    raw = f["manifest"][()]
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def _set_manifest(f: Any, data: Any) -> None:
+    del f["manifest"]
+    f.create_dataset("manifest", data=data)
+
+
+def _edit_manifest(fn: Callable[[dict], None]) -> Callable[[Any], None]:
+    def edit(f: Any) -> None:
+        doc = _manifest(f)
+        fn(doc)
+        _set_manifest(f, json.dumps(doc))
+
+    return edit
+
+
+def _edit_row(tensor: str, **changes: Any) -> Callable[[Any], None]:
+    def edit(doc: dict) -> None:
+        c = {n: i for i, n in enumerate(doc["columns"])}
+        for r in doc["rows"]:
+            if r[c["name"]] == tensor:
+                for k, v in changes.items():
+                    r[c[k]] = v
+
+    return _edit_manifest(edit)
+
+
+def _tpath(name: str = T, rid: str = RID) -> str:
+    from ivq_debug.dump.format import escape_name
+
+    return f"records/{rid}/t/{escape_name(name)}"
+
+
+def _replace_ds(name: str = T, **create: Any) -> Callable[[Any], None]:
+    def edit(f: Any) -> None:
+        p = _tpath(name)
+        attrs = dict(f[p].attrs)
+        del f[p]
+        ds = f.create_dataset(p, **create)
+        for k, v in attrs.items():
+            ds.attrs[k] = v
+
+    return edit
+
+
+def _link(name: str, link: Any) -> Callable[[Any], None]:
+    def edit(f: Any) -> None:
+        p = _tpath(name)
+        del f[p]
+        f[p] = link
+
+    return edit
+
+
+def _bytes_edit(fn: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def edit(p: Path) -> None:
+        p.write_bytes(fn(p.read_bytes()))
+
+    return edit
+
+
+def _flip_at(data: bytes, offset: int) -> bytes:
+    b = bytearray(data)
+    b[offset] ^= 0xFF
+    return bytes(b)
+
+
+def _t_values(ws: Workspace) -> np.ndarray:
+    from ivq_debug.dump import open_dump
+
+    with open_dump(ws.corpus["float.h5"]) as d:
+        return d.read(T)
+
+
+# ============================================================================ dumps
+#: file-level breakage: every command that opens the dump must refuse it (exit 3)
+def _dump_file_mutations() -> dict[str, Callable[[Workspace, Path], None]]:
+    import h5py
+
+    def h5(fn: Callable[[Any], None]) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: _h5(p, fn)
+
+    def raw(fn: Callable[[bytes], bytes]) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: _bytes_edit(fn)(p)
+
+    def not_a_dump(ws: Workspace, p: Path) -> None:
+        p.unlink()
+        with h5py.File(p, "w") as f:
+            f.create_dataset("x", data=np.arange(4))
+
+    def manifest_group(f: Any) -> None:
+        del f["manifest"]
+        f.create_group("manifest")
+
+    def records_dataset(f: Any) -> None:
+        del f["records"]
+        f.create_dataset("records", data=np.arange(3))
+
+    def record_dataset(f: Any) -> None:
+        del f[f"records/{RID}"]
+        f.create_dataset(f"records/{RID}", data=np.arange(3))
+
+    def no_records(f: Any) -> None:
+        del f["records"]
+
+    def rows(fn: Callable[[dict], None]) -> Callable[[Workspace, Path], None]:
+        return h5(_edit_manifest(fn))
+
+    def drop_column(col: str) -> Callable[[dict], None]:
+        def edit(doc: dict) -> None:
+            i = doc["columns"].index(col)
+            doc["columns"].pop(i)
+            for r in doc["rows"]:
+                r.pop(i)
+
+        return edit
+
+    def set_all(col: str, value: Any) -> Callable[[dict], None]:
+        def edit(doc: dict) -> None:
+            i = doc["columns"].index(col)
+            for r in doc["rows"]:
+                r[i] = value
+
+        return edit
+
+    def short_row(doc: dict) -> None:
+        doc["rows"][3] = doc["rows"][3][:3]
+
+    def attr(name: str, value: Any) -> Callable[[Workspace, Path], None]:
+        return h5(lambda f: f.attrs.__setitem__(name, value))
+
+    def del_attr(name: str) -> Callable[[Workspace, Path], None]:
+        return h5(lambda f: f.attrs.__delitem__(name))
+
+    return {
+        "truncated-half": raw(lambda b: b[: len(b) // 2]),
+        "truncated-head": raw(lambda b: b[:800]),
+        "empty": raw(lambda b: b""),
+        "text": raw(lambda b: b"hello, not hdf5\n"),
+        "zip": raw(lambda b: b"PK\x03\x04" + b"\x00" * 64),
+        "superblock-flip": raw(lambda b: _flip_at(b, 9)),
+        "hdf5-not-a-dump": not_a_dump,
+        "not-finalized": attr("finalized", False),
+        "format-missing": del_attr("format"),
+        "format-version-future": attr("format_version", 99),
+        "format-version-string": attr("format_version", "one"),
+        "backend-info-list": attr("backend_info", "[1, 2]"),
+        "backend-info-string": attr("backend_info", '"qnn"'),
+        "backend-info-bad-json": attr("backend_info", "{"),
+        "backend-info-deep": attr("backend_info", "[" * 50000 + "]" * 50000),
+        "model-list": attr("model", "[]"),
+        "model-null": attr("model", "null"),
+        "backend-array": attr("backend", np.arange(3)),
+        "incomplete-reasons-number": attr("incomplete_reasons", "5"),
+        "manifest-array": h5(lambda f: _set_manifest(f, "[1, 2, 3]")),
+        "manifest-null": h5(lambda f: _set_manifest(f, "null")),
+        "manifest-number": h5(lambda f: _set_manifest(f, "42")),
+        "manifest-bad-json": h5(lambda f: _set_manifest(f, '{"columns": [')),
+        "manifest-not-utf8": h5(lambda f: _set_manifest(f, np.void(b"\xff\xfe{}"))),
+        "manifest-int-dataset": h5(lambda f: _set_manifest(f, np.arange(5))),
+        "manifest-group": h5(manifest_group),
+        "manifest-deep": h5(lambda f: _set_manifest(f, "[" * 100000 + "]" * 100000)),
+        "manifest-no-columns": h5(lambda f: _set_manifest(f, '{"rows": []}')),
+        "manifest-rows-ints": rows(lambda d: d.__setitem__("rows", [1, 2, 3])),
+        "manifest-rows-dict": rows(lambda d: d.__setitem__("rows", {"a": 1})),
+        "manifest-row-short": rows(short_row),
+        "manifest-no-name-column": rows(drop_column("name")),
+        "manifest-no-shape-column": rows(drop_column("shape")),
+        "manifest-shape-string": rows(set_all("shape", "abc")),
+        "manifest-shape-null": rows(set_all("shape", None)),
+        "manifest-shape-negative": rows(set_all("shape", [-4, 2])),
+        "manifest-shape-float": rows(set_all("shape", [2.5, 4])),
+        "manifest-shape-nested": rows(set_all("shape", [[1], [2]])),
+        "manifest-name-int": rows(set_all("name", 7)),
+        "manifest-rid-int": rows(set_all("rid", 5)),
+        "manifest-kind-unknown": rows(set_all("kind", "weird")),
+        "manifest-encoding-string": rows(set_all("encoding", "u8")),
+        "manifest-stats-strings": rows(set_all("min", "low")),
+        "manifest-order-string": rows(set_all("order", "first")),
+        "records-dataset": h5(records_dataset),
+        "record-dataset": h5(record_dataset),
+        "records-missing": h5(no_records),
+        "record-sample-string": h5(lambda f: f[f"records/{RID}"].attrs.__setitem__("sample", "zero")),
+        "record-meta-bad-json": h5(lambda f: f[f"records/{RID}"].attrs.__setitem__("meta", "{")),
+        "record-meta-list": h5(lambda f: f[f"records/{RID}"].attrs.__setitem__("meta", "[]")),
+    }
+
+
+#: data-level breakage of tensor T: ``ls`` lists the manifest without reading data (exit 0, or 3 when the
+#: reader checks datasets against the manifest at open); every command that reads T must refuse (exit 3)
+def _dump_data_mutations() -> dict[str, Callable[[Workspace, Path], None]]:
+    import h5py
+
+    def h5(fn: Callable[[Any], None]) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: _h5(p, fn)
+
+    def group(f: Any) -> None:
+        p = _tpath()
+        del f[p]
+        f.create_group(p)
+
+    def external_link(ws: Workspace, p: Path) -> None:
+        src = ws.outside / "other.h5"
+        with h5py.File(src, "w") as g:
+            g.create_dataset("data", data=_t_values(ws))
+        _h5(p, _link(T, h5py.ExternalLink(str(src), "/data")))
+
+    def external_storage(ws: Workspace, p: Path) -> None:
+        v = _t_values(ws)
+        src = ws.secret("storage.raw", v.tobytes())
+        _h5(p, _replace_ds(T, shape=v.shape, dtype=v.dtype, external=[(str(src), 0, v.nbytes)]))
+
+    def virtual(ws: Workspace, p: Path) -> None:
+        v = _t_values(ws)
+        src = ws.outside / "vsrc.h5"
+        with h5py.File(src, "w") as g:
+            g.create_dataset("data", data=v)
+        layout = h5py.VirtualLayout(shape=v.shape, dtype=v.dtype)
+        layout[...] = h5py.VirtualSource(str(src), "data", shape=v.shape)
+
+        def edit(f: Any) -> None:
+            path = _tpath()
+            attrs = dict(f[path].attrs)
+            del f[path]
+            ds = f.create_virtual_dataset(path, layout)
+            for k, val in attrs.items():
+                ds.attrs[k] = val
+
+        _h5(p, edit)
+
+    def fletcher(ws: Workspace, p: Path) -> None:
+        v = _t_values(ws)
+        _h5(p, _replace_ds(T, data=v, chunks=v.shape, fletcher32=True))
+        data = p.read_bytes()
+        at = data.rfind(v.tobytes())  # the new chunk (the old copy stays in the file, unlinked)
+        assert at > 0, "fletcher32 chunk not found"
+        p.write_bytes(_flip_at(data, at + 100))
+
+    def values(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: _h5(p, _replace_ds(T, data=fn(_t_values(ws))))
+
+    def shape(new: Any) -> Callable[[Workspace, Path], None]:
+        return h5(_edit_row(T, shape=new))
+
+    s = (1, 16, 16)
+    return {
+        "dataset-is-group": h5(group),
+        "dataset-missing": h5(lambda f: f.__delitem__(_tpath())),
+        "string-dtype": values(lambda v: np.full(v.shape, "text", dtype=object).astype(h5py.string_dtype())),
+        "fixed-string-dtype": values(lambda v: np.full(v.shape, b"abcd", dtype="S4")),
+        "compound-dtype": values(lambda v: np.zeros(v.shape, dtype=[("a", "<f4"), ("b", "<f4")])),
+        "vlen-int-dtype": h5(_replace_ds(T, shape=s, dtype=h5py.vlen_dtype(np.int32))),
+        "dtype-lie-float64": values(lambda v: v.astype(np.float64)),
+        "dtype-lie-int32": values(lambda v: (v * 100).astype(np.int32)),
+        "shape-lie-bigger": shape([1, 16, 64]),
+        "shape-lie-smaller": shape([1, 4, 4]),
+        "shape-lie-rank0": shape([]),
+        "shape-lie-huge": shape([1 << 20, 1 << 20]),
+        "data-shape-scalar": values(lambda v: np.float32(1.0)),
+        "data-shape-empty": values(lambda v: np.zeros((0,), np.float32)),
+        "data-shape-other": values(lambda v: v.reshape(16, 16)[:8]),
+        "soft-link": h5(_link(T, h5py.SoftLink("/" + _tpath(T_OTHER)))),
+        "soft-link-dangling": h5(_link(T, h5py.SoftLink("/nowhere/at/all"))),
+        "soft-link-loop": h5(_link(T, h5py.SoftLink("/" + _tpath()))),
+        "external-link": external_link,
+        "external-storage": external_storage,
+        "virtual-dataset": virtual,
+        "fletcher32-flip": fletcher,
+    }
+
+
+def _dump_cases() -> list[Case]:
+    out: list[Case] = []
+
+    def bad_copy(mut: Callable[[Workspace, Path], None]) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            rel = ws.copy("float.h5", "bad.h5")
+            mut(ws, ws.work / rel)
+            return rel
+
+        return make
+
+    file_cmds: dict[str, tuple[str, Callable[[Workspace, str], list[str]]]] = {
+        "ls": ("ivq", lambda ws, b: ["ls", b]),
+        "diff": ("ivq-diff", lambda ws, b: [ws.copy("qdq.h5"), b, "-q"]),
+        "report": ("ivq", lambda ws, b: ["report", b, ws.copy("qdq.h5"), "-o", "r.html"]),
+    }
+    for i, (what, mut) in enumerate(_dump_file_mutations().items()):
+        for cmd, (prog, argv) in file_cmds.items():
+            if cmd == "report" and i % 3:
+                continue  # the report opens dumps as diff does: every third mutation is enough
+            out.append(Case(f"dump/{what}/{cmd}", "dump", _argv(bad_copy(mut), argv), 3, prog=prog))
+    for what in ("manifest-array", "backend-info-list", "manifest-shape-string", "truncated-half"):
+        mut = _dump_file_mutations()[what]
+        out.append(Case(f"dump/{what}/diagnose", "dump", _argv(bad_copy(mut), lambda ws, b: [
+            "diagnose", b, ws.copy("qdq.h5"), "--model", ws.copy("model.qdq.onnx"), "--budget-sqnr", "-1000"]), 3))
+        out.append(Case(f"dump/{what}/show", "dump", _argv(bad_copy(mut), lambda ws, b: ["show", b, T]), 3))
+
+    data_cmds: dict[str, tuple[str, Callable[[Workspace, str], list[str]], int | tuple[int, ...]]] = {
+        "ls": ("ivq", lambda ws, b: ["ls", b], (0, 3)),
+        "show": ("ivq", lambda ws, b: ["show", b, T, "--values", "4"], 3),
+        "diff": ("ivq-diff", lambda ws, b: [ws.copy("float.h5"), b, "-q"], 3),
+        "report": ("ivq", lambda ws, b: ["report", ws.copy("float.h5"), b, "-o", "r.html"], 3),
+    }
+    for what, mut in _dump_data_mutations().items():
+        for cmd, (prog, argv, code) in data_cmds.items():
+            out.append(Case(f"dump/{what}/{cmd}", "dump", _argv(bad_copy(mut), argv), code, prog=prog))
+    for what in ("string-dtype", "shape-lie-bigger", "soft-link", "external-storage", "fletcher32-flip"):
+        mut = _dump_data_mutations()[what]
+        out.append(Case(f"dump/{what}/diagnose", "dump", _argv(bad_copy(mut), lambda ws, b: [
+            "diagnose", b, ws.copy("qdq.h5"), "--model", ws.copy("model.qdq.onnx"), "--budget-sqnr", "-1000"]), 3))
+
+    # value-level: still a valid dump
+    def nan_values(ws: Workspace, p: Path) -> None:
+        v = _t_values(ws).copy()
+        v.reshape(-1)[::3] = np.nan
+        v.reshape(-1)[1::7] = np.inf
+        _h5(p, _replace_ds(T, data=v))
+
+    def data_flip(ws: Workspace, p: Path) -> None:
+        v = _t_values(ws)
+        data = p.read_bytes()
+        at = data.find(v.tobytes())
+        assert at > 0
+        p.write_bytes(_flip_at(data, at + 101))
+
+    # a path named inside a dump is never opened: the report uses what the dump stores
+    def model_path_outside(ws: Workspace) -> str:
+        shutil.copyfile(ws.corpus["model.qdq.onnx"], ws.outside / "model.qdq.onnx")
+        rel = ws.copy("ingest.h5")
+
+        def edit(f: Any) -> None:
+            info = json.loads(f.attrs["backend_info"])
+            info["model_path"] = str(ws.outside / "model.qdq.onnx")
+            f.attrs["backend_info"] = json.dumps(info)
+            f.attrs["model"] = json.dumps({"path": str(ws.outside / "model.qdq.onnx")})
+
+        return _h5_then(ws, rel, edit)
+
+    out.append(Case("dump/model-path-outside/report", "dump", lambda ws: [
+        "report", ws.copy("qdq.h5"), model_path_outside(ws), "-o", "r.html"], 0, creates=("r.html",)))
+    out.append(Case("dump/model-path-outside/report-exports", "dump", lambda ws: [
+        "report", ws.copy("qdq.h5"), model_path_outside(ws), "-o", "r.html", "--perfetto", "t.json",
+        "--model-explorer", "m.json"], 0, creates=("r.html", "t.json", "m.json")))
+    for what, mut in (("nan-inf-values", nan_values), ("data-bit-flip", data_flip)):
+        out.append(Case(f"dump/{what}/diff", "dump", _argv(bad_copy(mut), lambda ws, b: [
+            ws.copy("float.h5"), b, "-q"]), 0, prog="ivq-diff"))
+        out.append(Case(f"dump/{what}/show", "dump", _argv(bad_copy(mut), lambda ws, b: ["show", b, T, "--values", "8"]), 0))
+    return out
+
+
+def _argv(make: Callable[[Workspace], str], argv: Callable[[Workspace, str], list[str]]) -> Callable[[Workspace], list[str]]:
+    return lambda ws: argv(ws, make(ws))
+
+
+# ============================================================================ hostile names in dumps
+def _renamed(ws: Workspace, name: str, as_: str) -> str:
+    rel = ws.copy("float.h5", as_)
+    _h5(ws.work / rel, _edit_row(T, name=name))
+    return rel
+
+
+def _name_cases() -> list[Case]:
+    out: list[Case] = []
+    for what, name in NAMES.items():
+        out.append(Case(f"names/tensor-{what}/ls", "names", lambda ws, n=name: ["ls", _renamed(ws, n, "a.h5")], 0))
+        out.append(Case(f"names/tensor-{what}/show", "names",
+                        lambda ws, n=name: ["show", _renamed(ws, n, "a.h5"), n, "--values", "3"], 0))
+        out.append(Case(f"names/tensor-{what}/diff", "names", lambda ws, n=name: [
+            _renamed(ws, n, "a.h5"), _renamed(ws, n, "b.h5"), "--json", "d.json", "--top", "30"], 0,
+            prog="ivq-diff", creates=("d.json",), scan=("d.json",)))
+        out.append(Case(f"names/tensor-{what}/report", "names", lambda ws, n=name: [
+            "report", _renamed(ws, n, "a.h5"), _renamed(ws, n, "b.h5"), "-o", "r.html"], 0,
+            creates=("r.html",), scan=("r.html",), payloads=HTML_PAYLOADS))
+    out.append(Case("names/tensor-nul/ls", "names", lambda ws: ["ls", _renamed(ws, "a\x00b", "a.h5")], 0))
+    out.append(Case("names/op-type-ansi/ls", "names", lambda ws: [
+        "ls", _h5_then(ws, ws.copy("float.h5", "a.h5"), _edit_row(T, op_type=NAMES["ansi"]))], 0))
+    out.append(Case("names/backend-html/report", "names", lambda ws: [
+        "report", ws.copy("float.h5"), _h5_then(ws, ws.copy("qdq.h5", "b.h5"), lambda f: f.attrs.__setitem__(
+            "backend", NAMES["html"])), "-o", "r.html"], 0, creates=("r.html",), scan=("r.html",),
+        payloads=HTML_PAYLOADS))
+    out.append(Case("names/backend-ansi/diff", "names", lambda ws: [
+        ws.copy("float.h5"), _h5_then(ws, ws.copy("qdq.h5", "b.h5"), lambda f: f.attrs.__setitem__(
+            "backend", NAMES["ansi"]))], 0, prog="ivq-diff"))
+    out.append(Case("names/incomplete-reason-ansi/ls", "names", lambda ws: [
+        "ls", _h5_then(ws, ws.copy("float.h5", "a.h5"), lambda f: (
+            f.attrs.__setitem__("complete", False),
+            f.attrs.__setitem__("incomplete_reasons", json.dumps([NAMES["ansi"]]))))], 0))
+    # file names
+    odd = {"ansi": NAMES["ansi"] + ".h5", "newline": "two\nlines.h5", "markup": "[red]x[/red].h5",
+           "non-utf8": os.fsdecode(b"\xff\xfe-bytes.h5"), "html": "<script>alert(1)<\\script>.h5"}
+    for what, fname in odd.items():
+        out.append(Case(f"names/file-{what}/ls", "names", lambda ws, f=fname: ["ls", ws.copy("float.h5", f)], 0))
+        out.append(Case(f"names/missing-file-{what}/ls", "names", lambda ws, f=fname: ["ls", f], 3))
+        out.append(Case(f"names/missing-file-{what}/diff", "names", lambda ws, f=fname: [ws.copy("float.h5"), f],
+                        3, prog="ivq-diff"))
+        out.append(Case(f"names/missing-model-{what}/capture", "names", lambda ws, f=fname: [
+            "capture", "onnx", f + ".onnx", "--inputs", ws.copy("x.npz"), "-o", "o.h5"], 3))
+        out.append(Case(f"names/missing-overrides-{what}/quantize", "names", lambda ws, f=fname: [
+            "quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "q.onnx",
+            "--overrides", f + ".json"], 3))
+        out.append(Case(f"names/missing-graph-{what}/ingest", "names", lambda ws, f=fname: [
+            "ingest", "qnn-net-run", ws.copy("netrun") + "/output", "--graph", f + ".json", "-o", "o.h5"], 3))
+    out.append(Case("names/file-html/report", "names", lambda ws: [
+        "report", ws.copy("float.h5", "<img src=x onerror=alert(1)>.h5"), ws.copy("qdq.h5"), "-o", "r.html"], 0,
+        creates=("r.html",), scan=("r.html",), payloads=("<img src=x onerror=alert(1)>",)))
+    out.append(Case("names/path-too-long/ls", "names", lambda ws: ["ls", "d/" + "x" * 300 + ".h5"], 3))
+    out.append(Case("names/path-too-long/diff", "names", lambda ws: [ws.copy("float.h5"), "x" * 5000], 3,
+                    prog="ivq-diff"))
+    out.append(Case("names/path-too-long/quantize", "names", lambda ws: [
+        "quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "q.onnx",
+        "--overrides", "y" * 300 + ".json"], 3))
+    return out
+
+
+def _h5_then(ws: Workspace, rel: str, fn: Callable[[Any], Any]) -> str:
+    _h5(ws.work / rel, fn)
+    return rel
+
+
+# ============================================================================ .npz inputs
+def _npy_bytes(header: dict | str | bytes, data: bytes = b"", magic: bytes = b"\x93NUMPY\x01\x00") -> bytes:
+    if isinstance(header, dict):
+        header = repr(header)
+    h = header.encode("latin1") if isinstance(header, str) else header
+    pad = 64 - (len(magic) + 2 + len(h) + 1) % 64
+    h = h + b" " * pad + b"\n"
+    return magic + struct.pack("<H", len(h)) + h + data
+
+
+def _npz_with(ws: Workspace, rel: str, members: dict[str, bytes], keep: bool = True) -> str:
+    """An .npz holding the valid inputs (``keep``) plus/overridden by raw ``members``."""
+    p = ws.work / rel
+    with zipfile.ZipFile(p, "w") as z:
+        if keep:
+            with np.load(ws.corpus["x.npz"], allow_pickle=False) as src:
+                for k in src.files:
+                    if f"{k}.npy" not in members:
+                        import io
+
+                        buf = io.BytesIO()
+                        np.save(buf, src[k])
+                        z.writestr(f"{k}.npy", buf.getvalue())
+        for name, data in members.items():
+            z.writestr(name, data)
+    return rel
+
+
+def _npz_mutations() -> dict[str, tuple[Callable[[Workspace], str], int]]:
+    good = {"descr": "<f4", "fortran_order": False, "shape": (1, 3, 8, 8)}
+    data = np.zeros((1, 3, 8, 8), np.float32).tobytes()
+
+    def member(header: Any, payload: bytes = data, **kw: Any) -> Callable[[Workspace], str]:
+        return lambda ws: _npz_with(ws, "x.npz", {"input.1.npy": _npy_bytes(header, payload, **kw)})
+
+    def arrays(**arrs: np.ndarray) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            with np.load(ws.corpus["x.npz"], allow_pickle=False) as z:
+                d = {k: z[k] for k in z.files}
+            d.update(arrs)
+            for k in [k for k, v in arrs.items() if v is None]:
+                d.pop(k)
+            np.savez(ws.work / "x.npz", **d)
+            return "x.npz"
+
+        return make
+
+    def raw(data: bytes, name: str = "x.npz") -> Callable[[Workspace], str]:
+        return lambda ws: ws.write(name, data)
+
+    def pickled(ws: Workspace) -> str:
+        np.save(ws.work / "x.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        return "x.npy"
+
+    def truncated(ws: Workspace) -> str:
+        b = ws.corpus["x.npz"].read_bytes()
+        return ws.write("x.npz", b[: len(b) // 2])
+
+    def zip_member_not_npy(ws: Workspace) -> str:
+        return _npz_with(ws, "x.npz", {"input.1.npy": b"hello, I am text"})
+
+    def zip_extra_member(ws: Workspace) -> str:
+        return _npz_with(ws, "x.npz", {"../../outside/evil.npy": _npy_bytes(good, data)})
+
+    def zip_ansi_member(ws: Workspace) -> str:
+        return _npz_with(ws, "x.npz", {"\x1b[31mred.npy": _npy_bytes(good, data)})
+
+    return {
+        "not-a-zip": (raw(b"hello, not numpy\n"), 3),
+        "empty": (raw(b""), 3),
+        "truncated": (truncated, 3),
+        "member-not-npy": (zip_member_not_npy, 3),
+        "member-bad-magic": (member(good, magic=b"\x93NUMPX\x01\x00"), 3),
+        "member-bad-version": (member(good, magic=b"\x93NUMPY\x09\x00"), 3),
+        "member-header-not-dict": (member("[1, 2, 3]"), 3),
+        "member-header-garbage": (member("{'descr': <f4 !!!"), 3),
+        "member-header-huge": (lambda ws: _npz_with(ws, "x.npz", {"input.1.npy": b"\x93NUMPY\x02\x00"
+                                                                  + struct.pack("<I", 0xFFFFFF) + b"{" * 64}), 3),
+        "member-shape-negative": (member({**good, "shape": (-1, 3)}), 3),
+        "member-shape-huge": (member({**good, "shape": (1 << 40,)}, data[:64]), 3),
+        "member-shape-string": (member({**good, "shape": "big"}), 3),
+        "member-descr-object": (member({**good, "descr": "|O"}), 3),
+        "member-descr-unknown": (member({**good, "descr": "<x9"}), 3),
+        "member-descr-structured": (member({**good, "descr": [("a", "<f4"), ("b", "<f4")], "shape": (1, 3, 8, 4)}), 3),
+        "member-fortran-string": (member({**good, "fortran_order": "yes"}), 3),
+        "member-data-short": (member(good, data[:10]), 3),
+        "member-traversal-name": (zip_extra_member, 3),
+        "member-ansi-name": (zip_ansi_member, 3),
+        "pickled-npy": (pickled, 3),
+        "wrong-dtype": (arrays(**{"input.1": np.zeros((1, 3, 8, 8), np.int64)}), 3),
+        "wrong-shape": (arrays(**{"input.1": np.zeros((2, 3), np.float32)}), 3),
+        "missing-input": (arrays(**{"text.embeds": None}), 3),
+        "extra-input": (arrays(zzz=np.zeros(3, np.float32)), 3),
+        "string-array": (arrays(**{"input.1": np.array(["a", "b"])}), 3),
+        "complex-array": (arrays(**{"input.1": np.zeros((1, 3, 8, 8), np.complex64)}), 3),
+        "nan-values": (arrays(**{"input.1": np.full((1, 3, 8, 8), np.nan, np.float32)}), 0),
+    }
+
+
+def _npz_cases() -> list[Case]:
+    out = []
+    #: ``ivq quantize`` casts calibration arrays to the model's input types (docs): int64 data is valid there
+    quantize_code = {"wrong-dtype": 0}
+    for what, (make, code) in _npz_mutations().items():
+        out.append(Case(f"npz/{what}/capture", "npz", lambda ws, m=make: [
+            "capture", "onnx", ws.copy("model.onnx"), "--inputs", m(ws), "-o", "o.h5"], code,
+            creates=("o.h5",) if code == 0 else ()))
+        if code == 0:
+            continue
+        q = quantize_code.get(what, code)
+        out.append(Case(f"npz/{what}/quantize", "npz", lambda ws, m=make: [
+            "quantize", ws.copy("model.onnx"), "--calibration", m(ws), "-o", "q.onnx"], q,
+            creates=("q.onnx",) if q == 0 else ()))
+    for what in ("not-a-zip", "member-shape-huge", "member-descr-unknown"):
+        make = _npz_mutations()[what][0]
+        out.append(Case(f"npz/{what}/tune", "npz", lambda ws, m=make: [
+            "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs", m(ws),
+            "-o", "wd"], 3))
+        out.append(Case(f"npz/{what}/capture-qnn", "npz", lambda ws, m=make: [
+            "capture", "qnn", ws.copy("model.qdq.onnx"), "--inputs", m(ws), "-o", "o.h5"], 3))
+    return out
+
+
+# ============================================================================ overrides / encodings JSON
+def _json_edit(src: str, fn: Callable[[Any], Any]) -> Callable[[Workspace], str]:
+    def make(ws: Workspace) -> str:
+        doc = json.loads(ws.corpus[src].read_text())
+        new = fn(doc)
+        doc = doc if new is None else new
+        return ws.write("ov.json", json.dumps(doc, allow_nan=True))
+
+    return make
+
+
+def _first_act(doc: dict) -> Any:
+    sec = doc["activation_encodings"]
+    return sec[next(iter(sec))] if isinstance(sec, dict) else sec[0]
+
+
+def _first_param(doc: dict, per_channel: bool = True) -> Any:
+    sec = doc["param_encodings"]
+    if isinstance(sec, dict):
+        return next(v for v in sec.values() if (len(v) > 1) == per_channel)
+    return next(v for v in sec if (len(v.get("scale", [])) > 1) == per_channel)
+
+
+def _set(path_fn: Callable[[Any], Any], key: str, value: Any) -> Callable[[Any], None]:
+    def edit(doc: Any) -> None:
+        obj = path_fn(doc)
+        (obj[0] if isinstance(obj, list) else obj)[key] = value
+
+    return edit
+
+
+def _overrides_mutations() -> dict[str, tuple[Callable[[Workspace], str], int]]:
+    raw = lambda data: (lambda ws: ws.write("ov.json", data))  # noqa: E731
+    leg, v1, ort, a2 = "legacy.json", "v1.json", "ort.json", "aimet2.json"
+
+    def first_ort(doc: dict) -> dict:
+        return doc[next(iter(doc))][0]
+
+    def add_act(name: str) -> Callable[[Any], None]:
+        def edit(doc: dict) -> None:
+            doc["activation_encodings"][name] = _first_act(doc)
+
+        return edit
+
+    def drop_channels(doc: dict) -> None:
+        enc = _first_param(doc)
+        del enc[3:]
+
+    def v1_pc_bw(bw: Any) -> Callable[[Any], None]:
+        def edit(doc: dict) -> None:
+            e = next(x for x in doc["param_encodings"] if x["enc_type"] == "PER_CHANNEL")
+            e["bw"] = bw
+
+        return edit
+
+    def ort_entries(value: Any) -> Callable[[Any], None]:
+        def edit(doc: dict) -> None:
+            doc[next(iter(doc))] = value
+
+        return edit
+
+    return {
+        # the valid files themselves
+        "legacy-valid": (lambda ws: ws.copy(leg, "ov.json"), 0),
+        "v1-valid": (lambda ws: ws.copy(v1, "ov.json"), 0),
+        "ort-valid": (lambda ws: ws.copy(ort, "ov.json"), 0),
+        "aimet2-valid": (lambda ws: ws.copy(a2, "ov.json"), 0),
+        "empty-object": (raw("{}"), 0),
+        # legacy
+        "legacy-scale-string": (_json_edit(leg, _set(_first_act, "scale", "0.1")), 3),
+        "legacy-scale-list": (_json_edit(leg, _set(_first_act, "scale", [0.1])), 3),
+        "legacy-scale-zero": (_json_edit(leg, _set(_first_act, "scale", 0)), 3),
+        "legacy-scale-negative": (_json_edit(leg, _set(_first_act, "scale", -0.5)), 3),
+        "legacy-scale-nan": (_json_edit(leg, _set(_first_act, "scale", float("nan"))), 3),
+        "legacy-scale-inf": (_json_edit(leg, _set(_first_act, "scale", float("inf"))), 3),
+        "legacy-bitwidth-1e9": (_json_edit(leg, _set(_first_act, "bitwidth", 1e9)), 3),
+        "legacy-bitwidth-zero": (_json_edit(leg, _set(_first_act, "bitwidth", 0)), 3),
+        "legacy-bitwidth-negative": (_json_edit(leg, _set(_first_act, "bitwidth", -8)), 3),
+        "legacy-bitwidth-string": (_json_edit(leg, _set(_first_act, "bitwidth", "8")), 3),
+        "legacy-bitwidth-fraction": (_json_edit(leg, _set(_first_act, "bitwidth", 8.5)), 3),
+        "legacy-bitwidth-bool": (_json_edit(leg, _set(_first_act, "bitwidth", True)), 3),
+        "legacy-bitwidth-bigint": (_json_edit(leg, _set(_first_act, "bitwidth", 10 ** 400)), 3),
+        "legacy-offset-huge": (_json_edit(leg, _set(_first_act, "offset", -10 ** 12)), 3),
+        "legacy-min-gt-max": (_json_edit(leg, lambda d: (_set(_first_act, "min", 5.0)(d),
+                                                         _set(_first_act, "max", -5.0)(d))), 3),
+        "legacy-symmetric-maybe": (_json_edit(leg, _set(_first_act, "is_symmetric", "maybe")), 3),
+        "legacy-dtype-complex": (_json_edit(leg, _set(_first_act, "dtype", "complex")), 3),
+        "legacy-entries-dict": (_json_edit(leg, lambda d: d["activation_encodings"].__setitem__(
+            next(iter(d["activation_encodings"])), {"bitwidth": 8})), 3),
+        "legacy-entries-empty": (_json_edit(leg, lambda d: d["activation_encodings"].__setitem__(
+            next(iter(d["activation_encodings"])), [])), 3),
+        "legacy-section-string": (_json_edit(leg, lambda d: d.__setitem__("param_encodings", "all")), 3),
+        "legacy-per-channel-count": (_json_edit(leg, drop_channels), 3),
+        "legacy-unknown-tensor": (_json_edit(leg, add_act("no/such/tensor")), 3),
+        "legacy-unknown-tensor-ansi": (_json_edit(leg, add_act(NAMES["ansi"])), 3),
+        # 1.0.0
+        "v1-bw-string": (_json_edit(v1, _set(lambda d: d["activation_encodings"], "bw", "8")), 3),
+        "v1-enc-type-unknown": (_json_edit(v1, _set(lambda d: d["activation_encodings"], "enc_type", "GALAXY")), 3),
+        "v1-scale-strings": (_json_edit(v1, _set(lambda d: d["activation_encodings"], "scale", ["a"])), 3),
+        "v1-scale-number": (_json_edit(v1, _set(lambda d: d["activation_encodings"], "scale", 0.1)), 3),
+        "v1-offset-length": (_json_edit(v1, _set(lambda d: d["activation_encodings"], "offset", [0, 0])), 3),
+        "v1-is-sym-maybe": (_json_edit(v1, _set(lambda d: d["activation_encodings"], "is_sym", "maybe")), 3),
+        "v1-per-channel-bw-negative": (_json_edit(v1, v1_pc_bw(-9)), 3),
+        "v1-per-channel-bw-huge": (_json_edit(v1, v1_pc_bw(10 ** 18)), 3),
+        "v1-sections-objects": (_json_edit(v1, lambda d: d.__setitem__("activation_encodings", {"a": 1})), 3),
+        "v1-entry-no-name": (_json_edit(v1, lambda d: d["activation_encodings"][0].pop("name")), 3),
+        "v1-entry-not-object": (_json_edit(v1, lambda d: d["activation_encodings"].__setitem__(0, 42)), 3),
+        # ORT
+        "ort-quant-type-unknown": (_json_edit(ort, lambda d: first_ort(d).__setitem__("quant_type", "QUInt7")), 3),
+        "ort-scale-string": (_json_edit(ort, lambda d: first_ort(d).__setitem__("scale", "abc")), 3),
+        "ort-zero-point-huge": (_json_edit(ort, lambda d: first_ort(d).__setitem__("zero_point", 10 ** 30)), 3),
+        "ort-rmin-gt-rmax": (_json_edit(ort, ort_entries([{"quant_type": "QUInt8", "rmin": 1.0, "rmax": -1.0}])), 3),
+        "ort-axis-string": (_json_edit(ort, lambda d: first_ort(d).__setitem__("axis", "x")), 3),
+        "ort-entries-numbers": (_json_edit(ort, ort_entries([1, 2])), 3),
+        "ort-entries-empty": (_json_edit(ort, ort_entries([])), 3),
+        "ort-symmetric-string": (_json_edit(ort, ort_entries([{"quant_type": "QUInt8", "symmetric": "yes"}])), 3),
+        "ort-unknown-key": (_json_edit(ort, lambda d: first_ort(d).__setitem__("launch", "missiles")), 3),
+        # AIMET 2.x
+        "aimet2-y-scale-string": (_json_edit(a2, _set(lambda d: d["activation_encodings"], "y_scale", "x")), 3),
+        "aimet2-dtype-unknown": (_json_edit(a2, _set(lambda d: d["activation_encodings"], "output_dtype", "int7")), 3),
+        # any JSON
+        "top-level-array": (raw("[]"), 3),
+        "top-level-null": (raw("null"), 3),
+        "top-level-number": (raw("42"), 3),
+        "deep-nesting": (raw("[" * 100000 + "]" * 100000), 3),
+        "deep-nesting-object": (raw('{"a":' * 50000 + "1" + "}" * 50000), 3),
+        "not-json": (raw("activation_encodings: yes\n"), 3),
+        "nul-bytes": (raw('{"activation_encodings": {}\x00}'), 3),
+        "not-utf8": (raw(b'{"activation_encodings": {"\xff": []}}'), 3),
+        "bom": (raw(b"\xef\xbb\xbf{}"), 0),  # a UTF-8 byte-order mark (Windows editors) is skipped
+        "truncated": (lambda ws: ws.write("ov.json", ws.corpus[leg].read_bytes()[:500]), 3),
+    }
+
+
+def _overrides_cases() -> list[Case]:
+    out = []
+    for what, (make, code) in _overrides_mutations().items():
+        out.append(Case(f"overrides/{what}/quantize", "overrides", lambda ws, m=make: [
+            "quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "q.onnx",
+            "--overrides", m(ws)], code, creates=("q.onnx",) if code == 0 else ()))
+    for what in ("legacy-scale-string", "deep-nesting"):
+        make = _overrides_mutations()[what][0]
+        out.append(Case(f"overrides/{what}/tune", "overrides", lambda ws, m=make: [
+            "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+            ws.copy("x.npz"), "--overrides", m(ws), "-o", "wd"], 3, timeout=120))
+    return out
+
+
+# ============================================================================ converter / graph JSON
+def _netjson_mutations() -> dict[str, tuple[Callable[[Any], Any] | bytes, int]]:
+    def tensors(fn: Callable[[dict], None]) -> Callable[[Any], None]:
+        return lambda d: fn(d["graph"]["tensors"])
+
+    def first(fn: Callable[[dict], None], name: str = "_attn_Softmax_output_0_QuantizeLinear_Output") -> Callable:
+        return tensors(lambda ts: fn(ts[name]))
+
+    def qp(key: str, value: Any) -> Callable:
+        return first(lambda t: t["quant_params"]["scale_offset"].__setitem__(key, value))
+
+    def per_channel(fn: Callable[[dict], None]) -> Callable:
+        return first(lambda t: fn(t["quant_params"]), "conv1_weight_quantized")
+
+    def conv_axis(value: Any) -> Callable:
+        return tensors(lambda ts: ts["_conv1_Conv_output_0_QuantizeLinear_Output"]["quant_params"].update(
+            {"encoding": 1, "axis_scale_offset": {"axis": value, "num_scale_offsets": 8, "scale_offsets": [
+                {"scale": 0.1, "offset": -32768}] * 8}}))
+
+    return {
+        "top-level-array": (lambda d: [d], 3),
+        "top-level-null": (lambda d: None, 3),
+        "graph-string": (lambda d: d.__setitem__("graph", "g"), 3),
+        "tensors-list": (lambda d: d["graph"].__setitem__("tensors", list(d["graph"]["tensors"].values())), 3),
+        "nodes-list": (lambda d: d["graph"].__setitem__("nodes", list(d["graph"]["nodes"].values())), 3),
+        "nodes-string": (lambda d: d["graph"].__setitem__("nodes", "none"), 3),
+        "node-not-object": (lambda d: d["graph"]["nodes"].__setitem__("_attn_Softmax", 5), 3),
+        "node-outputs-int": (lambda d: d["graph"]["nodes"]["_attn_Softmax"].__setitem__("output_names", 5), 3),
+        "tensor-not-object": (tensors(lambda ts: ts.__setitem__("_attn_Softmax_output_0_QuantizeLinear_Output", [1])), 3),
+        "data-type-string": (first(lambda t: t.__setitem__("data_type", "banana")), 3),
+        # a STRING tensor is valid QNN, but its raw file cannot be read: a fatal ingest problem
+        "data-type-qnn-string": (first(lambda t: t.__setitem__("data_type", "QNN_DATATYPE_STRING")), 1),
+        "data-type-huge": (first(lambda t: t.__setitem__("data_type", 10 ** 30)), 3),
+        "dims-negative": (first(lambda t: t.__setitem__("dims", [1, -16, 16])), 3),
+        "dims-float": (first(lambda t: t.__setitem__("dims", [1, 16.5, 16])), 3),
+        "dims-string": (first(lambda t: t.__setitem__("dims", "1x16x16")), 3),
+        "dims-huge": (first(lambda t: t.__setitem__("dims", [1 << 40, 1 << 40])), 3),  # QNN dims are uint32
+        "scale-string": (qp("scale", "abc"), 3),
+        "scale-nan": (qp("scale", float("nan")), 3),
+        "scale-negative": (qp("scale", -1.0), 3),
+        "offset-huge": (qp("offset", 10 ** 30), 3),
+        "offset-string": (qp("offset", "zero"), 3),
+        "quant-params-list": (first(lambda t: t.__setitem__("quant_params", [1, 2])), 3),
+        "scale-offsets-numbers": (per_channel(lambda q: q["axis_scale_offset"].__setitem__("scale_offsets", [1, 2])), 3),
+        "scale-offsets-strings": (per_channel(lambda q: q["axis_scale_offset"].__setitem__("scale_offsets",
+                                                                                            [{"scale": "a"}])), 3),
+        "axis-out-of-range": (conv_axis(9), 3),
+        "axis-string": (conv_axis("x"), 3),
+        "permute-bad": (first(lambda t: t.__setitem__("permute_order_to_src", [0, 0, 1])), 3),
+        "permute-strings": (first(lambda t: t.__setitem__("permute_order_to_src", ["a", "b", "c"])), 3),
+        "deep-nesting": (b"[" * 100000 + b"]" * 100000, 3),
+        "not-utf8": (b'{"graph": {"tensors": {"\xff": {}}}}', 3),
+        "nul-bytes": (b'{"graph": \x00}', 3),
+        "truncated": (None, 3),
+    }
+
+
+def _netjson_cases() -> list[Case]:
+    out = []
+    for what, (edit, code) in _netjson_mutations().items():
+        def make(ws: Workspace, e: Any = edit, w: str = what) -> str:
+            d = ws.copy("netrun")
+            p = ws.work / d / "model_net.json"
+            if isinstance(e, bytes):
+                p.write_bytes(e)
+            elif w == "truncated":
+                p.write_bytes(p.read_bytes()[:3000])
+            else:
+                doc = json.loads(p.read_text())
+                new = e(doc)
+                p.write_text(json.dumps(doc if new is None and not w.startswith("top-level") else new))
+            return d
+
+        out.append(Case(f"netjson/{what}/ingest", "netjson", lambda ws, m=make: [
+            "ingest", "qnn-net-run", (d := m(ws)) + "/output", "--graph", d + "/model_net.json",
+            "--model", ws.copy("model.qdq.onnx"), "-o", "o.h5"], code, creates=("o.h5",) if code == 1 else ()))
+    # context-binary JSON
+    ctx = Path(__file__).resolve().parents[1] / "fixtures" / "qnn" / "context" / "context_plain.json"
+    for what, edit in {
+        "context-graphs-dict": lambda d: d.__setitem__("graphs", {"a": 1}),
+        "context-inputs-dict": lambda d: d["graphs"][0].__setitem__("graphInputs", {"a": 1}),
+        "context-dims-string": lambda d: d["graphs"][0]["graphOutputs"][0].__setitem__("dimensions", "big"),
+    }.items():
+        def make_ctx(ws: Workspace, e: Any = edit) -> str:
+            doc = json.loads(ctx.read_text())
+            e(doc)
+            return ws.write("ctx.json", json.dumps(doc))
+
+        out.append(Case(f"netjson/{what}/ingest", "netjson", lambda ws, m=make_ctx: [
+            "ingest", "qnn-net-run", ws.copy("netrun") + "/output", "--graph", m(ws), "-o", "o.h5"], 3))
+    return out
+
+
+# ============================================================================ qnn-net-run folders
+RESULT = "netrun/output/Result_1"
+OUT_RAW = "logits.raw"  # a FLOAT_32 graph output (checked for size, then dropped as a duplicate of its Q output)
+READ_RAW = "_attn_Softmax_output_0_QuantizeLinear_Output.raw"  # a tensor file the ingest reads
+
+
+def _netrun_cases() -> list[Case]:
+    def ingest(edit: Callable[[Workspace], None], code: int, extra: tuple[str, ...] = (),
+               creates: tuple[str, ...] | None = None) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            ws.copy("netrun")
+            edit(ws)
+            return ["ingest", "qnn-net-run", "netrun/output", "--graph", "netrun/model_net.json", "--model",
+                    ws.copy("model.qdq.onnx"), "-o", "o.h5", *extra]
+
+        return build
+
+    def rm(rel: str) -> Callable[[Workspace], None]:
+        return lambda ws: (ws.work / rel).unlink()
+
+    def resize(rel: str, n: int) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            p = ws.work / rel
+            b = p.read_bytes()
+            p.write_bytes(b[:n] if n <= len(b) else b + b"\x00" * (n - len(b)))
+
+        return edit
+
+    def replace_with(rel: str, kind: str) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            p = ws.work / rel
+            size = p.stat().st_size
+            p.unlink()
+            if kind == "dir":
+                p.mkdir()
+            elif kind == "fifo":
+                os.mkfifo(p)
+            elif kind == "loop":
+                os.symlink(p.name, p)
+            elif kind == "outside":
+                os.symlink(ws.secret("secret.raw", b"\x00" * size), p)
+            elif kind == "outside-rel":
+                ws.secret("secret.raw", b"\x00" * size)
+                os.symlink(os.path.relpath(ws.outside / "secret.raw", p.parent), p)
+
+        return edit
+
+    def gap(ws: Workspace) -> None:
+        (ws.work / RESULT).rename(ws.work / "netrun/output/Result_2")
+
+    def result_outside(ws: Workspace) -> None:
+        src = ws.work / RESULT
+        shutil.move(str(src), ws.outside / "Result_1")
+        os.symlink(ws.outside / "Result_1", src)
+
+    def put(rel: str, data: bytes | str) -> Callable[[Workspace], None]:
+        return lambda ws: ws.write(rel, data)
+
+    def nan_raw(ws: Workspace) -> None:
+        p = ws.work / RESULT / OUT_RAW
+        p.write_bytes(np.full(p.stat().st_size // 4, np.nan, np.float32).tobytes())
+
+    def input_list(line: Callable[[Workspace], str]) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            ws.secret("secret.raw", b"\x00" * 768)
+            ws.write("netrun/input_list.txt", line(ws) + "\n")
+            ws.write("netrun/output/input_list.txt", line(ws) + "\n")
+
+        return edit
+
+    inc = ("o.h5",)
+    specs: dict[str, tuple[Callable[[Workspace], None], int | tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
+        "valid": (lambda ws: None, 0, (), inc),
+        "missing-output-raw": (rm(f"{RESULT}/{OUT_RAW}"), 1, (), inc),
+        "missing-output-raw-strict": (rm(f"{RESULT}/{OUT_RAW}"), 3, ("--strict",), ()),
+        "missing-result-folder": (gap, 1, (), inc),
+        "raw-short": (resize(f"{RESULT}/{OUT_RAW}", 10), 1, (), inc),
+        "raw-long": (resize(f"{RESULT}/{OUT_RAW}", 100000), 1, (), inc),
+        "raw-empty": (resize(f"{RESULT}/{OUT_RAW}", 0), 1, (), inc),
+        "raw-short-strict": (resize(f"{RESULT}/{OUT_RAW}", 10), 3, ("--strict",), ()),
+        "raw-is-dir": (replace_with(f"{RESULT}/{OUT_RAW}", "dir"), 1, (), inc),
+        "raw-is-fifo": (replace_with(f"{RESULT}/{OUT_RAW}", "fifo"), 1, (), inc),
+        "raw-symlink-loop": (replace_with(f"{RESULT}/{OUT_RAW}", "loop"), 1, (), inc),
+        "raw-symlink-outside": (replace_with(f"{RESULT}/{READ_RAW}", "outside"), (1, 3), (), inc),
+        "raw-symlink-outside-relative": (replace_with(f"{RESULT}/{READ_RAW}", "outside-rel"), (1, 3), (), inc),
+        "result-symlink-outside": (result_outside, (1, 3), (), inc),
+        "unknown-raw": (put(f"{RESULT}/zzz_not_a_tensor.raw", b"\x00" * 16), 1, (), inc),
+        "unknown-raw-ansi": (put(f"{RESULT}/{NAMES['ansi']}.raw", b"\x00" * 16), 1, (), inc),
+        "nan-values": (nan_raw, 0, (), inc),
+        "input-list-traversal": (input_list(lambda ws: "input_1:=../../outside/secret.raw"), 0, (), inc),
+        "input-list-absolute": (input_list(lambda ws: f"input_1:={ws.outside / 'secret.raw'}"), 0, (), inc),
+    }
+    out = [Case(f"netrun/{what}/ingest", "netrun", ingest(edit, code, extra), code, creates=cr)
+           for what, (edit, code, extra, cr) in specs.items()]
+    out.append(Case("netrun/output-dir-is-file/ingest", "netrun", lambda ws: [
+        "ingest", "qnn-net-run", ws.copy("x.npz"), "--graph", ws.copy("netrun") + "/model_net.json", "-o", "o.h5"], 3))
+    out.append(Case("netrun/output-dir-missing/ingest", "netrun", lambda ws: [
+        "ingest", "qnn-net-run", "nowhere", "--graph", ws.copy("netrun") + "/model_net.json", "-o", "o.h5"], 3))
+    out.append(Case("netrun/no-result-folders/ingest", "netrun", lambda ws: [
+        "ingest", "qnn-net-run", (ws.copy("netrun"), "netrun")[1], "--graph", "netrun/model_net.json", "-o", "o.h5"], 3))
+    return out
+
+
+# ============================================================================ profiling files
+def _profiling_cases() -> list[Case]:
+    csv_, viewer, trace = "qnn_ep_detailed.csv", "viewer_basic.txt", "ort_trace.json"
+
+    def edit(src: str, fn: Callable[[bytes], bytes], name: str | None = None) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            return ws.write(name or src, fn(ws.corpus[src].read_bytes()))
+
+        return make
+
+    def insert(at_line: int, text: bytes) -> Callable[[bytes], bytes]:
+        def fn(b: bytes) -> bytes:
+            lines = b.split(b"\n")
+            lines.insert(at_line, text)
+            return b"\n".join(lines)
+
+        return fn
+
+    def cut(frac: float) -> Callable[[bytes], bytes]:
+        def fn(b: bytes) -> bytes:
+            n = int(len(b) * frac)
+            while b[n - 1 : n] == b"\n":
+                n -= 1
+            return b[:n]
+
+        return fn
+
+    def trace_edit(fn: Callable[[Any], Any]) -> Callable[[bytes], bytes]:
+        def f(b: bytes) -> bytes:
+            d = json.loads(b)
+            new = fn(d)
+            return json.dumps(d if new is None else new).encode()
+
+        return f
+
+    def evs(fn: Callable[[dict], None]) -> Callable[[Any], None]:
+        def f(d: Any) -> None:
+            for e in (d["traceEvents"] if isinstance(d, dict) else d):
+                fn(e)
+
+        return f
+
+    valid_row = b"0,NODE,1,CYCLES,BACKEND,SUB-EVENT,x:OpId_1 (cycles),"
+    specs: dict[str, tuple[Callable[[Workspace], str], int]] = {
+        "csv-valid": (lambda ws: ws.copy(csv_), 0),
+        "csv-truncated-mid-row": (edit(csv_, cut(0.6)), 3),
+        "csv-nul-byte": (edit(csv_, insert(5, b"0,NODE,1,CYCLES,BACKEND,SUB-EVENT,x\x00y:OpId_1 (cycles),")), 3),
+        "csv-huge-field": (edit(csv_, insert(5, b'0,NODE,1,CYCLES,BACKEND,SUB-EVENT,"' + b"x" * 200000 + b'",')), 3),
+        "csv-huge-time": (edit(csv_, insert(5, b"0,NODE," + b"9" * 5000 + b",CYCLES,BACKEND,SUB-EVENT,x:OpId_1 (cycles),")), 3),
+        "csv-time-nan": (edit(csv_, insert(5, b"0,NODE,nan,CYCLES,BACKEND,SUB-EVENT,x:OpId_1 (cycles),")), 3),
+        "csv-header-only": (edit(csv_, lambda b: b.split(b"\n")[0] + b"\n"), 3),
+        "csv-short-row": (edit(csv_, insert(5, b"0,NODE,1")), 3),
+        "csv-time-word": (edit(csv_, insert(5, valid_row.replace(b",1,", b",fast,"))), 3),
+        "csv-not-utf8": (edit(csv_, insert(5, valid_row.replace(b"x:", b"\xff\xfe:"))), 3),
+        "csv-empty": (lambda ws: ws.write(csv_, b""), 3),
+        "viewer-valid": (lambda ws: ws.copy(viewer), 0),
+        "viewer-truncated-mid-line": (edit(viewer, cut(0.55)), 3),
+        "viewer-nul-late": (edit(viewer, insert(20, b"\x00\x00\x00")), 3),
+        "viewer-huge-line": (edit(viewer, insert(8, b"Backend (" + b"(" * 100000 + b")")), 0),
+        "trace-valid": (lambda ws: ws.copy(trace), 0),
+        "trace-truncated": (edit(trace, lambda b: b[: len(b) // 2]), 3),
+        "trace-events-dict": (edit(trace, trace_edit(lambda d: {"traceEvents": {"a": 1}})), 3),
+        "trace-ts-strings": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("ts", "soon")))), 3),
+        "trace-dur-negative": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("dur", -5)))), 3),
+        "trace-ts-inf": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("ts", float("inf"))))), 3),
+        "trace-args-list": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("args", [1])))), 0),
+        "trace-deep": (lambda ws: ws.write(trace, b"[" * 100000 + b"]" * 100000), 3),
+        "binary-log": (lambda ws: ws.write("p.log", b"\x00\x01QNNPROF" + bytes(range(256)) * 4), 3),
+    }
+    out = []
+    for what, (make, code) in specs.items():
+        out.append(Case(f"profiling/{what}/ingest", "profiling", lambda ws, m=make: [
+            "ingest", "qnn-net-run", ws.copy("netrun") + "/output", "--graph", "netrun/model_net.json",
+            "--model", ws.copy("model.qdq.onnx"), "--profiling", m(ws), "-o", "o.h5"], code,
+            creates=("o.h5",) if code == 0 else ()))
+    return out
+
+
+# ============================================================================ ONNX models
+def _onnx_mutations() -> dict[str, tuple[Callable[[Workspace], str], int]]:
+    def model_edit(fn: Callable[[Any, Workspace], None]) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            import onnx
+
+            m = onnx.load(str(ws.corpus["model.onnx"]))
+            fn(m, ws)
+            onnx.save(m, str(ws.work / "model.onnx"))
+            return "model.onnx"
+
+        return make
+
+    def external(location: Callable[[Workspace], str], length_extra: int = 0,
+                 write: Callable[[Workspace, bytes], None] | None = None) -> Callable[[Workspace], str]:
+        def fn(m: Any, ws: Workspace) -> None:
+            from onnx import TensorProto
+
+            init = max(m.graph.initializer, key=lambda i: len(i.raw_data) or 0)
+            data = init.raw_data
+            if write is not None:
+                write(ws, data)
+            init.ClearField("raw_data")
+            init.data_location = TensorProto.EXTERNAL
+            for k, v in (("location", location(ws)), ("offset", "0"), ("length", str(len(data) + length_extra))):
+                e = init.external_data.add()
+                e.key, e.value = k, v
+
+        return model_edit(fn)
+
+    def put_outside(ws: Workspace, data: bytes) -> None:
+        ws.secret("weights.bin", data)
+
+    def put_inside(ws: Workspace, data: bytes) -> None:
+        ws.write("weights.bin", data)
+
+    def fifo_inside(ws: Workspace, data: bytes) -> None:
+        ws.fifo("weights.bin")
+
+    def raw(data: bytes) -> Callable[[Workspace], str]:
+        return lambda ws: ws.write("model.onnx", data)
+
+    def unknown_op(m: Any, ws: Workspace) -> None:
+        m.graph.node[1].op_type = "LaunchMissiles"
+        m.graph.node[1].domain = "evil.example"
+
+    def opset(m: Any, ws: Workspace) -> None:
+        m.opset_import[0].version = 999
+
+    def init_lie(m: Any, ws: Workspace) -> None:
+        init = max(m.graph.initializer, key=lambda i: len(i.raw_data) or 0)
+        init.raw_data = init.raw_data[:4]
+
+    def cycle(m: Any, ws: Workspace) -> None:
+        n0, n1 = m.graph.node[0], m.graph.node[1]
+        n0.input[0] = n1.output[0]
+
+    return {
+        "text": (raw(b"this is not protobuf\n"), 3),
+        "empty": (raw(b""), 3),
+        "truncated": (lambda ws: ws.write("model.onnx", ws.corpus["model.onnx"].read_bytes()[:2000]), 3),
+        "external-data-outside": (external(lambda ws: "../outside/weights.bin", write=put_outside), 3),
+        "external-data-absolute": (external(lambda ws: str(ws.outside / "weights.bin"), write=put_outside), 3),
+        "external-data-fifo": (external(lambda ws: "weights.bin", write=fifo_inside), 3),
+        "external-data-dev-zero": (external(lambda ws: "/dev/zero"), 3),
+        "external-data-length-lie": (external(lambda ws: "weights.bin", length_extra=4096, write=put_inside), 3),
+        "external-data-missing": (external(lambda ws: "nowhere.bin"), 3),
+        "unknown-op": (model_edit(unknown_op), 3),
+        "opset-999": (model_edit(opset), 3),
+        "initializer-size-lie": (model_edit(init_lie), 3),
+        "graph-cycle": (model_edit(cycle), 3),
+    }
+
+
+def _onnx_cases() -> list[Case]:
+    out = []
+    for what, (make, code) in _onnx_mutations().items():
+        out.append(Case(f"onnx/{what}/capture", "onnx", lambda ws, m=make: [
+            "capture", "onnx", m(ws), "--inputs", ws.copy("x.npz"), "-o", "o.h5"], code))
+        out.append(Case(f"onnx/{what}/quantize", "onnx", lambda ws, m=make: [
+            "quantize", m(ws), "--calibration", ws.copy("x.npz"), "-o", "q.onnx"], code))
+    for what in ("text", "truncated", "external-data-outside", "external-data-fifo"):
+        make = _onnx_mutations()[what][0]
+        # report and ingest read the graph only (names, nodes), never the weights: external data is not read
+        graph_only = 0 if what.startswith("external") else 3
+        out.append(Case(f"onnx/{what}/report", "onnx", lambda ws, m=make: [
+            "report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html", "--model", m(ws)], graph_only,
+            creates=("r.html",) if graph_only == 0 else ()))
+        out.append(Case(f"onnx/{what}/diagnose", "onnx", lambda ws, m=make: [
+            "diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model", m(ws), "--budget-sqnr", "-1000"], 3))
+        out.append(Case(f"onnx/{what}/ingest", "onnx", lambda ws, m=make: [
+            "ingest", "qnn-net-run", ws.copy("netrun") + "/output", "--graph", "netrun/model_net.json",
+            "--model", m(ws), "-o", "o.h5"], graph_only, creates=("o.h5",) if graph_only == 0 else ()))
+    return out
+
+
+# ============================================================================ special files as inputs
+SPECIAL_KINDS = ("fifo", "socket", "stdin", "loop", "dir", "devzero")
+
+
+def _special(ws: Workspace, kind: str, name: str) -> str:
+    if kind == "fifo":
+        return ws.fifo(name)
+    if kind == "socket":
+        return ws.socket(name)
+    if kind == "stdin":
+        return "/dev/stdin"
+    if kind == "loop":
+        ws.symlink(name + ".b", name)
+        return ws.symlink(name, name + ".b")
+    if kind == "dir":
+        (ws.work / name).mkdir()
+        return name
+    if kind == "devzero":
+        return "/dev/zero"
+    raise ValueError(kind)
+
+
+def _special_slots() -> dict[str, Callable[[Workspace, str], list[str]]]:
+    def dump_pair(ws: Workspace) -> tuple[str, str]:
+        return ws.copy("float.h5"), ws.copy("qdq.h5")
+
+    def ing(ws: Workspace, **over: str) -> list[str]:
+        ws.copy("netrun")
+        a = {"out": "netrun/output", "graph": "netrun/model_net.json", "model": ws.copy("model.qdq.onnx")}
+        a.update(over)
+        argv = ["ingest", "qnn-net-run", a["out"], "--graph", a["graph"], "--model", a["model"], "-o", "o.h5"]
+        return argv + (["--profiling", a["profiling"]] if "profiling" in a else [])
+
+    def q(ws: Workspace, **over: str) -> list[str]:
+        a = {"model": "model.onnx", "calib": "x.npz", "ov": "ort.json"}
+        a.update(over)
+        for k, name in (("model", "model.onnx"), ("calib", "x.npz"), ("ov", "ort.json")):
+            if k not in over:
+                ws.copy(name)
+        return ["quantize", a["model"], "--calibration", a["calib"], "-o", "q.onnx", "--overrides", a["ov"]]
+
+    def tune(ws: Workspace, **over: str) -> list[str]:
+        a = {"model": "model.onnx", "calib": "calib.npz", "inputs": "x.npz"}
+        a.update(over)
+        if "model" not in over:
+            ws.copy("model.onnx")
+        if "calib" not in over:
+            ws.copy("x.npz", "calib.npz")
+        if "inputs" not in over:
+            ws.copy("x.npz")
+        return ["tune", a["model"], "--calibration", a["calib"], "--inputs", a["inputs"], "-o", "wd"]
+
+    return {
+        "ls-dump": lambda ws, s: ["ls", s],
+        "show-dump": lambda ws, s: ["show", s, T],
+        "diff-ref": lambda ws, s: ["diff", s, ws.copy("qdq.h5")],
+        "diff-test": lambda ws, s: ["diff", ws.copy("float.h5"), s],
+        "diff-map": lambda ws, s: ["diff", *dump_pair(ws), "--map", s],
+        "diff-baseline": lambda ws, s: ["diff", *dump_pair(ws), "--baseline", s],
+        "report-test": lambda ws, s: ["report", ws.copy("float.h5"), s, "-o", "r.html"],
+        "report-model": lambda ws, s: ["report", *dump_pair(ws), "-o", "r.html", "--model", s],
+        "report-map": lambda ws, s: ["report", *dump_pair(ws), "-o", "r.html", "--map", s],
+        "diagnose-ref": lambda ws, s: ["diagnose", s, ws.copy("qdq.h5"), "--model", ws.copy("model.qdq.onnx")],
+        "diagnose-model": lambda ws, s: ["diagnose", *dump_pair(ws), "--model", s],
+        "capture-model": lambda ws, s: ["capture", "onnx", s, "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+        "capture-inputs": lambda ws, s: ["capture", "onnx", ws.copy("model.onnx"), "--inputs", s, "-o", "o.h5"],
+        "quantize-model": lambda ws, s: q(ws, model=s),
+        "quantize-calibration": lambda ws, s: q(ws, calib=s),
+        "quantize-overrides": lambda ws, s: q(ws, ov=s),
+        "ingest-output-dir": lambda ws, s: ing(ws, out=s),
+        "ingest-graph": lambda ws, s: ing(ws, graph=s),
+        "ingest-model": lambda ws, s: ing(ws, model=s),
+        "ingest-profiling": lambda ws, s: ing(ws, profiling=s),
+        "tune-model": lambda ws, s: tune(ws, model=s),
+        "tune-calibration": lambda ws, s: tune(ws, calib=s),
+        "tune-inputs": lambda ws, s: tune(ws, inputs=s),
+    }
+
+
+def _special_cases() -> list[Case]:
+    out = []
+    for slot, argv in _special_slots().items():
+        for kind in SPECIAL_KINDS:
+            if kind == "dir" and slot in ("ingest-output-dir", "quantize-calibration", "tune-calibration"):
+                continue  # folders are valid there
+            if kind == "devzero" and not slot.startswith(("diff-map", "diff-baseline", "quantize-overrides",
+                                                          "ingest-graph", "ingest-profiling", "capture-inputs",
+                                                          "ls-dump", "capture-model")):
+                continue  # /dev/zero reads until memory runs out: only where a read_text-style loader sits
+            out.append(Case(f"special/{kind}/{slot}", "special",
+                            lambda ws, a=argv, k=kind, s=slot: a(ws, _special(ws, k, "in." + s.split("-")[-1])),
+                            3, stdin="pipe" if kind == "stdin" else "devnull", timeout=20,
+                            memory=256 << 20 if kind == "devzero" else None))
+    return out
+
+
+# ============================================================================ outputs that are inputs
+def _output_pairs() -> dict[str, tuple[Callable[[Workspace], tuple[list[str], str]], str]]:
+    """command → (argv builder returning (argv without the output option, input the output aliases),
+    output option)."""
+
+    def diff(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            r, t = ws.copy("float.h5"), ws.copy("qdq.h5")
+            extra: list[str] = []
+            target = {"ref": r, "test": t}.get(alias)
+            if alias == "baseline":
+                target = ws.copy("baseline.json")
+                extra = ["--baseline", target]
+            if alias == "map":
+                target = ws.copy("map.json")
+                extra = ["--map", target]
+            return ["diff", r, t, "-q", *extra], target
+
+        return b
+
+    def report(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            r, t = ws.copy("float.h5"), ws.copy("qdq.h5")
+            if alias == "model":
+                m = ws.copy("model.qdq.onnx")
+                return ["report", r, t, "-o", "r.html", "--model", m], m
+            if alias == "ref":
+                return ["report", r, t], r
+            return ["report", r, t, "-o", "r.html"], t
+
+        return b
+
+    def capture(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            m, x = ws.copy("model.onnx"), ws.copy("x.npz")
+            return ["capture", "onnx", m, "--inputs", x], {"model": m, "inputs": x}[alias]
+
+        return b
+
+    def ingest(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            ws.copy("netrun")
+            m, p = ws.copy("model.qdq.onnx"), ws.copy("qnn_ep_detailed.csv")
+            target = {"graph": "netrun/model_net.json", "model": m, "profiling": p,
+                      "raw": "netrun/output/Result_0/logits.raw"}[alias]
+            return ["ingest", "qnn-net-run", "netrun/output", "--graph", "netrun/model_net.json", "--model", m,
+                    "--profiling", p], target
+
+        return b
+
+    def quantize(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            m, x, ov = ws.copy("model.onnx"), ws.copy("x.npz"), ws.copy("ort.json")
+            return ["quantize", m, "--calibration", x, "--overrides", ov], {"model": m, "calibration": x,
+                                                                             "overrides": ov}[alias]
+
+        return b
+
+    def diagnose(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            r, t, m = ws.copy("float.h5"), ws.copy("qdq.h5"), ws.copy("model.qdq.onnx")
+            return ["diagnose", r, t, "--model", m, "--budget-sqnr", "-1000"], {"ref": r, "model": m}[alias]
+
+        return b
+
+    return {
+        "diff-json-ref": (diff("ref"), "--json"),
+        "diff-report-test": (diff("test"), "--report"),
+        "diff-json-baseline": (diff("baseline"), "--json"),
+        "diff-json-map": (diff("map"), "--json"),
+        "report-o-ref": (report("ref"), "-o"),
+        "report-junit-test": (report("test"), "--junit"),
+        "report-explorer-model": (report("model"), "--model-explorer"),
+        "capture-o-model": (capture("model"), "-o"),
+        "capture-o-inputs": (capture("inputs"), "-o"),
+        "ingest-o-graph": (ingest("graph"), "-o"),
+        "ingest-o-model": (ingest("model"), "-o"),
+        "ingest-o-profiling": (ingest("profiling"), "-o"),
+        "ingest-o-raw": (ingest("raw"), "-o"),
+        "quantize-o-model": (quantize("model"), "-o"),
+        "quantize-o-calibration": (quantize("calibration"), "-o"),
+        "quantize-o-overrides": (quantize("overrides"), "-o"),
+        "diagnose-json-ref": (diagnose("ref"), "--json"),
+        "diagnose-json-model": (diagnose("model"), "--json"),
+    }
+
+
+def _output_cases() -> list[Case]:
+    out = []
+    for what, (build, opt) in _output_pairs().items():
+        for spelling in ("same", "dot", "symlink", "hardlink"):
+            for force in (True, False) if spelling == "same" else (True,):
+                def make(ws: Workspace, b: Any = build, o: str = opt, sp: str = spelling, f: bool = force) -> list[str]:
+                    argv, target = b(ws)
+                    if sp == "same":
+                        dest = target
+                    elif sp == "dot":
+                        dest = f"./sub/../{target}"
+                        (ws.work / "sub").mkdir(exist_ok=True)
+                    elif sp == "symlink":
+                        dest = ws.symlink("alias.out", target)
+                    else:
+                        dest = "alias.out"
+                        os.link(ws.work / target, ws.work / dest)
+                    return [*argv, o, dest, *(["--force"] if f else [])]
+
+                out.append(Case(f"outputs/{what}/{spelling}{'-force' if force else ''}", "outputs", make, 2))
+    out.append(Case("outputs/tune-workdir-holds-inputs/force", "outputs", lambda ws: [
+        "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+        ws.copy("x.npz"), "--overrides", ws.copy("ort.json", "overrides.json"), "-o", ".", "--force"], 2,
+        timeout=120))
+    out.append(Case("outputs/report-two-outputs-one-file/force", "outputs", lambda ws: [
+        "report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html", "--junit", "./r.html", "--force"], 2))
+    return out
+
+
+# ============================================================================ full disk, read-only folder
+def _disk_cases() -> list[Case]:
+    writers: dict[str, Callable[[Workspace], list[str]]] = {
+        "capture": lambda ws: ["capture", "onnx", ws.copy("model.onnx"), "--inputs", ws.copy("x.npz"), "-o",
+                               "out/o.h5"],
+        "ingest": lambda ws: ["ingest", "qnn-net-run", ws.copy("netrun") + "/output", "--graph",
+                              "netrun/model_net.json", "--model", ws.copy("model.qdq.onnx"), "-o", "out/o.h5"],
+        "diff-json": lambda ws: ["diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--json", "out/d.json"],
+        "diff-report": lambda ws: ["diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--report", "out/r.html"],
+        "report": lambda ws: ["report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "out/r.html"],
+        "quantize": lambda ws: ["quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o",
+                                "out/q.onnx"],
+        "diagnose-json": lambda ws: ["diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model",
+                                     ws.copy("model.qdq.onnx"), "--budget-sqnr", "-1000", "--json", "out/d.json"],
+    }
+    out = []
+    for what, build in writers.items():
+        out.append(Case(f"disk/fsize/{what}", "disk", build, 2, fsize=8192, creates=("out",)))
+        out.append(Case(f"disk/tmpfs-full/{what}", "disk", build, 2, tmpfs="out", tmpfs_size=4096, creates=("out",)))
+        out.append(Case(f"disk/readonly/{what}", "disk", build, 2, readonly="out", creates=("out",)))
+    return out
+
+
+# ============================================================================ --map / --baseline JSON
+def _diff_json_cases() -> list[Case]:
+    def base(fn: Callable[[dict], Any]) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            d = json.loads(ws.corpus["baseline.json"].read_text())
+            new = fn(d)
+            return ws.write("b.json", json.dumps(d if new is None else new))
+
+        return make
+
+    def layers(fn: Callable[[dict], None]) -> Callable[[dict], None]:
+        def edit(d: dict) -> None:
+            for layer in d["layers"]:
+                fn(layer)
+
+        return edit
+
+    raw = lambda data: (lambda ws: ws.write("b.json", data))  # noqa: E731
+    specs: dict[str, tuple[str, Callable[[Workspace], str], int]] = {
+        "map-list": ("--map", raw('[["a", "b"]]'), 3),
+        "map-values-ints": ("--map", raw('{"/attn/Softmax_output_0": 5}'), 3),
+        "map-nested": ("--map", raw('{"a": {"b": "c"}}'), 3),
+        "map-null": ("--map", raw("null"), 3),
+        "map-deep": ("--map", raw("[" * 100000 + "]" * 100000), 3),
+        "baseline-valid": ("--baseline", lambda ws: ws.copy("baseline.json", "b.json"), 0),
+        "baseline-list": ("--baseline", raw("[]"), 3),
+        "baseline-empty-object": ("--baseline", raw("{}"), 3),
+        "baseline-schema-other": ("--baseline", base(lambda d: d.__setitem__("schema", "ivq-diff/99")), 3),
+        "baseline-layers-string": ("--baseline", base(lambda d: d.__setitem__("layers", "all")), 3),
+        "baseline-layers-ints": ("--baseline", base(lambda d: d.__setitem__("layers", [1, 2])), 3),
+        "baseline-metrics-strings": ("--baseline", base(layers(lambda lr: lr["metrics"].__setitem__("sqnr_db", "high"))), 3),
+        "baseline-metrics-missing": ("--baseline", base(layers(lambda lr: lr.pop("metrics"))), 3),
+        "baseline-record-string": ("--baseline", base(layers(lambda lr: lr.__setitem__("record", "0/model/0"))), 3),
+        "baseline-findings-ints": ("--baseline", base(lambda d: d.__setitem__("findings", [1, 2])), 3),
+        "baseline-finding-where-list": ("--baseline", base(lambda d: d.__setitem__(
+            "findings", [{"kind": "x", "severity": "error", "where": ["t"]}])), 3),
+        "baseline-deep": ("--baseline", raw('{"a":' * 50000 + "1" + "}" * 50000), 3),
+        "baseline-truncated": ("--baseline", lambda ws: ws.write("b.json", ws.corpus["baseline.json"].read_bytes()[:700]), 3),
+        "baseline-not-utf8": ("--baseline", raw(b'{"schema": "\xff"}'), 3),
+    }
+    return [Case(f"diffjson/{what}/diff", "diffjson", lambda ws, o=opt, m=make: [
+        ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", o, m(ws)], code, prog="ivq-diff")
+        for what, (opt, make, code) in specs.items()]
+
+
+# ============================================================================ valid inputs (every command)
+def _valid_cases() -> list[Case]:
+    return [
+        Case("valid/dumps/ls", "valid", lambda ws: ["ls", ws.copy("float.h5")], 0),
+        Case("valid/dumps/ls-records", "valid", lambda ws: ["ls", ws.copy("qdq.h5"), "--records"], 0),
+        Case("valid/dumps/show", "valid", lambda ws: ["show", ws.copy("float.h5"), T, "--values", "5"], 0),
+        Case("valid/dumps/diff", "valid", lambda ws: [ws.copy("float.h5"), ws.copy("qdq.h5"), "--json", "d.json",
+                                                      "--report", "r.html"], 0, prog="ivq-diff",
+             creates=("d.json", "r.html")),
+        Case("valid/dumps/ivq-diff-json-stdout", "valid", lambda ws: ["diff", ws.copy("float.h5"), ws.copy("float.h5", "f2.h5"),
+                                                                      "--json", "-"], 0),
+        Case("valid/dumps/report", "valid", lambda ws: ["report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html",
+                                                        "--junit", "j.xml", "--model-explorer", "me.json", "--model",
+                                                        ws.copy("model.qdq.onnx")], 0,
+             creates=("r.html", "j.xml", "me.json")),
+        Case("valid/dumps/diagnose", "valid", lambda ws: ["diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model",
+                                                          ws.copy("model.qdq.onnx"), "--budget-sqnr", "-1000",
+                                                          "--json", "d.json"], 0, creates=("d.json",)),
+        Case("valid/onnx/capture", "valid", lambda ws: ["capture", "onnx", ws.copy("model.onnx"), "--inputs",
+                                                        ws.copy("x.npz"), "-o", "o.h5"], 0, creates=("o.h5",)),
+        Case("valid/onnx/quantize", "valid", lambda ws: ["quantize", ws.copy("model.onnx"), "--calibration",
+                                                         ws.copy("x.npz"), "-o", "q.onnx"], 0, creates=("q.onnx",)),
+        Case("valid/netrun/ingest-strict", "valid", lambda ws: [
+            "ingest", "qnn-net-run", ws.copy("netrun") + "/output", "--graph", "netrun/model_net.json", "--model",
+            ws.copy("model.qdq.onnx"), "--profiling", ws.copy("qnn_ep_detailed.csv"), "--strict", "-o", "o.h5"], 0,
+             creates=("o.h5",)),
+        Case("valid/output/force-replaces-output", "valid", lambda ws: [
+            "diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--json", ws.write("d.json", "{}"), "--force"], 0,
+             creates=("d.json",)),
+        Case("valid/output/exists-without-force", "valid", lambda ws: [
+            "diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--json", ws.write("d.json", "{}")], 2),
+    ]
+
+
+def all_cases() -> list[Case]:
+    """Every case, ids unique."""
+    cases = (_valid_cases() + _dump_cases() + _name_cases() + _npz_cases() + _overrides_cases() + _netjson_cases()
+             + _netrun_cases() + _profiling_cases() + _onnx_cases() + _special_cases() + _output_cases()
+             + _disk_cases() + _diff_json_cases())
+    ids = [c.id for c in cases]
+    dup = {i for i in ids if ids.count(i) > 1}
+    assert not dup, f"duplicate case ids: {sorted(dup)}"
+    return cases

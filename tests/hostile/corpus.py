@@ -1,0 +1,93 @@
+"""The valid small inputs the hostile cases start from, built once per session with the project's own code.
+
+Everything here is real: the float and QDQ models of ``tests/fixtures/qnn`` (a conv path and a
+transformer path, quantized a16/w8 by ORT), their ORT captures written by :class:`DumpWriter`
+(``float.h5``: ONNX Runtime CPU, ``qdq.h5``: CPU-QDQ, the same inputs), the encodings the QDQ model uses
+written in every overrides format the project reads, an ``ivq-diff/1`` result of the two dumps (a
+``--baseline``), the committed qnn-net-run output folder with its converter JSON, the committed
+profiling files, and that folder ingested with its profile (``ingest.h5``). Each case copies what it needs into its own folder before breaking it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "qnn"
+
+
+def _feeds(sample: int) -> dict[str, np.ndarray]:
+    with np.load(FIX / "reference.npz", allow_pickle=False) as z:
+        return {"input.1": z[f"feeds|{sample}|input.1"], "text.embeds": z[f"feeds|{sample}|text.embeds"]}
+
+
+def _capture(model: Path, feeds: dict[str, np.ndarray], out: Path) -> Path:
+    from ivq_debug.capture.base import Selection
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
+    from ivq_debug.dump import DumpWriter
+    from ivq_debug.util import sha256_file
+
+    r = OrtRunner(model, selection=Selection())
+    with DumpWriter(out, backend=r.backend, backend_info=r.info,
+                    model={"path": model.name, "sha256": sha256_file(model), "part": "model"},
+                    command="tests/hostile corpus") as w:
+        w.begin_record(sample=0, part="model", step=0)
+        r.run(feeds, w)
+    return out
+
+
+def build(root: Path) -> dict[str, Path]:
+    """Write the valid corpus under ``root``; returns name → path (names are the files' names)."""
+    from ivq_debug.comparator import compare
+    from ivq_debug.dump import open_dump
+    from ivq_debug.qnn.encodings import encodings_from_qdq_model, to_legacy, to_ort_overrides, to_v1
+
+    root.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+
+    def put(name: str, data: bytes | str) -> Path:
+        p = root / name
+        p.write_bytes(data.encode() if isinstance(data, str) else data)
+        out[name] = p
+        return p
+
+    for name in ("model.onnx", "model.qdq.onnx"):
+        out[name] = Path(shutil.copy(FIX / name, root / name))
+    np.savez(root / "x.npz", **_feeds(0))
+    out["x.npz"] = root / "x.npz"
+    out["float.h5"] = _capture(out["model.onnx"], _feeds(0), root / "float.h5")
+    out["qdq.h5"] = _capture(out["model.qdq.onnx"], _feeds(0), root / "qdq.h5")
+
+    encs = encodings_from_qdq_model(out["model.qdq.onnx"])
+    put("legacy.json", json.dumps(to_legacy(encs), indent=1))
+    put("v1.json", json.dumps(to_v1(encs), indent=1))
+    no_bias = replace(encs, params={n: e for n, e in encs.params.items() if e.bitwidth != 32})
+    put("ort.json", json.dumps(to_ort_overrides(no_bias, json_safe=True), indent=1))
+    aimet2 = {"version": "2.0.0", "activation_encodings": [], "param_encodings": []}
+    for sec, target in ((encs.activations, "activation_encodings"), (encs.params, "param_encodings")):
+        for n, e in sec.items():
+            s = e.as_signed() if e.symmetric else e
+            aimet2[target].append({"name": n, "output_dtype": f"{'int' if s.signed else 'uint'}{e.bitwidth}",
+                                   "y_scale": list(s.scale) if len(s.scale) > 1 else s.scale[0],
+                                   "y_zero_point": list(s.zero_point) if len(s.zero_point) > 1 else s.zero_point[0],
+                                   **({"axis": e.axis} if e.axis is not None else {})})
+    put("aimet2.json", json.dumps(aimet2, indent=1))
+
+    with open_dump(out["float.h5"]) as a, open_dump(out["qdq.h5"]) as b:
+        put("baseline.json", json.dumps(compare(a, b).to_json()))
+    put("map.json", "{}\n")
+
+    shutil.copytree(FIX / "net_run" / "single", root / "netrun")
+    out["netrun"] = root / "netrun"
+    for f in ("qnn_ep_detailed.csv", "qnn_ep_basic.csv", "ort_trace.json", "viewer_basic.txt"):
+        out[f] = Path(shutil.copy(FIX / "profiling" / f, root / f))
+    # a device run ingested with its profile: the dump the report's timeline reads
+    from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
+
+    out["ingest.h5"] = capture_net_run(out["netrun"] / "output", root / "ingest.h5", out["netrun"] / "model_net.json",
+                                       model=out["model.qdq.onnx"], profiling=out["qnn_ep_detailed.csv"]).path
+    return out
