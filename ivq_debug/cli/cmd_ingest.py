@@ -142,7 +142,7 @@ def _qnn_net_run(args: argparse.Namespace, info: dict | None) -> NetRunCapture:
 
 def session_spec(args: argparse.Namespace) -> SessionSpec:
     """The session spec of ``ivq ingest session``: ``--spec`` with the flags given on top."""
-    spec = SessionSpec.from_json(args.spec) if args.spec else SessionSpec({})
+    spec = SessionSpec.from_json(args.spec, args.allow_outside_inputs) if args.spec else SessionSpec({})
     for part in SESSION_PARTS:
         if getattr(args, part):
             spec.folders[part] = [Path(f) for f in getattr(args, part)]

@@ -46,17 +46,18 @@ def test_clean_a16w8_raises_no_error(demo: Any) -> None:
 
 def test_three_way_verdicts_of_the_htp_runs(demo: Any) -> None:
     """Each HTP run judged against the CPU-QDQ run of the same QDQ models (issue 17). a8w8: the HTP error is the
-    quantization's (the mask collapse CPU-QDQ shows too), no ``backend_divergence``. a16w8: no error; measured
-    (onnxruntime-qnn 2.7.0 / QNN 2.51, soc 60) three warnings, one per part, rel-L∞ ratios 1.59 .. 1.66 over
-    k = 1.5 (rel-L2 1.40 .. 1.46): the HTP 16x8 kernels are a little less precise than fake-quant."""
+    quantization's (the mask collapse CPU-QDQ shows too), no ``backend_divergence``. a16w8: none either; measured
+    (onnxruntime-qnn 2.7.0 / QNN 2.51, soc 60) single-norm ratios up to 1.56 (rel-L2) and 1.89 (rel-L∞), no
+    layer above k = 1.5 in both: the HTP 16x8 kernels round a little differently from fake-quant."""
     a8 = demo.comparisons[label(demo, "fp32 → HTP a8w8")]
     assert a8.three_way is not None and a8.three_way.summary["missing"] == 0
     assert by_kind(a8.findings, "backend_divergence") == []
     assert a8.three_way.summary["max_ratio_l2"] < defaults.BACKEND_DIVERGENCE_K
     a16 = demo.comparisons[label(demo, "fp32 → HTP a16w8")]
     assert a16.three_way is not None and a16.three_way.expected.backend == "onnxruntime-cpu-qdq"
-    found = by_kind(a16.findings, "backend_divergence")
-    assert all(f.severity == "warning" and f.evidence["ratio_l2"] < defaults.BACKEND_DIVERGENCE_K for f in found)
+    assert by_kind(a16.findings, "backend_divergence") == []
+    lay = a16.three_way.layers()
+    assert lay["ratio_l2"].max() > 1.2 or lay["ratio_linf"].max() > 1.2  # not silent because the ratios are 1
     assert a16.verdict.passed and a16.contract.status == "ok"
 
 
