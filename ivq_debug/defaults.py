@@ -108,6 +108,10 @@ PROJECTOR_COVERAGE_MISS = 1e-3
 QNN_SOC_MODEL = "60"
 QNN_HTP_ARCH = "73"
 QNN_EP_NAME = "QNNExecutionProvider"
+#: when nodes are unsupported at ORT optimization "disable", the session is tried once more at "all" (to say
+#: whether ``--optimization all`` fixes it) for models up to this size; larger ones get the advice unchecked.
+#: A retry is one more QNN compile: 1-4 s for the test models here, minutes for a 2B-parameter part.
+QNN_RETRY_ALL_MAX_BYTES = 64 << 20
 #: the compiled-context cache (``capture/qnn_ep/cache.py``): a folder under ``${XDG_CACHE_HOME:-~/.cache}``,
 #: or the folder this environment variable names; ``--qnn-cache DIR`` / ``--no-qnn-cache`` on the CLI
 QNN_CACHE_ENV = "IVQ_QNN_CACHE"

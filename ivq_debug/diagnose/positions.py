@@ -47,6 +47,7 @@ from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import read_json
+from ivq_debug.validate import check_hf_config
 
 
 def _pos_array(v: Any) -> np.ndarray:
@@ -190,8 +191,7 @@ def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
             path = path / "config.json"
         source = str(path)
         cfg = read_json(path, "config.json")
-        if not isinstance(cfg, dict):
-            raise InputError("config.json is not a JSON object", path)
+    cfg = check_hf_config(cfg, source)  # a dump's stored config is as untrusted as a file
     tc = cfg.get("text_config") or cfg.get("llm_config") or cfg
     rp = tc.get("rope_parameters") or tc.get("rope_scaling") or cfg.get("rope_parameters") or {}
     theta = rp.get("rope_theta") or tc.get("rope_theta") or cfg.get("rope_theta")

@@ -93,7 +93,7 @@ def test_config_errors(tmp_path):
         rope_from_config(tmp_path)
     assert str(tmp_path) in str(e.value)
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(InputError, match=r"not a readable config\.json"):
+    with pytest.raises(InputError, match=r"config\.json: bad JSON at line 1"):
         rope_from_config(tmp_path / "config.json")
     with pytest.raises(InputError, match="no rope_theta"):
         rope_from_config({"text_config": {"hidden_size": 64}})
