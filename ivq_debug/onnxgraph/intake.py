@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import CheckError, UsageError, one_line
+from ivq_debug.onnxgraph.load import load_model
 
 #: the metadata key under which ``ivq quantize`` stores :func:`effective_quantization` in the written model
 QUANT_METADATA_KEY = "ivq_debug.quantization"
@@ -118,6 +119,19 @@ def constants_to_initializers(model: Any) -> list[str]:
         del model.graph.node[:]
         model.graph.node.extend(keep)
     return moved
+
+
+def load_float_model(model: Any) -> Any:
+    """The float model with its ``Constant``-node weights as initializers, for every reader of float weights
+    (weight spreads, lifted weights, weight overrides): a paddle2onnx-style model has no initializers at all.
+    A copy: neither the file nor a proto passed in is changed."""
+    m = load_model(model)
+    if m is model:
+        c = type(m)()
+        c.CopyFrom(m)
+        m = c
+    constants_to_initializers(m)
+    return m
 
 
 def strip_metadata(model: Any) -> dict[str, str]:

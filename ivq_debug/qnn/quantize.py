@@ -684,6 +684,44 @@ def _np_name(qt: Any) -> str:
     return np.dtype(_np_int_type(qt)).name
 
 
+def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLike) -> bool:
+    """Write ``out``: ``float_model`` as :func:`quantize_for_qnn` takes it — the intake (``Constant`` weights as
+    initializers, metadata set aside) then ORT's ``qnn_preprocess_model`` (the fusions the QNN flow makes before
+    quantizing). The one place besides :func:`quantize_for_qnn` that runs the preprocessing (the tuner's source,
+    the aligner's quantizer reference). Returns False, writing nothing, when neither step changes the graph.
+
+    Raises:
+        InputError: the preprocessing fails on the model (exit 3).
+    """
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    src, out = Path(float_model), Path(out)
+    proto, rep = intake.prepare(load_model(src), where=src)  # a working copy: its metadata stays off
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    intake_file = None
+    try:
+        if rep.changed:
+            intake_file = _write_intake(proto, src, work)
+        source = intake_file or src
+        tmp = work / out.name
+        try:
+            changed = bool(qnn_preprocess_model(source, tmp))
+        except Exception as e:
+            raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", src) from None
+        if changed:
+            os.replace(tmp, out)
+            return True
+        if intake_file is not None and intake_file.parent != src.parent:
+            os.replace(intake_file, out)
+            return True
+        return False
+    finally:
+        if intake_file is not None and intake_file.parent == src.parent:  # the hidden copy beside the source
+            intake_file.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _write_intake(proto: Any, src: Path, work: Path) -> Path:
     """Save the intake model for the quantizer: in ``work``, or, when its weights are external data (referenced
     relative to the source's folder), under a hidden temporary name in the source's folder (the caller removes

@@ -43,7 +43,7 @@ from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph.load import load_model, model_file_bytes
 from ivq_debug.qnn.encodings import EncodingSet, to_ort_overrides
-from ivq_debug.qnn.quantize import load_calibration, quantize_for_qnn
+from ivq_debug.qnn.quantize import load_calibration, preprocess_float_model, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
 from ivq_debug.util import atomic_write_text, check_schema, is_inside, json_safe, load_json, regular_file
 
@@ -423,22 +423,11 @@ class Tuner:
 
 
 def preprocessed_model(float_model: str | os.PathLike, folder: Path) -> Path | None:
-    """``<folder>/preprocessed.onnx``: the float model after ORT's ``qnn_preprocess_model`` (the fusions the
-    QNN flow makes before quantizing), or None when it changes nothing."""
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
-    folder.mkdir(parents=True, exist_ok=True)
+    """``<folder>/preprocessed.onnx``: the float model as the quantizer takes it (the intake, then ORT's
+    ``qnn_preprocess_model``: :func:`~ivq_debug.qnn.quantize.preprocess_float_model`), or None when that
+    changes nothing."""
     out = folder / "preprocessed.onnx"
-    tmp = folder / f".preprocessed.partial-{os.getpid()}.onnx"
-    try:
-        changed = bool(qnn_preprocess_model(Path(float_model), tmp))
-    except Exception as e:
-        raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", float_model) from None
-    if not changed:
-        tmp.unlink(missing_ok=True)
-        return None
-    os.replace(tmp, out)
-    return out
+    return out if preprocess_float_model(float_model, out) else None
 
 
 def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], dump: Path, float_model: Path) -> dict[str, float]:
