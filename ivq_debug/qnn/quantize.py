@@ -17,12 +17,12 @@ The output appears under its final name only when complete (written in a temp fo
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,15 @@ from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import WRITE_ERRNOS, check_output, load_json, output_error, read_arrays
+from ivq_debug.util import (
+    WRITE_ERRNOS,
+    check_output,
+    load_json,
+    output_error,
+    publish_staged,
+    read_arrays,
+    root_warnings,
+)
 
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {
@@ -465,17 +473,6 @@ def _tensor_names(model: Any) -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------- quantize
-class _LogCapture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = " ".join(record.getMessage().split())
-        if msg not in self.messages:
-            self.messages.append(msg)
-
-
 def _write_or_input_error(e: OSError, out: Path, src: Path, what: str) -> IvqError:
     """A full disk / read-only folder while writing ``out`` (exit 2), else a problem with the model (exit 3)."""
     if e.errno in WRITE_ERRNOS:
@@ -571,12 +568,8 @@ def quantize_for_qnn(
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     interrupt.register(work)
-    cap = _LogCapture()
-    root = logging.getLogger()
-    root.addHandler(cap)
-    old_handlers = [h for h in root.handlers if h is not cap]
-    for h in old_handlers:
-        root.removeHandler(h)  # the quantizer logs through the root logger: keep it off the console
+    logs_off = ExitStack()
+    logs = logs_off.enter_context(root_warnings())  # the quantizer logs through the root logger
     intake_file: Path | None = None
     try:
         source = src
@@ -627,19 +620,9 @@ def quantize_for_qnn(
         intake.check_written_model(staged)
         externals = sorted({e.value for t in qproto.graph.initializer for e in t.external_data
                             if e.key == "location"})
-        for loc in externals:  # data files first, the model last: it appears only when complete
-            dst = out.parent / loc
-            if dst.exists() and not overwrite:
-                raise UsageError("external data file exists; pass overwrite=True", dst)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(work / loc, dst)
-        if out.exists() and not overwrite:
-            raise UsageError("output appeared while quantizing; not overwritten", out)
-        os.replace(staged, out)
+        publish_staged(staged, out, externals, overwrite=overwrite)
     finally:
-        root.removeHandler(cap)
-        for h in old_handlers:
-            root.addHandler(h)
+        logs_off.close()
         shutil.rmtree(work, ignore_errors=True)
         interrupt.unregister(work)
         if intake_file is not None and work not in intake_file.parents:
@@ -666,7 +649,7 @@ def quantize_for_qnn(
         dequantize_nodes=len(dqnodes),
         seconds=round(time.perf_counter() - t0, 3),
         external_data=externals,
-        warnings=intake_rep.notes() + notes + [m for m in cap.messages if not _noise(m)],
+        warnings=intake_rep.notes() + notes + [m for m in logs if not _noise(m)],
         intake=intake_rep.to_dict(),
         effective=effective,
     )
