@@ -124,7 +124,7 @@ class CaptureError(IvqError):
 EXTRAS: dict[str, str] = {
     "pandas": "analysis", "matplotlib": "analysis",
     "torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "onnxscript": "torch",
-    "onnxruntime_qnn": "qnn",
+    "onnxruntime_qnn": "qnn", "ray": "ray",
 }
 
 
