@@ -630,7 +630,9 @@ def replay(
         batch_bytes: maximum reference-input bytes per replay batch.
         executor: run the batches as jobs (:mod:`ivq_debug.executor`: a :class:`~ivq_debug.executor.
             LocalExecutor` process pool, a :class:`~ivq_debug.executor.RayExecutor`); default: in this process.
-            The result is the same to the bit: each unit's sums are made in one job, in the same order.
+            The batches are then cut into at least ``defaults.REPLAY_MIN_JOBS`` jobs (``batches`` and
+            ``sessions`` count them); every number is the same to the bit: a unit's values do not depend on the
+            other units of its batch, and its sums are made in one job, in the same order.
             ``runner_factory`` must then be picklable (``None``, a module-level function or a
             ``functools.partial`` of one).
         shards: the folder of the jobs' shards (with ``executor``): a rerun skips the batches whose shard is
@@ -682,6 +684,9 @@ def replay(
         size += b
     if cur:
         batches.append(cur)
+    if executor is not None and runnable:  # jobs for the workers to share (defaults.REPLAY_MIN_JOBS)
+        per = math.ceil(len(runnable) / defaults.REPLAY_MIN_JOBS)
+        batches = [b[i:i + per] for b in batches for i in range(0, len(b), per)]
 
     on_cpu = runner_factory is None
     do_check = (not on_cpu) if selfcheck is None else bool(selfcheck)

@@ -12,15 +12,13 @@ import pandas as pd
 import pytest
 
 import ivq_debug as ivq
+from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.executor import JobsFailedError, LocalExecutor
 from ivq_debug.onnxgraph.load import load_model
 from tests.support import vit
 from tests.support.cli import ivq_cli
-
-#: small batches: many jobs out of the two-block ViT
-BATCH_BYTES = 40_000
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +29,21 @@ def m(tmp_path_factory) -> dict[str, Any]:
                           d / "act.h5", progress=None)
     out["cmp"] = ivq.compare(out["ref"], out["test"], progress=False)
     out["seq"] = replay(out["act"], out["ref"], record="all", cumulative=out["cmp"], float_model=out["float"],
-                        batch_bytes=BATCH_BYTES, progress=False, lift=False)
+                        progress=False, lift=False)
     return out
 
 
+#: what differs between an in-process replay and its jobs: the wall time, and the sessions (one per job)
+RUN_FIELDS = ("seconds", "sessions")
+
+
 def same(a: Any, b: Any) -> None:
-    """Two replays hold the same numbers, to the bit (the table, and the JSON document but its wall time)."""
+    """Two replays hold the same numbers, to the bit (the table, and the JSON document but :data:`RUN_FIELDS`)."""
     pd.testing.assert_frame_equal(a.table, b.table, check_exact=True)
     ja, jb = a.to_json(), b.to_json()
-    ja.pop("seconds")
-    jb.pop("seconds")
+    for f in RUN_FIELDS:
+        ja.pop(f)
+        jb.pop(f)
     assert ja == jb
 
 
@@ -53,21 +56,23 @@ def refuse_act_node(path: str) -> Any:
 
 def test_a_pool_gives_the_sequential_replay_to_the_bit_and_resumes(m, tmp_path: Path) -> None:
     seq = m["seq"]
-    assert seq.batches >= 4 and seq.first_breaking["node"] == vit.ACT_NODE
+    assert seq.batches == 1 and seq.first_breaking["node"] == vit.ACT_NODE
     shards = tmp_path / "shards"
     pool = replay(m["act"], m["ref"], record="all", cumulative=m["cmp"], float_model=m["float"], progress=False,
-                  batch_bytes=BATCH_BYTES, lift=False, executor=LocalExecutor(2), shards=shards)
+                  lift=False, executor=LocalExecutor(2), shards=shards)
     same(seq, pool)
-    assert pool.jobs["total"] == seq.batches and pool.jobs["resumed"] == 0 and len(list(shards.glob("*.json"))) == seq.batches
+    n = pool.batches  # the one batch cut into jobs for the workers (defaults.REPLAY_MIN_JOBS)
+    assert n == defaults.REPLAY_MIN_JOBS and pool.jobs["total"] == n and pool.jobs["resumed"] == 0
+    assert len(list(shards.glob("*.json"))) == n
     lost = sorted(shards.glob("*.json"))[1]
     lost.unlink()  # a preempted job: the rerun runs only that one
     again = replay(m["act"], m["ref"], record="all", cumulative=m["cmp"], float_model=m["float"], progress=False,
-                   batch_bytes=BATCH_BYTES, lift=False, executor=LocalExecutor(2), shards=shards)
+                   lift=False, executor=LocalExecutor(2), shards=shards)
     same(seq, again)
-    assert again.jobs["resumed"] == seq.batches - 1 and lost.is_file()
+    assert again.jobs["resumed"] == n - 1 and lost.is_file()
     # another test dump is another key: nothing is resumed from the first run's shards
     other = replay(m["act"], m["ref"], record="all", cumulative=ivq.compare(m["ref"], m["ref"], progress=False),
-                   float_model=m["float"], progress=False, batch_bytes=BATCH_BYTES, lift=False,
+                   float_model=m["float"], progress=False, lift=False,
                    executor=LocalExecutor(1), shards=shards)
     assert other.jobs["resumed"] == 0
 
@@ -75,10 +80,10 @@ def test_a_pool_gives_the_sequential_replay_to_the_bit_and_resumes(m, tmp_path: 
 def test_a_failing_batch_is_reported_and_the_other_shards_kept(m, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     with pytest.raises(JobsFailedError) as e:
-        replay(m["act"], m["ref"], record="all", cumulative=m["cmp"], progress=False, batch_bytes=BATCH_BYTES,
+        replay(m["act"], m["ref"], record="all", cumulative=m["cmp"], progress=False,
                lift=False, runner_factory=refuse_act_node, executor=LocalExecutor(2), shards=shards)
     assert len(e.value.failures) == 1 and "RuntimeError: backend refused the graph" in e.value.failures[0].error
-    assert len(list(shards.glob("*.json"))) == m["seq"].batches - 1
+    assert len(list(shards.glob("*.json"))) == defaults.REPLAY_MIN_JOBS - 1
     assert not (shards / f"{e.value.failures[0].key}.json").exists()
     with pytest.raises(Exception, match="module-level function"):  # a closure cannot go to a worker
         replay(m["act"], m["ref"], progress=False, lift=False, runner_factory=lambda p: make_runner("onnx", p),
@@ -92,9 +97,10 @@ def test_cli_workers_give_the_sequential_json(m, tmp_path: Path) -> None:
     assert ivq_cli("diagnose", *args, "--executor", "local", "--workers", "2", "--shards", shards,
                    "--json", tmp_path / "pool.json") == 1
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("seq", "pool"))
-    a.pop("seconds")
-    b.pop("seconds")
-    assert a == b and any(shards.glob("*.json"))
+    for f in RUN_FIELDS:
+        a.pop(f)
+        b.pop(f)
+    assert a == b and len(list(shards.glob("*.json"))) == defaults.REPLAY_MIN_JOBS
     # a shard that is not one (a truncated copy): one line naming it, exit 3
     bad = next(shards.glob("*.json"))
     bad.write_text('{"schema": "ivq-shard/1", "resu')
