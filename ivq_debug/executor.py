@@ -258,7 +258,8 @@ def _ray() -> Any:
 
 class RayExecutor:
     """Jobs as Ray tasks: ``ray.init(address=address)`` unless Ray is already initialized (a notebook's own
-    cluster); each task writes its shard on storage the driver shares (the shard folder) and returns its path.
+    cluster; ``address=None`` starts a local one for the run); each task writes its shard on storage the driver
+    shares (the shard folder) and returns its path.
     ``num_cpus`` is each task's resource request. Ray's own task retries are off: a failed task (an exception or
     a dead worker) is resubmitted once by this executor, like the local one."""
 
@@ -270,9 +271,16 @@ class RayExecutor:
             progress: bool = True) -> RunReport:
         """Run ``jobs`` (module docstring)."""
         ray = _ray()
-        if not ray.is_initialized():
+        owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
+        if owned:
             ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
-        folder = Path(folder)
+        try:
+            return self._run(ray, jobs, Path(folder), description, progress)
+        finally:
+            if owned:  # the local cluster started for this run stops; a remote one is only disconnected
+                ray.shutdown()
+
+    def _run(self, ray: Any, jobs: list[Job], folder: Path, description: str, progress: bool) -> RunReport:
         todo, done, skipped = _pending(jobs, folder)
         report = RunReport(folder, done, skipped, [])
         remote = ray.remote(num_cpus=self.num_cpus, max_retries=0)(run_job)
