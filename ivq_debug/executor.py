@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from ivq_debug import __version__
 from ivq_debug.console import track
-from ivq_debug.errors import EXIT_FAIL, IvqError, UsageError, one_line, require_extra
+from ivq_debug.errors import EXIT_FAIL, InputError, IvqError, UsageError, one_line, require_extra
 from ivq_debug.util import atomic_write_text
 
 #: the executors of ``--executor``
@@ -112,8 +112,11 @@ class RunReport:
             raise JobsFailedError(self.failures, self.folder)
 
     def load(self, key: str) -> dict[str, Any]:
-        """The shard document of one job."""
-        return read_shard(self.shards[key])
+        """The shard document of one job (:class:`InputError` when the file holds another job's)."""
+        doc = read_shard(self.shards[key])
+        if doc.get("key") != key:
+            raise InputError(f"the shard of job {key} holds job {one_line(str(doc.get('key')), 80)}", self.shards[key])
+        return doc
 
 
 def shard_path(folder: str | os.PathLike, key: str) -> Path:
@@ -123,8 +126,6 @@ def shard_path(folder: str | os.PathLike, key: str) -> Path:
 
 def read_shard(path: str | os.PathLike) -> dict[str, Any]:
     """A shard document (``ivq-shard/1``)."""
-    from ivq_debug.errors import InputError
-
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -172,6 +173,8 @@ class Executor(Protocol):
 def _pending(jobs: list[Job], folder: Path) -> tuple[list[Job], dict[str, Path], list[str]]:
     if len({j.key for j in jobs}) != len(jobs):
         raise UsageError("two jobs share one key")
+    if folder.exists() and not folder.is_dir():
+        raise UsageError("the shard folder is not a folder", folder)
     folder.mkdir(parents=True, exist_ok=True)
     done: dict[str, Path] = {}
     todo: list[Job] = []

@@ -61,7 +61,7 @@ from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs
 from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import InputError, UsageError
+from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, job_key, merge_check, versions
 from ivq_debug.metrics import MetricAccumulator, dot
 from ivq_debug.onnxgraph.load import has_external_data, load_model
@@ -998,10 +998,13 @@ def _replay_jobs(executor: Executor, shards: str | os.PathLike | None, model_pat
         out = []
         for doc, batch in zip(docs, batches, strict=True):
             r = doc["result"]
-            if sorted(r["units"]) != sorted(u.node for u in batch):
-                raise InputError("the shard does not hold its batch's units", report.shards[doc["key"]])
-            out.append(_BatchResult({n: _Acc.from_state(v) for n, v in r["units"].items()}, r["backend"],
-                                    r["info"], int(r["sessions"])))
+            try:
+                if sorted(r["units"]) != sorted(u.node for u in batch):
+                    raise ValueError("it does not hold its batch's units")
+                out.append(_BatchResult({n: _Acc.from_state(v) for n, v in r["units"].items()}, r["backend"],
+                                        dict(r["info"]), int(r["sessions"])))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise InputError(f"not a replay shard ({one_line(e, 200)})", report.shards[doc["key"]]) from None
         return out, {"executor": type(executor).__name__, "total": len(jobs), "resumed": len(report.skipped),
                      "retried": sorted(set(report.retried)), "shards": None if tmp is not None else str(shards)}
     finally:

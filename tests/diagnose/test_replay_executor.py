@@ -90,7 +90,7 @@ def test_a_failing_batch_is_reported_and_the_other_shards_kept(m, tmp_path: Path
                executor=LocalExecutor(2), shards=shards)
 
 
-def test_cli_workers_give_the_sequential_json(m, tmp_path: Path) -> None:
+def test_cli_workers_give_the_sequential_json(m, tmp_path: Path, capsys) -> None:
     args = [m["ref"], m["test"], "--model", m["act"], "--float-model", m["float"], "--record", "all", "--no-lift"]
     assert ivq_cli("diagnose", *args, "--json", tmp_path / "seq.json") == 1  # the fault breaks the budget
     shards = tmp_path / "shards"
@@ -101,8 +101,12 @@ def test_cli_workers_give_the_sequential_json(m, tmp_path: Path) -> None:
         a.pop(f)
         b.pop(f)
     assert a == b and len(list(shards.glob("*.json"))) == defaults.REPLAY_MIN_JOBS
-    # a shard that is not one (a truncated copy): one line naming it, exit 3
-    bad = next(shards.glob("*.json"))
-    bad.write_text('{"schema": "ivq-shard/1", "resu')
-    assert ivq_cli("diagnose", *args, "--workers", "2", "--shards", shards, "--json", tmp_path / "x.json",
-                   "--force") == 3
+    # shards are untrusted: a truncated one, or another job's under this job's name, is exit 3 naming it
+    first, second = sorted(shards.glob("*.json"))[:2]
+    for content in ('{"schema": "ivq-shard/1", "resu', second.read_text()):
+        first.write_text(content)
+        assert ivq_cli("diagnose", *args, "--workers", "2", "--shards", shards, "--json", tmp_path / "x.json",
+                       "--force") == 3
+        assert first.name in capsys.readouterr().err
+    assert ivq_cli("diagnose", *args, "--workers", "2", "--shards", second, "--json", tmp_path / "x.json",
+                   "--force") == 2  # a file where the shard folder should be
