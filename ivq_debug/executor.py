@@ -33,7 +33,15 @@ from typing import Any, Protocol
 
 from ivq_debug import __version__
 from ivq_debug.console import track
-from ivq_debug.errors import EXIT_FAIL, InputError, IvqError, UsageError, one_line, require_extra
+from ivq_debug.errors import (
+    EXIT_FAIL,
+    InputError,
+    IvqError,
+    ToolNotFoundError,
+    UsageError,
+    one_line,
+    require_extra,
+)
 from ivq_debug.util import atomic_write_text
 
 #: the executors of ``--executor``
@@ -276,7 +284,11 @@ class RayExecutor:
         ray = _ray()
         owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
         if owned:
-            ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+            try:
+                ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster there, refused, a bad address
+                raise ToolNotFoundError(f"cannot start or reach the Ray cluster"
+                                        f"{f' at {self.address}' if self.address else ''}: {_error(e)}") from None
         try:
             return self._run(ray, jobs, Path(folder), description, progress)
         finally:
