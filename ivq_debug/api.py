@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug import comparator, defaults
-from ivq_debug.capture.base import Selection, make_runner, model_facts
+from ivq_debug.capture.base import Selection, make_runner, model_facts, sample_shapes
 from ivq_debug.capture.base import capture as capture_runner
 from ivq_debug.comparator.contract import check_contract
 from ivq_debug.comparator.threeway import three_way
@@ -95,6 +95,8 @@ def capture(
     """
     samples = [read_arrays(x) if isinstance(x, str | os.PathLike) else dict(x) for x in inputs]
     options.setdefault("selection", Selection())
+    if "input_shapes" not in options:  # dynamic dims every sample agrees on are fixed (QNN: must be)
+        options["input_shapes"] = sample_shapes(backend, model, samples, flag="inputs") or None
     runner = make_runner(backend, model, **options)
     return capture_runner(runner, samples, output, part=part, overwrite=overwrite, summary_only=summary_only,
                           model=model_facts(model, part))

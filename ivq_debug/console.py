@@ -1,11 +1,14 @@
-"""Terminal output: one rich console on stderr, progress bars for long work, and phases with their elapsed time.
+"""Terminal output: a command's results on stdout, everything else (progress, notes, errors) on stderr; progress
+bars for long work, and phases with their elapsed time.
 
-Everything human-facing goes to stderr so that stdout stays clean for JSON (``ivq-diff --json -``). On a
-terminal, :func:`track` bars and :func:`phase` lines share one live display (a phase started while a bar runs,
-e.g. a QNN compile inside ``capturing``, is one more line of it: ``compiling QNN HTP graph: capture 1/2, 369
-tensors  12 s``). Off a terminal (logs, CI) a phase that lasts longer than :data:`PHASE_NOTE_S` prints one line
-when it passes that mark and one when it ends, so a log shows what a long step was doing. ``IVQ_NO_PROGRESS``
-silences both.
+:func:`results` is the console for what a command produces (tables, verdicts, ``wrote ...`` lines): stdout, so
+``ivq ls d.h5 | less`` and ``ivq-diff a.h5 b.h5 | grep FAIL`` work, except when stdout carries JSON
+(``--json -``), where the results go to stderr and stdout holds only the document. :func:`console` (stderr) is
+for progress bars, notes and diagnostics. On a terminal, :func:`track` bars and :func:`phase` lines share one live
+display (a phase started while a bar runs, e.g. a QNN compile inside ``capturing``, is one more line of it:
+``compiling QNN HTP graph: capture 1/2, 369 tensors  12 s``). Off a terminal (logs, CI) a phase that lasts longer
+than :data:`PHASE_NOTE_S` prints one line when it passes that mark and one when it ends, so a log shows what a long
+step was doing. ``IVQ_NO_PROGRESS`` silences both.
 """
 
 from __future__ import annotations
@@ -25,23 +28,39 @@ T = TypeVar("T")
 PHASE_NOTE_S = defaults.PROGRESS_PHASE_NOTE_S
 
 _console = None
+_results = None
 _live: Any = None  # the rich Progress shared by the running track()/phase() blocks
 _live_users = 0
 _live_lock = threading.RLock()
 
 
+def _make(stderr: bool):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not stream.isatty():  # pipes, logs and CI: wide enough for tensor names
+        width = int(os.environ.get("COLUMNS", "160"))
+    # no highlighting and no :emoji: codes: names from files are shown as they are (escaped by the callers)
+    return Console(stderr=stderr, highlight=False, emoji=False, soft_wrap=False, width=width)
+
+
 def console():
-    """The shared ``rich.console.Console`` writing to stderr."""
+    """The shared ``rich.console.Console`` writing to stderr (progress, notes, diagnostics)."""
     global _console
     if _console is None:
-        from rich.console import Console
-
-        width = None
-        if not sys.stderr.isatty():  # logs and CI: wide enough for tensor names
-            width = int(os.environ.get("COLUMNS", "160"))
-        # no highlighting and no :emoji: codes: names from files are shown as they are (escaped by the callers)
-        _console = Console(stderr=True, highlight=False, emoji=False, soft_wrap=False, width=width)
+        _console = _make(stderr=True)
     return _console
+
+
+def results(json_to_stdout: bool = False):
+    """The console for a command's results: stdout, or stderr when ``json_to_stdout`` (``--json -``)."""
+    global _results
+    if json_to_stdout:
+        return console()
+    if _results is None:
+        _results = _make(stderr=False)
+    return _results
 
 
 def progress_enabled() -> bool:

@@ -73,6 +73,29 @@ POSITION_MIN_CONFIDENCE = 0.5
 #: offsets searched by the KV-cache inference: [-max, +max]
 POSITION_MAX_OFFSET = 4096
 
+#: ``mrope_layout``: the test's post-RoPE prefill keys at the image tokens, projected on the line from the model
+#: layout's recomputed rotation (0) to the other layout's (1), must lie within this of 1 (qwen3vl-tiny, bucket 56,
+#: 2 images: the sectioned knob 0.99-1.06 in fp32, a16w8 and a8w8; clean runs -0.04-0.01; DeepStack added before
+#: layer 0, keys that differ by more than a rotation: up to 0.53) ...
+MROPE_SHIFT_TOLERANCE = 0.25
+#: ... and the other layout's relative residual at most this (fp32: ~5e-8; a8w8: 0.05-0.08; DeepStack before
+#: layer 0: 0.36-0.66)
+MROPE_MAX_RESIDUAL = 0.25
+
+#: ``preprocess_mismatch``: vision inputs whose relative L2 difference is at most this are the same preprocessing
+PREPROCESS_MAX_REL = 1e-4
+#: an affine map of the reference's pixel values explains the test's when R² is at least this (a range or
+#: normalization mismatch is exact: R² = 1 to float rounding)
+PREPROCESS_AFFINE_R2 = 0.9999
+
+#: DeepStack: a residual-stream jump between two LLM layers counts when it is at least this share of the
+#: stream's norm at the image rows (qwen3vl-tiny: 0.52 and 1.23 at bucket 112; HF's own forward checked > 5 %,
+#: ``tests/vlm/test_qwen3vl.py``) ...
+DEEPSTACK_MIN_JUMP = 0.05
+#: ... and a test jump carries a reference jump when their relative difference is at most this
+#: (fp32: < 1e-6; a jump moved by one layer carries another feature: 1.3 on qwen3vl-tiny)
+DEEPSTACK_MAX_ERROR = 0.5
+
 #: projector output mean relative error above which the projector is said to drift (seed: 5 %).
 PROJECTOR_DRIFT_MEAN_REL = 0.05
 #: the drift is the projector's own (an error) when it amplifies the vision tower's relative error this much,
@@ -85,6 +108,10 @@ PROJECTOR_COVERAGE_MISS = 1e-3
 QNN_SOC_MODEL = "60"
 QNN_HTP_ARCH = "73"
 QNN_EP_NAME = "QNNExecutionProvider"
+#: when nodes are unsupported at ORT optimization "disable", the session is tried once more at "all" (to say
+#: whether ``--optimization all`` fixes it) for models up to this size; larger ones get the advice unchecked.
+#: A retry is one more QNN compile: 1-4 s for the test models here, minutes for a 2B-parameter part.
+QNN_RETRY_ALL_MAX_BYTES = 64 << 20
 #: the compiled-context cache (``capture/qnn_ep/cache.py``): a folder under ``${XDG_CACHE_HOME:-~/.cache}``,
 #: or the folder this environment variable names; ``--qnn-cache DIR`` / ``--no-qnn-cache`` on the CLI
 QNN_CACHE_ENV = "IVQ_QNN_CACHE"

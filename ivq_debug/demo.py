@@ -45,10 +45,23 @@ from ivq_debug.tune.suggest import suggest, write_suggestions
 from ivq_debug.tune.verify import Tuner, verify
 from ivq_debug.util import atomic_write_text, json_safe
 from ivq_debug.vlm import pipeline
+from ivq_debug.vlm.manifest import model_attrs
 from ivq_debug.vlm.task import caption_accuracy, make_samples
 
 DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "cpu-qdq-a16w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss",
          "ort-fp32-restart")
+#: the faults of an M-RoPE / Qwen3-VL model, captured on ORT fp32 when the model has them:
+#: dump key -> (scheduler knobs, what the model needs, comparison label)
+MODEL_FAULTS: dict[str, tuple[dict[str, str], str, str]] = {
+    "ort-fp32-rope-delta": ({"positions": "mrope_text_len"}, "mrope",
+                            "fault: rope delta dropped (fp32 → fp32 decoding at S + k − 1)"),
+    "ort-fp32-deepstack-dropped": ({"deepstack": "dropped"}, "deepstack",
+                                   "fault: DeepStack dropped (fp32 → fp32 without the DeepStack features)"),
+    "ort-fp32-deepstack-early": ({"deepstack": "before_layer"}, "deepstack",
+                                 "fault: DeepStack one layer early (fp32 → fp32, feature k before layer k)"),
+    "ort-fp32-mrope-sectioned": ({"mrope_layout": "sectioned"}, "interleaved",
+                                 "fault: sectioned M-RoPE (fp32 → fp32 with Qwen2-VL's rotary layout)"),
+}
 
 
 @dataclass
@@ -119,7 +132,7 @@ def run_demo(
     t_all = time.perf_counter()
     res = DemoResult()
     golden, reports, workdir = Path(golden), Path(reports), Path(workdir)
-    dump_paths = {k: golden / f"demo-{k}.h5" for k in DUMPS}
+    dump_paths = {k: golden / f"demo-{k}.h5" for k in (*DUMPS, *MODEL_FAULTS)}
     report_path = reports / "demo.html"
     summary_path = reports / "demo.json"
     _check_outputs([*dump_paths.values(), report_path, summary_path], force)
@@ -131,7 +144,8 @@ def run_demo(
 
     # 1-2. load + export -----------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    prep = pipeline.prepare(model, workdir, exporter=exporter, n_samples=max(n_eval, n_capture), overwrite=True)
+    prep = pipeline.prepare(model, workdir, exporter=exporter, n_samples=max(n_eval, n_capture), overwrite=True,
+                            variants="auto")
     res.export_max_abs = {f"{c.part}": c.worst for c in prep.export.checks}
     log(f"exported {model} ({exporter}, bucket {prep.bucket}): "
         + ", ".join(f"{k} max_abs {v:.1e}" for k, v in res.export_max_abs.items()))
@@ -140,7 +154,8 @@ def run_demo(
     bucket = prep.bucket
     model_info = {"demo": True, "model": str(model), "bucket": bucket, "exporter": exporter,
                   "rope_theta": float(getattr(prep.loaded.model.config.text_config, "rope_theta", 0) or
-                                      (prep.loaded.model.config.text_config.rope_parameters or {}).get("rope_theta", 0))}
+                                      (prep.loaded.model.config.text_config.rope_parameters or {}).get("rope_theta", 0)),
+                  **model_attrs(prep.folder)}  # the HF config: M-RoPE layout and sections for the diagnostics
 
     # 3. calibration + quantization ------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -199,6 +214,11 @@ def run_demo(
     for tag in ("a8w8", "a16w8", "projector-miss"):
         capture(f"htp-{tag}", pipeline.scheduler(prep, htp_factory(qdq[tag], tag)))
     capture("ort-fp32-restart", pipeline.scheduler(prep, ort_factory(), positions="restart"))
+    spec = fp32.spec
+    has = {"mrope": spec.mrope, "deepstack": bool(spec.deepstack), "interleaved": spec.mrope_layout == "interleaved"}
+    faults = {k: v for k, v in MODEL_FAULTS.items() if has[v[1]]}
+    for key, (knobs, _, _) in faults.items():
+        capture(key, pipeline.scheduler(prep, ort_factory(), **knobs))
     tick("capture", t0)
 
     # 5. task metric ----------------------------------------------------------------------------------------
@@ -231,6 +251,7 @@ def run_demo(
             (d["ort-fp32"], d["htp-projector-miss"], Budgets()),
         "fault: positions restart (fp32 → fp32 with restarted decode positions)":
             (d["ort-fp32"], d["ort-fp32-restart"], Budgets.from_args(min_sqnr=40)),
+        **{label: (d["ort-fp32"], d[key], Budgets.from_args(min_sqnr=40)) for key, (_, _, label) in faults.items()},
     }
     # the three-way verdicts: each HTP run against the CPU-QDQ run of the same QDQ models (backend_divergence)
     expected = {"deployment (fp32 → HTP a8w8)": d["cpu-qdq-a8w8"], "deployment (fp32 → HTP a16w8)": d["cpu-qdq-a16w8"]}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.onnxgraph.intake import check_written_model
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.util import publish_staged, root_warnings
@@ -61,6 +62,24 @@ class DynamicQuantizeResult:
         d = asdict(self)
         d["model_path"], d["source_path"] = str(self.model_path), str(self.source_path)
         return d
+
+
+def _check_selection(proto: Any, src: Path, op_types: Sequence[str] | None, nodes_to_exclude: Sequence[str]) -> None:
+    """Refuse op types ``quantize_dynamic`` cannot quantize or the model does not hold, and excluded node names
+    that are not nodes of the model (a typo would otherwise quantize what the user meant to keep in float)."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    have_ops = {n.op_type for n in proto.graph.node}
+    for op in op_types or ():
+        if op not in IntegerOpsRegistry:
+            raise UsageError(f"--op-types: quantize_dynamic cannot quantize {op!r} (it quantizes "
+                             f"{', '.join(sorted(IntegerOpsRegistry))})")
+        if op not in have_ops:
+            raise UsageError(f"--op-types: the model has no {op!r} node", src)
+    names = {n.name for n in proto.graph.node}
+    missing = [n for n in nodes_to_exclude if n not in names]
+    if missing:
+        raise UsageError(f"--exclude-nodes: no node named {', '.join(repr(n) for n in missing[:5])} in the model", src)
 
 
 def quantize_dynamic_model(
@@ -105,6 +124,7 @@ def quantize_dynamic_model(
     proto = load_model(src)
     if is_qdq_model(proto) or any(n.op_type in (*INTEGER_OPS, "DynamicQuantizeLinear") for n in proto.graph.node):
         raise UsageError("the model is already quantized (give the float model)", src)
+    _check_selection(proto, src, op_types, nodes_to_exclude)
     big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
     del proto
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +142,7 @@ def quantize_dynamic_model(
             except Exception as e:
                 raise InputError(f"quantize_dynamic failed: {type(e).__name__}: {one_line(e, 400)}", src) from None
         qproto = load_model(staged, in_place=False)
+        check_written_model(staged)  # (onnx.checker + an ORT CPU load: an invalid model is never published)
         externals = sorted(p.name for p in work.iterdir() if p != staged)
         publish_staged(staged, out, externals, overwrite=overwrite)
     finally:

@@ -14,6 +14,7 @@ Exit codes (contract, see ``docs/cli.md``):
 4    alignment left more unmatched tensors than allowed
 5    a required external tool, backend or optional extra is absent (QAIRT SDK, adb, QNN EP, pandas, torch)
 6    contract: the dumps compared were not fed the same inputs (``ivq-diff --allow-input-mismatch``)
+7    a run failed: a capture, session or quantization could not run as asked, or a written model failed its check
 ==== =====================================================================
 
 The core install (``pip install ivq-debug``: numpy, onnx, onnxruntime, h5py, rich) captures with ONNX Runtime and
@@ -34,6 +35,7 @@ EXIT_INPUT = 3
 EXIT_UNMATCHED = 4
 EXIT_TOOL = 5
 EXIT_CONTRACT = 6
+EXIT_RUN = 7
 
 
 #: what must never reach a terminal raw: C0 controls (tab and newline included: a message is one line),
@@ -114,10 +116,19 @@ class ContractError(IvqError):
         return f"contract: {super().one_line()}"
 
 
-class CaptureError(IvqError):
-    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled)."""
+class RunError(IvqError):
+    """A run failed (exit 7): distinct from a check that ran and failed (exit 1), so CI can tell a broken
+    capture from a missed budget."""
 
-    exit_code = EXIT_FAIL
+    exit_code = EXIT_RUN
+
+
+class CaptureError(RunError):
+    """A capture could not run as requested (e.g. nodes fell back to the CPU with fallback disabled; exit 7)."""
+
+
+class CheckError(RunError):
+    """A model a command wrote failed its check (``onnx.checker`` or an ONNX Runtime load; exit 7)."""
 
 
 #: third-party modules of the optional extras (``pyproject.toml``): top-level module -> extra

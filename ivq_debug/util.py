@@ -530,17 +530,10 @@ def read_arrays(path: str | os.PathLike, what: str = "inputs file") -> dict:
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """A JSON document from a file; one-line :class:`~ivq_debug.errors.InputError` naming it when it is
-    missing, unreadable or not JSON (``what`` names the kind of file in the message)."""
-    import json
-
-    p = Path(path)
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"no such {what}", p) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"not a readable {what} ({type(e).__name__})", p) from None
+    """A JSON document from a file (:func:`load_json`: a regular file, UTF-8 without NUL bytes, bounded
+    nesting); one-line :class:`~ivq_debug.errors.InputError` naming it when it is missing, unreadable or not
+    JSON (``what`` names the kind of file in the message)."""
+    return load_json(path, what)
 
 
 def json_safe(obj: Any) -> Any:

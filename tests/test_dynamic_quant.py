@@ -32,9 +32,9 @@ def weights(path: Path) -> dict[str, np.ndarray]:
 
 
 def test_cli_writes_each_weight_flavour(work: dict[str, Path], tmp_path: Path, capfd) -> None:
-    code, _, err = run_ivq(["quantize", work["float"], "-o", tmp_path / "s8.onnx", "--dynamic"], capfd)
+    code, out, err = run_ivq(["quantize", work["float"], "-o", tmp_path / "s8.onnx", "--dynamic"], capfd)
     assert code == 0, err
-    assert "5 MatMulInteger, 5 DynamicQuantizeLinear" in err
+    assert "5 MatMulInteger, 5 DynamicQuantizeLinear" in out
     s8 = weights(tmp_path / "s8.onnx")
     assert s8["fc1_0.w_quantized"].dtype == np.int8 and s8["fc1_0.w_scale"].shape == ()
     assert np.abs(s8["fc1_0.w_quantized"].astype(int)).max() == 127

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.errors import InputError, one_line
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import activation_quantizers
+from ivq_debug.qnn.quantize import preprocess_float_model
 
 #: a preprocessed float model reproduces the user's outputs within this relative max error (fusions reorder
 #: float arithmetic: Gemm vs MatMul + Add, Gelu vs its Erf subgraph; measured ~1e-6 on the tests' transformer)
@@ -46,19 +46,12 @@ def quantizer_reference(float_model: str | os.PathLike, qdq_model: str | os.Path
     ``path`` is the float model itself when it already names every QDQ float tensor, ``<folder>/<name>.pre.onnx``
     when ``qnn_preprocess_model`` makes it so, and None otherwise (``how`` says why).
     """
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
     want = qdq_float_names(qdq_model)
     have = graph_names(float_model)
     if want <= have:
         return Path(float_model), "the float model names every QDQ tensor"
     out = Path(folder) / (Path(float_model).stem + ".pre.onnx")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        changed = qnn_preprocess_model(Path(float_model), out)
-    except Exception as e:
-        raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", float_model) from None
-    if not changed:
+    if not preprocess_float_model(float_model, out):
         return None, f"qnn_preprocess_model changes nothing; {len(want - have)} QDQ tensors stay unnamed"
     missing = want - graph_names(out)
     if missing:

@@ -19,11 +19,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ivq_debug import defaults
+from ivq_debug import defaults, interrupt
 from ivq_debug.console import track
 from ivq_debug.dump import DumpWriter
 from ivq_debug.dump.contract import CONTRACT_META, host_platform, model_precision
 from ivq_debug.errors import UsageError
+from ivq_debug.onnxgraph import intake
+from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.util import sha256_file
 
 
@@ -207,6 +209,7 @@ def capture(
     with DumpWriter(path, backend=runner.backend, backend_info=runner.info, model=dict(model or {}),
                     overwrite=overwrite, summary_only=summary_only) as w:
         for i, sample in enumerate(items):
+            interrupt.raise_if_signalled()
             write(w, i, sample)
         w.update_backend_info(**runner.info)
         w.set_meta(CONTRACT_META, run_identity(runner, part))
@@ -223,13 +226,16 @@ class Backend:
         help: one line for ``--help``.
         runner: ``"module:Class"`` of the runner (imported on use: backends load heavy libraries).
         options: keyword arguments beyond the common ones (``selection``, ``optimization``,
-            ``max_outputs_per_run``, ``threads``) that the runner accepts from the command line.
+            ``max_outputs_per_run``, ``threads``, ``input_shapes``) that the runner accepts from the command line.
+        static_shapes: the backend runs only static shapes (a dynamic input dim the samples do not fix is an
+            error before any session is made).
     """
 
     name: str
     help: str
     runner: str
     options: tuple[str, ...] = ()
+    static_shapes: bool = False
 
     def runner_class(self) -> type:
         """The runner class (imports its module)."""
@@ -246,9 +252,10 @@ BACKENDS: dict[str, Backend] = {
                    "ivq_debug.capture.qnn_ep.runner:QnnHtpRunner",
                    ("exposure", "verify", "soc_model", "htp_arch", "allow_cpu_fallback", "profiling_level",
                     "profiling_path", "overwrite", "config", "require_bit_identical", "drop_unexposable",
-                    "op_trace_dir", "json_graph_dir", "max_probes", "channels_last", "qnn_cache", "fast_compile")),
+                    "op_trace_dir", "json_graph_dir", "max_probes", "channels_last", "qnn_cache", "fast_compile"),
+                   static_shapes=True),
 }
-_COMMON = ("selection", "optimization", "max_outputs_per_run", "threads")
+_COMMON = ("selection", "optimization", "max_outputs_per_run", "threads", "input_shapes")
 
 
 def make_runner(backend: str, model: str | os.PathLike, **options: Any) -> Any:
@@ -265,6 +272,21 @@ def make_runner(backend: str, model: str | os.PathLike, **options: Any) -> Any:
     if bad:
         raise UsageError(f"backend {backend!r} does not take {', '.join(bad)}")
     return b.runner_class()(model, **given)
+
+
+def sample_shapes(backend: str, model: str | os.PathLike, samples: Sequence[Mapping[str, Any]],
+                  flag: str = "--inputs") -> dict[str, tuple[int, ...]]:
+    """``input_shapes`` for a runner of ``backend`` on ``model`` from the samples it will run
+    (:func:`ivq_debug.onnxgraph.intake.input_shapes`): dims every sample agrees on are fixed; on a backend with
+    ``static_shapes`` a dim they leave open is a :class:`UsageError` naming the input, the axis and ``flag``."""
+    b = BACKENDS.get(backend)
+    if b is None:
+        raise UsageError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+    try:
+        return intake.input_shapes(load_model(model), samples, required=b.static_shapes, flag=flag,
+                                   why=f" ({b.name} runs static shapes only)" if b.static_shapes else "")
+    except UsageError as e:
+        raise UsageError(e.message, model) from None
 
 
 def runner_factory(backend: str = "onnx", **options: Any) -> Callable[[str, str | os.PathLike], Any]:

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts
-from ivq_debug.cli.common import escape
-from ivq_debug.console import console
+from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
+from ivq_debug.cli.common import escape, fmt_bytes
+from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds, check_outputs
@@ -104,13 +104,16 @@ def execute(args: argparse.Namespace) -> int:
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")
-    runner = make_runner(args.backend, args.model, **runner_options(args))
+    shapes = sample_shapes(args.backend, args.model, samples)
+    runner = make_runner(args.backend, args.model, input_shapes=shapes or None, **runner_options(args))
     check_feeds(samples, runner.model, args.inputs)
     capture(runner, samples, args.output, part=args.part, model=model_facts(args.model, args.part), overwrite=args.force,
             summary_only=args.summary_only)
     con = console()
-    con.print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
-              f"({runner.backend})")
+    for line in runner.info.get("fixed_dims", []):
+        con.print(f"[yellow]note:[/yellow] intake: fixed {escape(line)}")
+    results().print(f"wrote {escape(args.output)}: {len(runner.sites)} tensors × {len(samples)} sample(s) "
+                    f"({runner.backend}), {fmt_bytes(Path(args.output).stat().st_size)}")
     opt = runner.info.get("optimized_graph")
     if opt and opt["dropped"]:
         con.print(f"{opt['dropped']} selected tensor(s) do not exist in the optimized graph "

@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 
 from ivq_debug.cli.common import escape, fmt_num
-from ivq_debug.console import console
+from ivq_debug.console import console, results
 from ivq_debug.demo import run_demo
 from ivq_debug.diagnose import headline
 from ivq_debug.errors import EXIT_OK
@@ -49,9 +49,10 @@ def execute(args: argparse.Namespace) -> int:
             where = f" @ {loc}"
         t.add_row(escape(label), str(s["pairs"]), fmt_num(s["min_sqnr_db"]),
                   escape(f"{head.kind}{where}") if head else "[green]clean[/green]", escape(", ".join(rest)) or "-")
-    con.print(t)
-    con.print("caption exact match: " + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
-    con.print(f"golden dumps: {escape(', '.join(str(p) for p in res.dumps.values()))}")
-    con.print(f"[bold]report: {escape(res.report)}[/bold] · summary: {escape(res.summary)} · "
+    out = results()
+    out.print(t)
+    out.print("caption exact match: " + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
+    out.print(f"golden dumps: {escape(', '.join(str(p) for p in res.dumps.values()))}")
+    out.print(f"[bold]report: {escape(res.report)}[/bold] · summary: {escape(res.summary)} · "
               f"{res.timings.get('total', 0):.0f} s")
     return EXIT_OK

@@ -20,7 +20,7 @@ from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
-from ivq_debug.console import console, status
+from ivq_debug.console import results, status
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
@@ -68,7 +68,7 @@ def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget."""
     validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
-    con = console()
+    con = results(json_to_stdout=args.json == "-")
     # cpu at ORT_DISABLE_ALL: the replay's own exact fake-quant session; another level (dynamic INT8 units fused, as a
     # deployment runs them) or QNN HTP: the units run on that backend, the shadow copies stay on the exact CPU path
     factory = (partial(make_runner, "qnn") if args.backend == "qnn"

@@ -20,7 +20,7 @@ from ivq_debug.capture.qnn_net_run.ingest import (
     capture_session,
 )
 from ivq_debug.cli.common import escape, write_json
-from ivq_debug.console import console, status
+from ivq_debug.console import console, results, status
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.validate import check_outputs
 
@@ -142,7 +142,7 @@ def _qnn_net_run(args: argparse.Namespace, info: dict | None) -> NetRunCapture:
 
 def session_spec(args: argparse.Namespace) -> SessionSpec:
     """The session spec of ``ivq ingest session``: ``--spec`` with the flags given on top."""
-    spec = SessionSpec.from_json(args.spec) if args.spec else SessionSpec({})
+    spec = SessionSpec.from_json(args.spec, args.allow_outside_inputs) if args.spec else SessionSpec({})
     for part in SESSION_PARTS:
         if getattr(args, part):
             spec.folders[part] = [Path(f) for f in getattr(args, part)]
@@ -177,7 +177,7 @@ def execute(args: argparse.Namespace) -> int:
             spec, args.output, overwrite=args.force, backend_info=info)
     if args.json:
         write_json(cap.to_json(), args.json, overwrite=args.force)
-    con = console()
+    con = results(json_to_stdout=args.json == "-")
     samples = sorted({k[0] for k in cap.records})
     decode = sum(1 for k in cap.records if k[1] == "decode")
     con.print(f"wrote {escape(cap.path)}: {cap.n_tensors} tensors in {len(cap.records)} record(s) of "
@@ -188,10 +188,10 @@ def execute(args: argparse.Namespace) -> int:
     con.print("  config: " + (escape(cap.config_source) if cap.config_source else
                               "none (pass --config config.json: the KV-cache position check needs rope_theta)"))
     if cap.unmatched:
-        con.print(f"[yellow]{len(cap.unmatched)} file(s) matched no tensor[/yellow], first: "
-                  f"{escape(cap.unmatched[0]['file'])} ({escape(cap.unmatched[0]['reason'])})")
+        console().print(f"[yellow]{len(cap.unmatched)} file(s) matched no tensor[/yellow], first: "
+                        f"{escape(cap.unmatched[0]['file'])} ({escape(cap.unmatched[0]['reason'])})")
     if not cap.complete:
         for pr in cap.problems[:10]:
-            con.print(f"[yellow]incomplete:[/yellow] {escape(pr)}")
+            console().print(f"[yellow]incomplete:[/yellow] {escape(pr)}")
         return EXIT_FAIL
     return EXIT_OK

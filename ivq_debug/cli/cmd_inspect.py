@@ -6,7 +6,7 @@ import argparse
 
 from ivq_debug.cli.common import escape, parse_record
 from ivq_debug.cli.render import entry_panel, manifest_table
-from ivq_debug.console import console
+from ivq_debug.console import console, results
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_OK
 
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Run ``ls`` or ``show``."""
 
-    con = console()
+    con = results()
     with open_dump(args.dump) as d:
         if args.command == "ls":
             if args.records:
@@ -43,7 +43,7 @@ def execute(args: argparse.Namespace) -> int:
             else:
                 con.print(manifest_table(d, args.limit, args.kind))
             if not d.complete:
-                con.print(f"[yellow]incomplete dump:[/yellow] {escape('; '.join(d.incomplete_reasons))}")
+                console().print(f"[yellow]incomplete dump:[/yellow] {escape('; '.join(d.incomplete_reasons))}")
             return EXIT_OK
         e = d.entry(args.name, parse_record(args.record), "input" if args.input else "tensor")
         d.dataset(e)  # checked against the manifest (and read) before anything is printed: one error line

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug.cli.common import escape
-from ivq_debug.console import console, status
+from ivq_debug.cli.common import escape, write_json
+from ivq_debug.console import console, results, status
 from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -34,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--op-types", default=None, help="dynamic: op types to quantize, comma-separated (default: all "
                                                      "that quantize_dynamic supports)")
     p.add_argument("--exclude-nodes", default=None, help="dynamic: node names kept in float, comma-separated")
+    p.add_argument("--json", metavar="OUT", help="write the result (QDQ: the effective quantization included) as "
+                                                "JSON ('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite the output model")
 
 
@@ -41,9 +44,24 @@ def _split(value: str | None) -> list[str]:
     return [s.strip() for s in value.split(",") if s.strip()] if value else []
 
 
+def effective_line(effective: dict) -> str:
+    """``activations uint16 x12 · weights uint8 x6 (per-channel 2) · biases int32 x3``."""
+    counts = effective.get("counts", {})
+    parts = []
+    for role, label in (("activation", "activations"), ("weight", "weights"), ("bias", "biases"),
+                        ("constant", "other constants")):
+        if role in counts:
+            txt = ", ".join(f"{dt} x{n}" for dt, n in sorted(counts[role].items()))
+            if role == "weight" and effective.get("per_channel_weights"):
+                txt += f" (per-channel {effective['per_channel_weights']})"
+            parts.append(f"{label} {txt}")
+    return " · ".join(parts) or "nothing quantized"
+
+
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
-    con = console()
+    check_outputs([args.json], [args.model, args.calibration, args.overrides, args.output], args.force)
+    con = results(json_to_stdout=args.json == "-")
     if args.dynamic:
         for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),
                             ("--max-samples", args.max_samples)):
@@ -56,6 +74,8 @@ def execute(args: argparse.Namespace) -> int:
                                        nodes_to_exclude=_split(args.exclude_nodes), overwrite=args.force)
         ops = ", ".join(f"{n} {k}" for k, n in d.integer_ops.items()) or "no integer op"
         left = ", ".join(f"{n} {k}" for k, n in d.float_left.items())
+        if args.json:
+            write_json(d.to_dict(), args.json, overwrite=args.force)
         con.print(f"wrote {escape(d.model_path)}: dynamic INT8 ({d.weight_type} weights"
                   f"{', per-channel' if d.per_channel else ''}{', reduce_range' if d.reduce_range else ''}), "
                   f"{escape(ops)}, {d.dynamic_quantizers} DynamicQuantizeLinear"
@@ -71,9 +91,14 @@ def execute(args: argparse.Namespace) -> int:
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
                              per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
                              overwrite=args.force)
+    if args.json:
+        write_json(r.to_dict(), args.json, overwrite=args.force)
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "
               f"{r.calibration_samples} calibration sample(s) from {escape(r.calibration_source)}, "
               f"{r.quantize_nodes} Q / {r.dequantize_nodes} DQ nodes, {r.overrides} override(s), {r.seconds:.2f} s")
+    con.print(f"effective: {escape(effective_line(r.effective))}")
+    for m in r.effective.get("mismatches", []):
+        con.print(f"[bold yellow]preset did not hold:[/bold yellow] {escape(m)}")
     for w in r.warnings:
-        con.print(f"[yellow]note:[/yellow] {escape(w)}")
+        console().print(f"[yellow]note:[/yellow] {escape(w)}")
     return EXIT_OK

@@ -13,7 +13,7 @@ import argparse
 from ivq_debug.capture.qnn_net_run.reference import build_reference
 from ivq_debug.cli.cmd_ingest import add_part_model_arguments, part_models
 from ivq_debug.cli.common import escape
-from ivq_debug.console import console, status
+from ivq_debug.console import results, status
 from ivq_debug.errors import EXIT_OK, UsageError
 
 
@@ -46,7 +46,7 @@ def execute(args: argparse.Namespace) -> int:
         run = build_reference(args.session, args.output, model_dir=args.model_dir, models=part_models(args),
                               config=args.config, grid_thw=_grid(args.grid_thw), overwrite=args.force,
                               threads=args.threads)
-    con = console()
+    con = results()
     samples = sorted(run.positions)
     con.print(f"wrote {escape(run.path)}: {len(run.records)} record(s) of {len(samples)} sample(s)")
     for part, m in run.parts.items():

@@ -15,7 +15,7 @@ from ivq_debug.capture.base import make_runner
 from ivq_debug.cli.common import escape
 from ivq_debug.cli.diff import add_budget_arguments
 from ivq_debug.comparator import Budgets
-from ivq_debug.console import console
+from ivq_debug.console import results
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
@@ -95,5 +95,5 @@ def execute(args: argparse.Namespace) -> int:
         written.append(f"junit: {args.junit}")
     s = cmp.summary
     verdict = "[bold green]PASS[/bold green]" if cmp.passed else f"[bold red]FAIL[/bold red] {s['failed']} tensor(s) over budget"
-    console().print(f"{verdict} · {escape(' · '.join(written))}")
+    results().print(f"{verdict} · {escape(' · '.join(written))}")
     return EXIT_FAIL if (args.check and not cmp.passed) else EXIT_OK

@@ -4,10 +4,7 @@ first set that does not make the verified backend worse (docs/tune.md)."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
 from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
-from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, verify
+from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, load_task_metric, verify
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds, check_outputs
 
@@ -62,33 +59,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="overrides file format (every trial writes and reads it back)")
     p.add_argument("--resume", action="store_true", help="reuse the finished trials of WORKDIR/checkpoint.json")
     p.add_argument("--force", action="store_true", help="reuse a non-empty workdir, overwriting its files")
-
-
-def load_task_metric(spec: str) -> Callable[[list[dict[str, Any]]], Any]:
-    """``module:function`` or ``path/to/file.py:function`` → the function (one-line usage errors)."""
-    mod_name, _, fn_name = spec.rpartition(":")
-    if not mod_name or not fn_name:
-        raise UsageError(f"--task-metric wants MODULE:FUNCTION, got {spec!r}")
-    try:
-        if mod_name.endswith(".py"):
-            path = Path(mod_name)
-            if not path.is_file():
-                raise UsageError(f"--task-metric: no such file {mod_name!r}")
-            sp = importlib.util.spec_from_file_location(path.stem, path)
-            if sp is None or sp.loader is None:
-                raise UsageError(f"--task-metric: cannot load {mod_name!r}")
-            mod = importlib.util.module_from_spec(sp)
-            sp.loader.exec_module(mod)
-        else:
-            mod = importlib.import_module(mod_name)
-    except UsageError:
-        raise
-    except Exception as e:  # the user's module
-        raise UsageError(f"--task-metric: cannot import {mod_name!r} ({type(e).__name__}: {e})") from None
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise UsageError(f"--task-metric: {mod_name!r} has no function {fn_name!r}")
-    return fn
 
 
 def execute(args: argparse.Namespace) -> int:

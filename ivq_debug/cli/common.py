@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from ivq_debug import interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
 from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 
@@ -15,21 +17,31 @@ from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Run a CLI body; turn :class:`IvqError` into a one-line message and its exit code.
 
-    An ``OSError`` that only writing can raise (no space left, quota, file too large, read-only file
-    system) is an output that cannot be written: one line, exit 2. A module of a missing optional extra
-    (pandas, torch, ...) exits 5 naming the extra to install (:func:`~ivq_debug.errors.missing_extra`).
-    Other unexpected exceptions print one line too, exit 1 (set ``IVQ_TRACEBACK=1`` to see the
-    traceback). Messages are escaped (:func:`~ivq_debug.errors.printable`): names in them come from files.
+    SIGINT and SIGTERM interrupt the body as an exception (what it was writing is removed) and exit 130 / 143
+    (128 + the signal). An ``OSError`` that only writing can raise (no space left, quota, file too large,
+    read-only file system) is an output that cannot be written: one line, exit 2. A module of a missing optional
+    extra (pandas, torch, ...) exits 5 naming the extra to install (:func:`~ivq_debug.errors.missing_extra`).
+    Other unexpected exceptions print one line too, exit 1 (set ``IVQ_TRACEBACK=1`` to see the traceback).
+    Messages are escaped (:func:`~ivq_debug.errors.printable`): names in them come from files.
     """
     argv = sys.argv[1:] if argv is None else argv
+    previous: dict[int, Any] = {}
+    interrupt.reset()
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, interrupt.on_signal)
+    except ValueError:  # not the main thread: leave the handlers alone
+        pass
     try:
         return fn(argv)
     except IvqError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        interrupt.remove_registered()  # (what a signal between a temp file's creation and its `try` left)
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{prog}: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        return 128 + int(signum)
     except BrokenPipeError:
         return EXIT_FAIL
     except OSError as e:
@@ -40,6 +52,9 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
         return EXIT_USAGE
     except Exception as e:  # last resort, keeps the one-line contract
         return _internal(prog, argv, e)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _internal(prog: str, argv: list[str], e: Exception) -> int:

@@ -16,7 +16,7 @@ from ivq_debug.api import compare
 from ivq_debug.cli.common import escape, run, write_json
 from ivq_debug.cli.render import comparison_report
 from ivq_debug.comparator import Budgets, regressions_against
-from ivq_debug.console import console
+from ivq_debug.console import results
 from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
@@ -117,7 +117,7 @@ def execute_diff(args: argparse.Namespace) -> int:
     if args.report:
 
         write_report(cmp, args.report, overwrite=args.force)
-    con = console()
+    con = results(json_to_stdout=args.json == "-")
     if not args.quiet:
         for r in comparison_report(cmp, args.top):
             con.print(r)

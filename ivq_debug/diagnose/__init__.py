@@ -22,11 +22,14 @@ from ivq_debug.diagnose.basic import (
     non_finite,
     token_divergence,
 )
+from ivq_debug.diagnose.deepstack import deepstack_findings
 from ivq_debug.diagnose.findings import Finding, severity_rank
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.platform import platform_findings
 from ivq_debug.diagnose.positions import position_findings
+from ivq_debug.diagnose.preprocess import preprocess_findings
 from ivq_debug.diagnose.projector import projector_findings
+from ivq_debug.diagnose.rope_layout import mrope_layout_findings
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Diagnostic:
     rank: int
     run: Callable[[Any], list[Finding]] | None
     doc: str = ""
+    also: tuple[str, ...] = ()  # other kinds this unit emits (registered with run=None)
 
 
 def positions(cmp: Any) -> list[Finding]:
@@ -45,10 +49,31 @@ def positions(cmp: Any) -> list[Finding]:
     return [f for s in samples for f in position_findings(cmp.ref, cmp.test, sample=s)]
 
 
+def preprocess_findings_of(cmp: Any) -> list[Finding]:
+    """Vision inputs that differ: range, normalization or resize."""
+    return preprocess_findings(cmp.ref, cmp.test)
+
+
+def deepstack(cmp: Any) -> list[Finding]:
+    """DeepStack residual-stream jumps of the reference missing from the test or at another layer / rows."""
+    return deepstack_findings(cmp.ref, cmp.test)
+
+
+def mrope_layout(cmp: Any) -> list[Finding]:
+    """The M-RoPE layout the test's prefill keys were rotated with, when it is not the model's."""
+    return mrope_layout_findings(cmp.ref, cmp.test)
+
+
 #: every diagnostic, most telling first (``rank``)
 DIAGNOSTICS: tuple[Diagnostic, ...] = (
+    Diagnostic("preprocess_mismatch", 0, preprocess_findings_of, "pixel values differ before the vision tower"),
     Diagnostic("projector_drift", 0, projector_findings, "the projector's error grows out of the vision tower's"),
     Diagnostic("position_id_offset", 1, positions, "decode positions differ from the model's rule"),
+    Diagnostic("mrope_layout", 1, mrope_layout, "prefill keys rotated with another M-RoPE layout"),
+    Diagnostic("deepstack_missing", 1, deepstack, "DeepStack features not added to the LLM",
+               ("deepstack_misrouted",)),
+    Diagnostic("deepstack_misrouted", 1, None, "DeepStack features added after another layer or at other rows "
+               "(found by the deepstack_missing unit)"),
     Diagnostic("resolution_collapse", 2, resolution_collapse, "an encoding's step is coarser than the signal"),
     Diagnostic("cpu_fallback", 3, cpu_fallback, "QNN nodes that ran on the CPU"),
     Diagnostic("platform_kernel", 3, platform_findings, "kernels that differ between two platforms (same model)"),
@@ -81,7 +106,7 @@ def diagnose(cmp: Any, kinds: Iterable[str] | None = None) -> list[Finding]:
     want = set(kinds) if kinds is not None else None
     out: list[Finding] = []
     for d in DIAGNOSTICS:
-        if d.run is not None and (want is None or d.kind in want):
+        if d.run is not None and (want is None or want & {d.kind, *d.also}):
             out.extend(d.run(cmp))
     return order(merge_repeats(out))
 

@@ -35,8 +35,9 @@ from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.graphs import constant_values, temp_model, typed_inputs
+from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import load_model
-from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name
+from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name, floors_at_zero
 
 #: the number of groups whose output share :func:`measure_lift` measures (one CPU run of a merged model holding
 #: the QDQ model once per group, plus once as it is)
@@ -257,9 +258,9 @@ def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[s
         if n.op_type == "DequantizeLinear" and n.domain in QDQ_DOMAINS and n.input:
             q = producer.get(n.input[0])
             src = q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
-            if src is not None and float_name(src) in tensors:
-                nodes.append(onnx.NodeProto(op_type="Identity", name=prefix + n.name, input=[ren(src)],
-                                            output=[ren(n.output[0])]))
+            if src is not None and float_name(src) in tensors:  # lifted: float, with the ReLU a Q may hold
+                nodes.append(onnx.NodeProto(op_type="Relu" if floors_at_zero(q, model) else "Identity",
+                                            name=prefix + n.name, input=[ren(src)], output=[ren(n.output[0])]))
                 continue
         c = onnx.NodeProto()
         c.CopyFrom(n)
@@ -293,7 +294,7 @@ def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_m
     g_out = [n for n in g_out if n in outs]
     floats: dict[str, np.ndarray] = {}
     if float_model is not None:
-        fm = load_model(float_model)
+        fm = load_float_model(float_model)
         base = str(Path(float_model).parent)
         floats = {i.name: numpy_helper.to_array(i, base) for i in fm.graph.initializer}
     const, _ = constant_values(model)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,21 @@ from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import read_json
+from ivq_debug.validate import check_hf_config
 
 
 def _pos_array(v: Any) -> np.ndarray:
-    return np.asarray(v).astype(np.int64)
+    """Positions as int64, or float64 when any is fractional (InternVL3's V2PE visual positions)."""
+    a = np.asarray(v)
+    if a.dtype.kind == "f" and not np.all(a == np.round(a)):
+        return a.astype(np.float64)
+    return a.astype(np.int64)
+
+
+def _num(x: Any) -> int | float:
+    """A position as ``int`` when integral, else ``float`` (fractional positions flow through unrounded)."""
+    f = float(x)
+    return int(f) if f == round(f) else f
 
 
 def prefill_and_decode_positions(dump: Any, sample: int = 0) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
@@ -80,11 +91,11 @@ class PositionCheck:
     """Result of the direct check."""
 
     prefill_len: int
-    max_prefill_pos: int
-    rope_delta: int
-    offsets: dict[int, int]  # decode step -> observed - expected
-    expected: dict[int, int]
-    observed: dict[int, int]
+    max_prefill_pos: int | float  # float: fractional positions (V2PE)
+    rope_delta: int | float
+    offsets: dict[int, int | float]  # decode step -> observed - expected
+    expected: dict[int, int | float]
+    observed: dict[int, int | float]
 
     @property
     def first_wrong_step(self) -> int | None:
@@ -105,14 +116,14 @@ def check_positions(dump: Any, sample: int = 0) -> PositionCheck | None:
     if prefill is None or not steps:
         return None
     s_len = int(prefill.shape[-1])
-    mx = int(prefill.max())
+    mx = _num(prefill.max())
     offsets, expected, observed = {}, {}, {}
     for k, pos in sorted(steps.items()):
         rows = pos.reshape(-1)
-        obs = int(rows[0]) if np.all(rows == rows[0]) else int(rows.max())
+        obs = _num(rows[0] if np.all(rows == rows[0]) else rows.max())
         exp = mx + k
-        offsets[k], expected[k], observed[k] = obs - exp, exp, obs
-    return PositionCheck(s_len, mx, mx + 1 - s_len, offsets, expected, observed)
+        offsets[k], expected[k], observed[k] = _num(obs - exp), exp, obs
+    return PositionCheck(s_len, mx, _num(mx + 1 - s_len), offsets, expected, observed)
 
 
 # ================================================================================ RoPE parameters
@@ -131,6 +142,8 @@ class RopeSpec:
         factor: linear position scaling (``rope_type="linear"``); 1 otherwise.
         mrope_section: M-RoPE sections, when the model has them (decode slots rotate like 1-D RoPE).
         source: where the parameters came from.
+        mrope_layout: how the M-RoPE axes map to frequencies (``sectioned`` / ``interleaved``, see
+            :func:`ivq_debug.vlm.inputs.mrope_frequency_axes`); None without M-RoPE.
     """
 
     theta: float
@@ -139,6 +152,7 @@ class RopeSpec:
     factor: float = 1.0
     mrope_section: tuple[int, ...] | None = None
     source: str = "argument"
+    mrope_layout: str | None = None
 
     def frequencies(self, key_dim: int) -> np.ndarray:
         """``θ_j`` of the rotary part of a key with ``key_dim`` dims."""
@@ -151,7 +165,7 @@ class RopeSpec:
         """JSON-ready evidence."""
         return {"rope_theta": self.theta, "head_dim": self.head_dim, "rotary_dim": self.rotary_dim,
                 "factor": self.factor, "mrope_section": list(self.mrope_section) if self.mrope_section else None,
-                "source": self.source}
+                "mrope_layout": self.mrope_layout, "source": self.source}
 
 
 def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
@@ -160,7 +174,9 @@ def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
     Reads the text config when there is one (``text_config`` / ``llm_config``): ``rope_parameters`` (or the
     older ``rope_scaling``) with ``rope_theta`` / ``rope_type`` / ``factor`` / ``mrope_section`` /
     ``partial_rotary_factor``, else the config's own ``rope_theta`` / ``partial_rotary_factor``, and
-    ``head_dim`` (default ``hidden_size / num_attention_heads``).
+    ``head_dim`` (default ``hidden_size / num_attention_heads``). The M-RoPE layout is ``interleaved`` when
+    the rope parameters say ``mrope_interleaved`` (released Qwen3-VL configs) or the ``model_type`` is a
+    Qwen3-VL one (transformers always interleaves there), else ``sectioned`` (Qwen2-/Qwen2.5-VL).
 
     Raises:
         InputError: the file is missing or not JSON, or it has no ``rope_theta``.
@@ -175,8 +191,7 @@ def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
             path = path / "config.json"
         source = str(path)
         cfg = read_json(path, "config.json")
-        if not isinstance(cfg, dict):
-            raise InputError("config.json is not a JSON object", path)
+    cfg = check_hf_config(cfg, source)  # a dump's stored config is as untrusted as a file
     tc = cfg.get("text_config") or cfg.get("llm_config") or cfg
     rp = tc.get("rope_parameters") or tc.get("rope_scaling") or cfg.get("rope_parameters") or {}
     theta = rp.get("rope_theta") or tc.get("rope_theta") or cfg.get("rope_theta")
@@ -192,9 +207,14 @@ def rope_from_config(config: Mapping[str, Any] | str | os.PathLike) -> RopeSpec:
     partial = float(rp.get("partial_rotary_factor") or tc.get("partial_rotary_factor") or 1.0)
     rotary = int(head_dim * partial) if head_dim and partial != 1.0 else None
     section = rp.get("mrope_section")
+    layout = None
+    if section:
+        types = {str(c.get("model_type") or "") for c in (cfg, tc)}
+        interleaved = bool(rp.get("mrope_interleaved")) or any(t.startswith("qwen3_vl") for t in types)
+        layout = "interleaved" if interleaved else "sectioned"
     return RopeSpec(float(theta), int(head_dim) if head_dim else None, rotary,
                     float(rp.get("factor") or 1.0) if rope_type == "linear" else 1.0,
-                    tuple(int(x) for x in section) if section else None, source)
+                    tuple(int(x) for x in section) if section else None, source, layout)
 
 
 def rope_of_dumps(*dumps: Any) -> RopeSpec | None:
@@ -207,8 +227,7 @@ def rope_of_dumps(*dumps: Any) -> RopeSpec | None:
                 spec = rope_from_config(model["config"])
             except (InputError, UsageError):  # a config the check cannot use: no inferred check from it
                 continue
-            return RopeSpec(spec.theta, spec.head_dim, spec.rotary_dim, spec.factor, spec.mrope_section,
-                            f"{Path(str(getattr(d, 'path', 'dump'))).name} model attributes")
+            return replace(spec, source=f"{Path(str(getattr(d, 'path', 'dump'))).name} model attributes")
     for d in dumps:
         theta = (getattr(d, "model", None) or {}).get("rope_theta")
         if theta:
@@ -304,11 +323,13 @@ class StepRotation:
                 "same_token": self.same_token, "reason": self.reason or None}
 
 
-def _layer_keys(dump: Any, rid: str) -> dict[int, str]:
+def layer_keys(dump: Any, rid: str) -> dict[int, str]:
+    """Layer index -> name of the ``present.{i}.key`` tensors of a record."""
     return {int(m.group(1)): e.name for e in dump.tensors(rid) if (m := _PRESENT_KEY.match(e.name))}
 
 
-def _input(dump: Any, rid: str, name: str) -> Any:
+def record_input(dump: Any, rid: str, name: str) -> Any:
+    """The input entry ``name`` of a record (None when it was not stored)."""
     return next((e for e in dump.tensors(rid, kind="input") if e.name == name), None)
 
 
@@ -325,10 +346,10 @@ def prefill_length(dump: Any, sample: int = 0) -> int | None:
     for (s, part, _), rid in dump.record_keys().items():
         if s != sample or part != "prefill":
             continue
-        keys = _layer_keys(dump, rid)
+        keys = layer_keys(dump, rid)
         if keys:
             return int(dump.entry(keys[min(keys)], rid).shape[-2])
-        pos = _input(dump, rid, "position_ids")
+        pos = record_input(dump, rid, "position_ids")
         if pos is not None:
             return int(pos.shape[-1])
     return None
@@ -370,7 +391,7 @@ def same_token(ref: Any, rr: str, test: Any, tr: str) -> bool | None:
     a, b = _fed_token(ref, rr), _fed_token(test, tr)
     if a is not None and b is not None:
         return a == b
-    fa, fb = _input(ref, rr, "inputs_embeds"), _input(test, tr, "inputs_embeds")
+    fa, fb = record_input(ref, rr, "inputs_embeds"), record_input(test, tr, "inputs_embeds")
     if fa is None or fb is None:
         return None
     ea, eb = ref.read(fa), test.read(fb)
@@ -399,7 +420,7 @@ def infer_offsets(ref: Any, test: Any, *, base: float | RopeSpec, layer: int = 0
         if key_name is not None:
             names_r = names_t = {layer: key_name}
         else:
-            names_r, names_t = _layer_keys(ref, rk[key]), _layer_keys(test, tk[key])
+            names_r, names_t = layer_keys(ref, rk[key]), layer_keys(test, tk[key])
         common = sorted(set(names_r) & set(names_t))
         if not common:
             continue
@@ -433,15 +454,66 @@ def infer_offsets(ref: Any, test: Any, *, base: float | RopeSpec, layer: int = 0
 
 
 # ================================================================================ findings
-def _hint(off: int, prefill_len: int | None, max_pos: int | None) -> str:
+#: what a wrong decode position equals, most specific first: ``cause -> (message, suggestion)``. ``S`` is the
+#: prompt length, ``max`` the prefill's largest position, ``delta = max + 1 − S`` (M-RoPE: < 0 with an image)
+CAUSES: dict[str, tuple[str, str]] = {
+    "restart": ("decode positions restart at 0, at k − 1",
+                "decode step k must continue after the prompt: max(prefill positions) + k, not k − 1"),
+    "pinned_zero": ("decode positions are pinned to 0",
+                    "feed every decode step its own position (max(prefill positions) + k), not a constant 0"),
+    "pinned": ("decode positions are pinned to one value", "advance the decode position by one per step"),
+    "rope_delta_dropped": (
+        "the M-RoPE rope delta is dropped: decode used the cache position S + k − 1 (the image tokens counted "
+        "as text) instead of S + k − 1 + rope_delta = max(pos) + k",
+        "add the rope delta max(prefill positions) + 1 − S (HF rope_deltas) to the cache position of every "
+        "decode step, on all three M-RoPE rows"),
+    "raw_token_count": (
+        "decode used the raw token count S + k (image tokens counted as text, one past) without the M-RoPE "
+        "rope delta",
+        "use max(prefill positions) + k: the cache position S + k − 1 plus the rope delta"),
+    "off_by_one": ("decode positions are one past the model's (the new token counted twice)",
+                   "decode step k uses max(prefill positions) + k, the fed token is not counted again"),
+}
+
+
+def position_cause(observed: Mapping[int, int | float], prefill_len: int | None,
+                   max_pos: int | float | None) -> str | None:
+    """Which wrong rule decode positions ``observed`` (step -> position) follow (a key of :data:`CAUSES`).
+
+    Only steps whose position is wrong (not ``max_pos + k``) are judged; the cause must hold at every one
+    of them. None when the positions are right, the prefill is unknown or no rule fits.
+    """
     if prefill_len is None or max_pos is None:
-        return ""
-    rope_delta = max_pos + 1 - prefill_len
-    if rope_delta != 0 and off == -rope_delta:
-        return " (decode ignores the M-RoPE delta: S+k−1 was used instead of max(pos)+k)"
-    if off == -(max_pos + 1):
-        return " (decode positions restart at 0)"
-    return ""
+        return None
+    S, mx = int(prefill_len), max_pos
+    wrong = {k: v for k, v in observed.items() if abs(v - (mx + k)) > 1e-6}
+    if not wrong:
+        return None
+    delta = mx + 1 - S
+
+    def eq(a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-6
+
+    rules: dict[str, Any] = {
+        "restart": lambda k, v: eq(v, k - 1) and len(observed) > 1,
+        "pinned_zero": lambda k, v: eq(v, 0),
+        "rope_delta_dropped": lambda k, v: not eq(delta, 0) and eq(v, S + k - 1),
+        "raw_token_count": lambda k, v: not (eq(delta, 0) or eq(delta, 1)) and eq(v, S + k),
+        "off_by_one": lambda k, v: eq(v, mx + k + 1),
+        "pinned": lambda k, v: len(set(wrong.values())) == 1 and len(observed) > 1,
+    }
+    for cause, rule in rules.items():
+        if all(rule(k, v) for k, v in wrong.items()):
+            return cause
+    return None
+
+
+def _hint(cause: str | None) -> str:
+    return f" ({CAUSES[cause][0]})" if cause else ""
+
+
+def _suggestion(cause: str | None) -> str:
+    return CAUSES[cause][1] if cause else "decode step k must use max(prefill positions) + k (1-D RoPE: S + k − 1)"
 
 
 def position_findings(ref: Any, test: Any, *, base: float | None = None,
@@ -462,15 +534,16 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
         if step is None:
             return []
         off = chk.offsets[step]
+        cause = position_cause(chk.observed, chk.prefill_len, chk.max_prefill_pos)
         return [Finding(
             "position_id_offset", "error",
-            f"decode position_ids are off by {off:+d} from step {step}{_hint(off, chk.prefill_len, chk.max_prefill_pos)}",
+            f"decode position_ids are off by {off:+g} from step {step}{_hint(cause)}",
             where={"record": {"sample": sample, "part": "decode", "step": step}, "tensor": "position_ids"},
             evidence={"offset": off, "constant_offset": chk.offset, "first_wrong_step": step,
                       "prefill_len": chk.prefill_len, "rope_delta": chk.rope_delta,
-                      "expected": chk.expected, "observed": chk.observed, "method": "direct",
+                      "expected": chk.expected, "observed": chk.observed, "method": "direct", "cause": cause,
                       "reference_ok": ref_chk is not None and ref_chk.first_wrong_step is None},
-            suggestion="decode step k must use position max(prefill position_ids) + k (1-D RoPE: prefill_len + k − 1)",
+            suggestion=_suggestion(cause),
         )]
     if config is not None:
         rope: RopeSpec | None = rope_from_config(config)
@@ -492,17 +565,20 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
     ref_pre, _ = prefill_and_decode_positions(ref, sample)
     pre = ref_pre if ref_pre is not None else prefill_and_decode_positions(test, sample)[0]
     S = int(pre.shape[-1]) if pre is not None else prefill_length(ref, sample)
-    mx = int(pre.max()) if pre is not None else None
-    tensor = _layer_keys(test, test.record_keys()[(sample, "decode", step)]).get(st.layer, f"present.{st.layer}.key")
+    mx = _num(pre.max()) if pre is not None else None
+    tensor = layer_keys(test, test.record_keys()[(sample, "decode", step)]).get(st.layer, f"present.{st.layer}.key")
+    cause = None
+    if mx is not None and S is not None:  # the positions the rotations imply, on the steps that tell one
+        cause = position_cause({k: mx + k + s.offset for k, s in est.items() if s.offset is not None}, S, mx)
     return [Finding(
         "position_id_offset", "error",
-        f"decode keys are rotated as if positions were off by {e.offset:+d} from step {step}{_hint(e.offset, S, mx)} "
+        f"decode keys are rotated as if positions were off by {e.offset:+d} from step {step}{_hint(cause)} "
         f"(inferred from the appended KV-cache slot, layer {st.layer}, fit {e.fit:.2f}, confidence {e.confidence:.2f})",
         where={"record": {"sample": sample, "part": "decode", "step": step}, "tensor": tensor},
         evidence={"offset": e.offset, "offsets": offs, "constant_offset": offs[0] if len(offs) == 1 else None,
                   "first_wrong_step": step, "fit": e.fit, "margin": e.margin, "confidence": e.confidence,
                   "fit_at_zero": e.fit_at_zero, "method": "inferred", "layer": st.layer, "cache": st.cache,
                   "prefill_len": S, "rope_delta": (mx + 1 - S) if mx is not None and S is not None else None,
-                  "rope": rope.to_dict(), "steps": {k: v.to_evidence() for k, v in est.items()}},
-        suggestion="check the scheduler's decode position_ids: step k must use max(prefill positions) + k",
+                  "rope": rope.to_dict(), "steps": {k: v.to_evidence() for k, v in est.items()}, "cause": cause},
+        suggestion=_suggestion(cause),
     )]

@@ -70,6 +70,7 @@ from ivq_debug.onnxgraph.sites import (
     activation_quantizers,
     constant_arrays,
     float_name,
+    floors_at_zero,
     is_qdq,
     quant_params,
 )
@@ -331,11 +332,21 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shad
         if shadow and u.compute is not None:  # a dynamic INT8 unit quantizes its float inputs itself: fq = ref
             raw = {dq: x for x, dq in u.qin.items()}  # DQ output N reads -> its float input
             c = u.compute
-            outs.append((f"{pre}fq", ren(c.output[0])))  # the compute node's own output, before its encoding
+            # the compute node's own output, before its encoding (with the ReLU the quantizer folded into it)
+            relu = u.out_q is not None and floors_at_zero(u.out_q, model)
+
+            def floored(value: str, name: str, relu: bool = relu) -> str:
+                if not relu:
+                    return value
+                g.node.append(onnx.NodeProto(op_type="Relu", name=f"{name}::relu", input=[value],
+                                             output=[f"{name}::relu"]))
+                return f"{name}::relu"
+
+            outs.append((f"{pre}fq", floored(ren(c.output[0]), f"{pre}fq")))
             if u.weights:  # without quantized weights the float op on the float inputs is the reference itself
                 o = [f"{pre}fw::{j}" if x else "" for j, x in enumerate(c.output)]
                 g.node.append(copy_node(c, f"{pre}fw::{c.name}", [ren(raw.get(i, i)) for i in c.input], o))
-                outs.append((f"{pre}fw", o[0]))
+                outs.append((f"{pre}fw", floored(o[0], f"{pre}fw")))
             if xq:
                 outs += [(f"{pre}xq{j}", ren(dq)) for j, dq in enumerate(u.qin.values())]
         for out_name, value in outs:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, quant_params
 
 #: compute ops whose weight input (index 1) has output channels, and how to find the channel axis
@@ -49,7 +49,7 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
     zero_channels, per_channel, worst_channels``, largest spread first (a pandas DataFrame)."""
     import pandas as pd
 
-    m = load_model(model) if not hasattr(model, "graph") else model
+    m = load_float_model(model) if not hasattr(model, "graph") else model
     if not base_dir and not hasattr(model, "graph"):
         base_dir = str(Path(model).parent)
     producer = {o: n for n in m.graph.node for o in n.output if o}

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug import __version__, defaults
+from ivq_debug import __version__, defaults, interrupt
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump.contract import INPUTS_META, input_fact
 from ivq_debug.dump.guard import WriteGuard, guarded, trim
@@ -170,9 +170,15 @@ class DumpWriter:
         self.summary_only = summary_only
         self.summary_samples = summary_samples
         self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
+        interrupt.register(self._tmp)  # (removed by the CLI if a signal lands before the try below owns it)
         self._guard = WriteGuard(self._tmp, self.path)  # a full disk: the file is discarded, exit 2 (guard.py)
-        with self._guard.writing():
-            self._f = self._guard.file = h5py.File(self._tmp, "w", libver="latest")
+        try:
+            with self._guard.writing():
+                self._f = self._guard.file = h5py.File(self._tmp, "w", libver="latest")
+        except BaseException:  # (Ctrl-C / SIGTERM as the file appears: no .partial left behind)
+            self._guard.discard()
+            interrupt.unregister(self._tmp)
+            raise
         self._rows: list[list[Any]] = []
         self._records: list[dict[str, Any]] = []
         self._cur: dict[str, Any] | None = None
@@ -182,7 +188,11 @@ class DumpWriter:
         self._groups: dict[tuple[str, str], Any] = {}  # (rid, group name) -> h5py group, made on first use
         self._attrs = _AttrWriter()
         self._closed = False
-        self._start(backend, backend_info, model, command)
+        try:
+            self._start(backend, backend_info, model, command)
+        except BaseException:  # (Ctrl-C / SIGTERM while the header is written: no .partial left behind)
+            self.abort()
+            raise
 
     @guarded
     def _start(self, backend: str, backend_info: Any, model: Any, command: str | None) -> None:
@@ -427,6 +437,11 @@ class DumpWriter:
         """Write the manifest, mark the file finalized and move it to its final name. Returns the path."""
         if self._closed:
             return self.path
+        try:
+            interrupt.raise_if_signalled()  # (a SIGINT / SIGTERM whose exception was lost: never finalize)
+        except BaseException:
+            self.abort()
+            raise
         f = self._f
         text = fmt.to_json({"columns": list(fmt.MANIFEST_COLUMNS), "rows": self._rows})
         self._guard.reserve(len(text.encode()) + 4096)
@@ -453,6 +468,7 @@ class DumpWriter:
 
         os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.path)
+        interrupt.unregister(self._tmp)
         return self.path
 
     def abort(self) -> None:
@@ -460,6 +476,7 @@ class DumpWriter:
         if not self._closed:
             self._closed = True
         self._guard.discard()  # closed with its descriptor on /dev/null: no flush can fail or crash
+        interrupt.unregister(self._tmp)
 
     def __enter__(self) -> DumpWriter:
         return self

@@ -70,8 +70,29 @@ def _eval_node(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[n
     return ReferenceEvaluator(m).run(None, feeds)
 
 
+#: folding passes at most (each pass re-infers the shapes the previous one made static)
+FOLD_MAX_PASSES = 8
+
+
 def fold_constants(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any, int]:
-    """Fold constant subgraphs of ``model`` (a ModelProto, changed in place and returned) → ``(model, n)``."""
+    """Fold constant subgraphs of ``model`` (a ModelProto, changed in place and returned) → ``(model, n)``.
+
+    Repeats until a pass folds nothing: shape inference runs once per pass, and a ``Shape`` whose input's shape
+    only becomes static once an earlier pass turned its ``Slice`` bounds into initializers folds in the next one
+    (qwen3vl-tiny's interleaved M-RoPE left 16 such nodes after one pass, and a ``Shape → Concat`` piece QNN HTP
+    rejects: "Having zero graph inputs is not supported").
+    """
+    total = 0
+    for _ in range(FOLD_MAX_PASSES):
+        model, n = _fold_pass(model, max_bytes)
+        total += n
+        if not n:
+            break
+    return model, total
+
+
+def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
+    """One folding pass (see :func:`fold_constants`)."""
     from onnx import numpy_helper
 
     g = model.graph

@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug import interrupt
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph import intake
+from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
 from ivq_debug.qnn.names import NameMap
@@ -79,6 +81,11 @@ class QuantizeResult:
     seconds: float
     external_data: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: what intake changed in the float model (:class:`ivq_debug.onnxgraph.intake.IntakeReport` as a dict)
+    intake: dict[str, Any] = field(default_factory=dict)
+    #: the quantization the written model really holds (:func:`ivq_debug.onnxgraph.intake.quantization_summary`;
+    #: per tensor in the model's ``ivq_debug.quantization`` metadata)
+    effective: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -476,12 +483,6 @@ def _write_or_input_error(e: OSError, out: Path, src: Path, what: str) -> IvqErr
     return InputError(f"{what}: {type(e).__name__}: {one_line(e, 400)}", src)
 
 
-def _has_external_data(model: Any) -> bool:
-    from onnx.external_data_helper import uses_external_data
-
-    return any(uses_external_data(t) for t in model.graph.initializer)
-
-
 def quantize_for_qnn(
     model_path: str | os.PathLike,
     output_path: str | os.PathLike,
@@ -502,6 +503,7 @@ def quantize_for_qnn(
     weight_symmetric: bool | None = None,
     op_types_to_quantize: Sequence[str] | None = None,
     nodes_to_exclude: Sequence[str] | None = None,
+    constants_to_initializers: bool = True,
     overwrite: bool = False,
 ) -> QuantizeResult:
     """Quantize a float ONNX model to a QDQ model for QNN HTP.
@@ -520,7 +522,16 @@ def quantize_for_qnn(
         fixed_feeds, max_samples, image_mean, image_std, transform: see :func:`load_calibration`.
         activation_symmetric, weight_symmetric, op_types_to_quantize, nodes_to_exclude: passed to
             ``get_qnn_qdq_config``.
+        constants_to_initializers: turn ``Constant``-node weights into initializers first (model intake,
+            :mod:`ivq_debug.onnxgraph.intake`; metadata, dims and the per-channel opset are always taken care of).
         overwrite: replace an existing output.
+
+    The written model holds its metadata, plus the effective quantization per tensor under
+    ``ivq_debug.quantization`` (``result.effective`` is its summary; ``mismatches`` says where the preset did
+    not hold), and is checked (``onnx.checker`` + an ORT CPU load) before it appears under ``output_path``.
+
+    Raises:
+        CheckError: the written model failed its check (exit 7; nothing is left under ``output_path``).
     """
     from onnxruntime.quantization import CalibrationMethod, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
@@ -542,6 +553,8 @@ def quantize_for_qnn(
     act, wt = _qtype(act_name), _qtype(w_name)
     samples, cal_desc = load_calibration(calibration, proto, fixed_feeds=fixed_feeds, max_samples=max_samples,
                                          image_mean=image_mean, image_std=image_std, transform=transform)
+    proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel, where=src,
+                                       constants=constants_to_initializers)
     notes: list[str] = []
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes)
     known = _tensor_names(proto)
@@ -553,24 +566,28 @@ def quantize_for_qnn(
             f"{' …' if len(unmatched) > 8 else ''} (ONNX names, unsanitized; strict_overrides=False to ignore)", src)
     for k in unmatched:
         init_overrides.pop(k)
-    big = _has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
+    big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    interrupt.register(work)
     cap = _LogCapture()
     root = logging.getLogger()
     root.addHandler(cap)
     old_handlers = [h for h in root.handlers if h is not cap]
     for h in old_handlers:
         root.removeHandler(h)  # the quantizer logs through the root logger: keep it off the console
+    intake_file: Path | None = None
     try:
         source = src
+        if intake_rep.changed:  # the model as the quantizer takes it; its external data stays beside the source
+            source = intake_file = _write_intake(proto, src, work)
         preprocessed = False
         if preprocess:
             pre = work / "preprocessed" / src.name
             pre.parent.mkdir()
             try:
-                preprocessed = bool(qnn_preprocess_model(src, pre, save_as_external_data=big,
+                preprocessed = bool(qnn_preprocess_model(source, pre, save_as_external_data=big,
                                                          all_tensors_to_one_file=True))
             except OSError as e:
                 raise _write_or_input_error(e, out, src, "qnn_preprocess_model failed") from None
@@ -602,6 +619,12 @@ def quantize_for_qnn(
                              src) from None
         served = reader.served
         qproto = load_model(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
+        tensors = intake.effective_quantization(qproto)
+        effective = intake.quantization_summary(tensors, activation=_np_name(act), weight=_np_name(wt),
+                                                per_channel=per_channel)
+        meta = {**intake_rep.metadata, intake.QUANT_METADATA_KEY: intake.quantization_metadata(tensors, effective)}
+        intake.append_metadata(staged, meta, existing=[p.key for p in qproto.metadata_props])
+        intake.check_written_model(staged)
         externals = sorted({e.value for t in qproto.graph.initializer for e in t.external_data
                             if e.key == "location"})
         for loc in externals:  # data files first, the model last: it appears only when complete
@@ -618,6 +641,9 @@ def quantize_for_qnn(
         for h in old_handlers:
             root.addHandler(h)
         shutil.rmtree(work, ignore_errors=True)
+        interrupt.unregister(work)
+        if intake_file is not None and work not in intake_file.parents:
+            intake_file.unlink(missing_ok=True)
     qnodes = [n for n in qproto.graph.node if n.op_type == "QuantizeLinear"]
     dqnodes = [n for n in qproto.graph.node if n.op_type == "DequantizeLinear"]
     domains = sorted({n.domain or "ai.onnx" for n in qnodes + dqnodes})
@@ -640,5 +666,78 @@ def quantize_for_qnn(
         dequantize_nodes=len(dqnodes),
         seconds=round(time.perf_counter() - t0, 3),
         external_data=externals,
-        warnings=notes + cap.messages,
+        warnings=intake_rep.notes() + notes + [m for m in cap.messages if not _noise(m)],
+        intake=intake_rep.to_dict(),
+        effective=effective,
     )
+
+
+#: quantizer log lines that say nothing about this run (advice to run the preprocessing ``quantize_for_qnn`` ran)
+_NOISE = ("consider to run pre-processing", "consider pre-processing")
+
+
+def _noise(message: str) -> bool:
+    return any(s in message for s in _NOISE)
+
+
+def _np_name(qt: Any) -> str:
+    return np.dtype(_np_int_type(qt)).name
+
+
+def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLike) -> bool:
+    """Write ``out``: ``float_model`` as :func:`quantize_for_qnn` takes it — the intake (``Constant`` weights as
+    initializers, metadata set aside) then ORT's ``qnn_preprocess_model`` (the fusions the QNN flow makes before
+    quantizing). The one place besides :func:`quantize_for_qnn` that runs the preprocessing (the tuner's source,
+    the aligner's quantizer reference). Returns False, writing nothing, when neither step changes the graph.
+
+    Raises:
+        InputError: the preprocessing fails on the model (exit 3).
+    """
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    src, out = Path(float_model), Path(out)
+    proto, rep = intake.prepare(load_model(src), where=src)  # a working copy: its metadata stays off
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    intake_file = None
+    try:
+        if rep.changed:
+            intake_file = _write_intake(proto, src, work)
+        source = intake_file or src
+        tmp = work / out.name
+        try:
+            changed = bool(qnn_preprocess_model(source, tmp))
+        except Exception as e:
+            raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", src) from None
+        if changed:
+            os.replace(tmp, out)
+            return True
+        if intake_file is not None and intake_file.parent != src.parent:
+            os.replace(intake_file, out)
+            return True
+        return False
+    finally:
+        if intake_file is not None and intake_file.parent == src.parent:  # the hidden copy beside the source
+            intake_file.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_intake(proto: Any, src: Path, work: Path) -> Path:
+    """Save the intake model for the quantizer: in ``work``, or, when its weights are external data (referenced
+    relative to the source's folder), under a hidden temporary name in the source's folder (the caller removes
+    it)."""
+    import onnx
+
+    if not has_external_data(proto):
+        path = work / "intake" / src.name
+        path.parent.mkdir()
+        onnx.save(proto, str(path))
+        return path
+    path = src.parent / f".{src.stem}.intake-{os.getpid()}.onnx"
+    try:
+        onnx.save(proto, str(path), save_as_external_data=False)
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise InputError(f"cannot write the intake model beside the model (its external data must stay in its "
+                         f"folder): {one_line(e, 200)}", src.parent) from None
+    return path

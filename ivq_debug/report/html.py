@@ -216,6 +216,8 @@ def _nav(sections: list[tuple[str, str]]) -> str:
 def _evidence(ev: dict[str, Any]) -> str:
     items = []
     for k, v in ev.items():
+        if k in _OWN_SECTION:
+            continue
         if isinstance(v, list | tuple):
             text = ", ".join(fmt(x) if isinstance(x, int | float) else str(x) for x in v[:12])
             if len(v) > 12:
@@ -535,6 +537,55 @@ def _heatmaps(ctx: _Ctx) -> str:
             f'<p class="muted small">SQNR of every layer (columns, execution order) at every step (rows): a '
             "divergence that grows with the step shows as a colour change down a column.</p>"
             f'{color_scale_legend()}{"".join(out)}</section>')
+
+
+#: evidence keys rendered by a section of their own (not in the finding's evidence list)
+_OWN_SECTION = ("table",)
+
+
+def _ds_cell(v: float, vmax: float, rgb: tuple[int, int, int], text: str) -> str:
+    a = 0.0 if vmax <= 0 else min(1.0, max(0.0, v / vmax))
+    return (f'<td title="{esc(text)}" style="background:rgba({rgb[0]},{rgb[1]},{rgb[2]},{a:.2f});'
+            f'min-width:1.6em;height:1.2em;padding:0"></td>')
+
+
+def _deepstack(ctx: _Ctx) -> str:
+    """Per image token and layer boundary: the reference's DeepStack jump, the test's and their difference
+    (the ``table`` of the DeepStack findings, one per comparison and record)."""
+    groups = [(ctx.label, list(ctx.cmp.findings))] + [(ex.label, list(ex.cmp.findings)) for ex in ctx.extras]
+    out = []
+    for label, fs in groups:
+        seen = set()
+        for f in fs:
+            d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
+            tab = (d.get("evidence") or {}).get("table")
+            rec = json.dumps((d.get("where") or {}).get("record"), default=str)
+            if not d.get("kind", "").startswith("deepstack") or not isinstance(tab, dict) or rec in seen:
+                continue
+            seen.add(rec)
+            rows = [int(r) for r in tab.get("rows", [])]
+            vmax = max([float(x) for series in ("ref", "test", "difference") for v in tab.get(series, {}).values()
+                        for x in v] or [1.0])
+            head = "".join(f"<th>{r}</th>" for r in rows)
+            body = []
+            for b in tab.get("boundaries", []):
+                where = "before layer 0" if int(b) == 0 else f"after layer {int(b) - 1}"
+                for series, rgb, name in (("ref", (37, 99, 235), "reference jump"), ("test", (37, 99, 235), "test jump"),
+                                          ("difference", (220, 38, 38), "difference")):
+                    vals = (tab.get(series) or {}).get(b) or (tab.get(series) or {}).get(str(b)) or []
+                    cells = "".join(_ds_cell(float(v), vmax, rgb, f"{where}, row {r}: {name} {fmt(float(v), 3)}")
+                                    for r, v in zip(rows, vals, strict=False))
+                    body.append(f"<tr><th class=\"small\">{esc(where)} · {esc(name)}</th>{cells}</tr>")
+            out.append(f"<h3>{esc(label)} <span class=\"muted small\">record {esc(rec)}</span></h3>"
+                       f'<table class="small"><thead><tr><th>image row →</th>{head}</tr></thead>'
+                       f"<tbody>{''.join(body)}</tbody></table>")
+    if not out:
+        return ""
+    return ('<section class="card" id="deepstack"><h2>DeepStack per image token and layer</h2>'
+            '<p class="muted small">The residual-stream jump between two LLM layers at each image row, relative to '
+            "the stream (blue: the reference's and the test's; red: their difference). A fault shows as a red row: where "
+            "the reference is blue and the test is not (missing), or at another layer (misrouted); "
+            "docs/findings.md, DeepStack.</p>" + "".join(out) + "</section>")
 
 
 def _select_rows(ctx: _Ctx) -> list[dict[str, Any]]:
@@ -1008,6 +1059,10 @@ def render_report(
     if hm:
         sections.append(("heatmap", "Heatmap"))
         body.append(hm)
+    ds = _deepstack(ctx)
+    if ds:
+        sections.append(("deepstack", "DeepStack"))
+        body.append(ds)
     sections.append(("layers", "Layers"))
     body.append(_layer_table(ctx, rows))
     dd = _drilldowns(ctx)

@@ -47,7 +47,7 @@ from ivq_debug.diagnose.patterns import WEIGHT_DOMINATED, groups
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 from ivq_debug.diagnose.weight_spread import weight_spreads
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.sites import constant_arrays
 from ivq_debug.qnn.encodings import Encoding, EncodingSet, read_encodings, write_encodings
 from ivq_debug.util import atomic_write_text
@@ -297,7 +297,7 @@ def to_encodings(suggestions: list[Suggestion], activation_bits: int = 8, float_
     if weights:
         if float_model is None:
             raise UsageError("weight overrides need the float model (its weights)")
-        m = load_model(float_model)
+        m = load_float_model(float_model)
         arrays = constant_arrays(m, {s.tensor for s in weights}, str(Path(float_model).parent))
     for s in suggestions:
         if s.is_weight and s.encoding is not None:

@@ -22,6 +22,8 @@ trials. Costs come with each trial: the QDQ model size, and the summed per-op cy
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -38,16 +40,88 @@ from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import InputError, IvqError, one_line
+from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph.load import load_model, model_file_bytes
 from ivq_debug.qnn.encodings import EncodingSet, to_ort_overrides
-from ivq_debug.qnn.quantize import load_calibration, quantize_for_qnn
+from ivq_debug.qnn.quantize import load_calibration, preprocess_float_model, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
-from ivq_debug.util import atomic_write_text, json_safe
+from ivq_debug.util import atomic_write_text, check_schema, is_inside, json_safe, load_json, regular_file
 
 CHECKPOINT = "checkpoint.json"
 #: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
 MAX_CANDIDATES = 6
+
+
+_PATH_OR_NULL = {"type": ["string", "null"]}
+#: ``checkpoint.json`` (``version`` 1): trial key → the finished (or failed) trial
+CHECKPOINT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["version", "trials"],
+    "properties": {
+        "version": {"const": 1},
+        "trials": {"type": "object", "additionalProperties": {
+            "type": "object",
+            "required": ["label", "qdq_model", "dump"],
+            "properties": {
+                "label": {"type": "string"}, "qdq_model": {"type": "string"}, "dump": {"type": "string"},
+                "overrides": _PATH_OR_NULL, "error": {"type": ["string", "null"]},
+                "suggestions": {"type": "array", "items": {"type": "object"}},
+                "task": {"type": ["object", "null"]}, "model_bytes": {"type": ["integer", "null"], "minimum": 0},
+                "cycles": {"type": ["number", "null"]}, "seconds": {"type": ["number", "null"]}}}},
+    },
+}
+
+
+def read_checkpoint(path: str | os.PathLike, workdir: str | os.PathLike) -> dict[str, Any]:
+    """A tune ``checkpoint.json`` (:data:`CHECKPOINT_SCHEMA`), every file it names inside ``workdir``.
+
+    Raises:
+        InputError: not a regular JSON file of the schema, or a trial whose model, dump or overrides path leaves
+            the workdir (a resumed trial reads them).
+    """
+    doc = load_json(path, "tune checkpoint")
+    check_schema(doc, CHECKPOINT_SCHEMA, path)
+    for key, t in doc["trials"].items():
+        for k in ("qdq_model", "dump", "overrides"):
+            if t.get(k) is not None and not is_inside(t[k], workdir):
+                raise InputError(f"trials[{key!r}].{k}: {t[k]!r} is not a file of the workdir {str(workdir)!r}", path)
+    return doc
+
+
+def load_task_metric(spec: str) -> Callable[[list[dict[str, Any]]], Any]:
+    """``module:function`` or ``path/to/file.py:function`` → the function.
+
+    Raises:
+        UsageError: ``spec`` is not ``MODULE:FUNCTION``, or an importable module that is missing, fails or lacks
+            the function (exit 2).
+        InputError: a ``.py`` file that is not a regular file, does not import (its exception, ``SystemExit``
+            included, on one line) or lacks the function (exit 3).
+    """
+    mod_name, _, fn_name = spec.rpartition(":")
+    if not mod_name or not fn_name:
+        raise UsageError(f"--task-metric wants MODULE:FUNCTION, got {spec!r}")
+    is_file = mod_name.endswith(".py")
+    err: type[IvqError] = InputError if is_file else UsageError
+    where = mod_name if is_file else None
+    try:
+        if is_file:
+            path = regular_file(mod_name, "task metric file")
+            sp = importlib.util.spec_from_file_location(path.stem, path)
+            if sp is None or sp.loader is None:
+                raise InputError("cannot load the task metric file", path)
+            mod = importlib.util.module_from_spec(sp)
+            sp.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(mod_name)
+    except IvqError:
+        raise
+    except (Exception, SystemExit) as e:  # the user's module; SystemExit: a module that exits on import
+        what = f"cannot import {'the task metric' if is_file else repr(mod_name)}"
+        raise err(f"--task-metric: {what} ({type(e).__name__}: {one_line(e, 200)})", where) from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise err(f"--task-metric: {'the file' if is_file else repr(mod_name)} has no function {fn_name!r}", where)
+    return fn
 
 
 @dataclass
@@ -249,17 +323,16 @@ class Tuner:
         return self._ranges
 
     # ------------------------------------------------------------------ checkpoint
+    def __post_init__(self) -> None:
+        if self.resume:
+            self._ckpt()  # a resumed run checks its checkpoint before any work
+
     def _ckpt(self) -> dict[str, Any]:
         if self._checkpoint is None:
             p = Path(self.workdir) / CHECKPOINT
             doc: dict[str, Any] = {"version": 1, "trials": {}}
-            if self.resume and p.exists():
-                try:
-                    loaded = json.loads(p.read_text())
-                    if isinstance(loaded, dict) and isinstance(loaded.get("trials"), dict):
-                        doc = loaded
-                except (OSError, ValueError):
-                    pass  # an unreadable checkpoint is started over
+            if self.resume and os.path.lexists(p):
+                doc = read_checkpoint(p, self.workdir)
             self._checkpoint = doc
         return self._checkpoint
 
@@ -350,22 +423,11 @@ class Tuner:
 
 
 def preprocessed_model(float_model: str | os.PathLike, folder: Path) -> Path | None:
-    """``<folder>/preprocessed.onnx``: the float model after ORT's ``qnn_preprocess_model`` (the fusions the
-    QNN flow makes before quantizing), or None when it changes nothing."""
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
-    folder.mkdir(parents=True, exist_ok=True)
+    """``<folder>/preprocessed.onnx``: the float model as the quantizer takes it (the intake, then ORT's
+    ``qnn_preprocess_model``: :func:`~ivq_debug.qnn.quantize.preprocess_float_model`), or None when that
+    changes nothing."""
     out = folder / "preprocessed.onnx"
-    tmp = folder / f".preprocessed.partial-{os.getpid()}.onnx"
-    try:
-        changed = bool(qnn_preprocess_model(Path(float_model), tmp))
-    except Exception as e:
-        raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", float_model) from None
-    if not changed:
-        tmp.unlink(missing_ok=True)
-        return None
-    os.replace(tmp, out)
-    return out
+    return out if preprocess_float_model(float_model, out) else None
 
 
 def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], dump: Path, float_model: Path) -> dict[str, float]:

@@ -59,7 +59,7 @@ from ivq_debug.vlm.build import (
     num_image_tokens,
 )
 from ivq_debug.vlm.inputs import prefill_positions
-from ivq_debug.vlm.manifest import MANIFEST, SCHEMA
+from ivq_debug.vlm.manifest import CONFIG_FILE, MANIFEST, SCHEMA
 from ivq_debug.vlm.scheduler import collect_feeds
 from ivq_debug.vlm.torch_generate import torch_scheduler
 
@@ -485,6 +485,7 @@ def export_parts(
         "image_token_id": int(cfg.image_token_id),
         "eos_token_id": task.VOCAB[task.EOS],
         "embedding": EMBEDDING_FILE,
+        "config": CONFIG_FILE,
         "prompt_ids": {str(b): task.prompt_ids(num_image_tokens(b)) for b in buckets},
         "prefill_position_ids": {},
         "parts": [
@@ -497,6 +498,7 @@ def export_parts(
 
     for b in buckets:
         manifest["prefill_position_ids"][str(b)] = prefill_positions(fam.name, model, b).tolist()
+    atomic_write_text(folder / CONFIG_FILE, model.config.to_json_string(), overwrite=True)
     atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1), overwrite=True)
     result.manifest = manifest
     return result

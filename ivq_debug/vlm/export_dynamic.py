@@ -50,13 +50,12 @@ from ivq_debug.vlm.export import (
     export_parts,
     verify_part,
 )
-from ivq_debug.vlm.manifest import MANIFEST, load_manifest
+from ivq_debug.vlm.manifest import CONFIG_FILE, MANIFEST, load_manifest
 from ivq_debug.vlm.parts_dynamic import PAST_PREFIX, PRESENT_PREFIX, HFDecodePart, HFPrefillPart
 
 SCHEMA = "ivq-vlm-export-dynamic/1"
 PREFILL_FILE = "prefill.onnx"
 DECODE_FILE = "decode.onnx"
-CONFIG_FILE = "config.json"
 CACHE_STYLE = "dynamic"
 #: name prefix of the prefill's DeepStack inputs (``deepstack_embeds.{k}``, Qwen3-VL)
 DEEPSTACK_PREFIX = DEEPSTACK_INPUT.split("{")[0]

@@ -17,6 +17,10 @@ from ivq_debug.errors import InputError
 MANIFEST = "export.json"
 #: schema of the fixed-cache split export
 SCHEMA = "ivq-vlm-export/1"
+#: the HF model config an export folder carries (``model.config.to_json_string()``)
+CONFIG_FILE = "config.json"
+#: manifest facts a capture through the export records in its dump's model attributes
+ATTR_KEYS = ("model", "family", "exporter", "deepstack", "mrope_layout", "num_layers", "image_token_id")
 
 
 def load_manifest(folder: str | os.PathLike, schema: str = SCHEMA) -> dict[str, Any]:
@@ -32,3 +36,20 @@ def load_manifest(folder: str | os.PathLike, schema: str = SCHEMA) -> dict[str, 
     if m.get("schema") != schema:
         raise InputError(f"unknown export schema {m.get('schema')!r}", p)
     return m
+
+
+def model_attrs(folder: str | os.PathLike, schema: str = SCHEMA) -> dict[str, Any]:
+    """Dump model attributes of a capture through an export folder: the HF ``config`` (a dict, what the
+    diagnostics read RoPE, M-RoPE layout and DeepStack facts from), its source and the manifest's facts
+    (:data:`ATTR_KEYS`) under ``export``. An export without a ``config.json`` gives no ``config``."""
+    folder = Path(folder)
+    m = load_manifest(folder, schema)
+    attrs: dict[str, Any] = {"export": {k: m[k] for k in ATTR_KEYS if k in m}}
+    cfg = folder / CONFIG_FILE
+    if cfg.is_file():
+        try:
+            attrs["config"] = json.loads(cfg.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"bad JSON: {e}", cfg) from e
+        attrs["config_source"] = str(cfg.resolve())
+    return attrs

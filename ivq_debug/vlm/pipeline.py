@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ivq_debug.vlm.build import DEFAULT_BUCKET
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.errors import UsageError
+from ivq_debug.vlm.build import DEFAULT_BUCKET, family
 from ivq_debug.vlm.export import DEFAULT_EXPORTER, ExportResult, export_parts
 from ivq_debug.vlm.load import load_vlm
+from ivq_debug.vlm.manifest import model_attrs
 from ivq_debug.vlm.scheduler import PositionsPolicy, Scheduler, collect_feeds, evaluate
 from ivq_debug.vlm.task import CaptionAccuracy, Sample, eval_set, make_samples
 from ivq_debug.vlm.torch_generate import torch_scheduler
 
-__all__ = ["Prepared", "calibration_feeds", "evaluate", "prepare", "scheduler", "torch_reference"]
+__all__ = ["Prepared", "calibration_feeds", "capture_run", "evaluate", "prepare", "scheduler", "torch_reference"]
 
 
 @dataclass
@@ -52,15 +55,20 @@ def prepare(
     verify: bool = True,
     overwrite: bool = False,
     trust_remote_code: bool = False,
-    variants: Sequence[str] = (),
+    variants: Sequence[str] | str = (),
 ) -> Prepared:
     """Load ``model``, export its three parts for ``bucket`` into ``workdir/<name>-<exporter>/``.
 
     Returns the part paths, the export checks and ``n_samples`` samples of the fixed eval set.
-    ``variants`` adds fault-variant graphs (``"mrope_sectioned"``; see :func:`export_parts`).
+    ``variants`` adds fault-variant graphs (``"mrope_sectioned"``; see :func:`export_parts`); ``"auto"``: the
+    ones the model's family has (the sectioned prefill of an interleaved M-RoPE model).
     """
 
     loaded = load_vlm(model, trust_remote_code=trust_remote_code)
+    if isinstance(variants, str):
+        if variants != "auto":
+            raise UsageError(f"variants takes a list of variant names or 'auto', got {variants!r}")
+        variants = ("mrope_sectioned",) if family(loaded.model).mrope_layout == "interleaved" else ()
     name = Path(os.fspath(model)).name
     folder = Path(workdir) / f"{name}-{exporter}-b{bucket}"
     res = export_parts(
@@ -100,3 +108,27 @@ def calibration_feeds(
 def evaluate_samples(sched: Scheduler, samples: Sequence[Sample], writer: Any = None) -> CaptionAccuracy:
     """Alias of :func:`ivq_debug.vlm.scheduler.evaluate`."""
     return evaluate(sched, samples, writer)
+
+
+def capture_run(
+    folder: str | os.PathLike, bucket: int, images: Sequence[Any], path: str | os.PathLike, *,
+    forced: Sequence[Sequence[int]] | None = None, runner_factory: Callable[[str, Any], Any] | None = None,
+    overwrite: bool = False, **knobs: Any,
+) -> Path:
+    """Capture every tensor of a scheduled generation per image (ORT CPU by default) into the dump ``path``.
+
+    ``forced``: per image, the tokens to teacher-force (e.g. a clean run's, so the steps of a faulty run
+    compare with it); ``knobs``: the scheduler's fault knobs (``positions=``, ``deepstack=``,
+    ``mrope_layout=``). The dump's model attributes are the export's (:func:`~ivq_debug.vlm.manifest.model_attrs`:
+    the HF config the diagnostics read).
+    """
+    def ort(part: str, p: Any) -> Any:
+        return make_runner("onnx", p, selection=Selection())
+
+    sched = Scheduler.from_export(folder, bucket, runner_factory or ort, **knobs)
+
+    def record(w: Any, i: int, image: Any) -> None:
+        sched.generate(image, sample=i, writer=w, forced_tokens=forced[i] if forced is not None else None)
+
+    return capture(sched, list(images), path, model=model_attrs(folder), record=record, overwrite=overwrite,
+                   progress=None)

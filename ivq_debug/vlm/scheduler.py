@@ -255,8 +255,9 @@ class Generation:
 #: contract roles of the inputs the scheduler stores (``ivq_debug.dump.contract``): prompt and teacher-forced tokens
 #: are external (both sides of a comparison must be fed the same); positions, masks, cache lengths and token
 #: embeddings are the scheduler's own rules (derived: the position diagnostics judge them); prompt embeddings hold
-#: this backend's vision output and a free-running step's token is this backend's choice (carried); the KV cache
-#: is carried by name (``defaults.CONTRACT_CARRIED_INPUTS``)
+#: this backend's vision output, as do the Qwen3-VL DeepStack inputs (``deepstack_embeds.{k}``), and a free-running
+#: step's token is this backend's choice (carried); the KV cache is carried by name
+#: (``defaults.CONTRACT_CARRIED_INPUTS``)
 PREFILL_ROLES = {"input_ids": "external", "inputs_embeds": "carried", "attention_mask": "derived",
                  "position_ids": "derived", "cache_len": "derived"}
 DECODE_ROLES_FORCED = {"input_ids": "external", "inputs_embeds": "derived", "attention_mask": "derived",
@@ -426,7 +427,7 @@ class Scheduler:
         self._begin(writer, sample, "prefill", 0, input_ids=ids, position_ids=pos.reshape(-1).tolist(),
                     attention_mask=[1] * S, cache_len=0, bucket=sp.bucket)
         self._inputs(writer, {"input_ids": np.asarray([ids], np.int64), **feeds,
-                              "cache_len": np.asarray(0, np.int64)}, PREFILL_ROLES)
+                              "cache_len": np.asarray(0, np.int64)}, self.prefill_roles())
         out = self.runners["prefill"].run(feeds, writer)
         cache = {}
         for i in range(sp.num_layers):
@@ -453,7 +454,7 @@ class Scheduler:
                         attention_mask=valid, cache_len=cache_len, bucket=sp.bucket)
             self._inputs(writer, {"input_ids": np.asarray([[fed[-1]]], np.int64), **feeds,
                                   "cache_len": np.asarray(cache_len, np.int64)},
-                         DECODE_ROLES_FORCED if forced_tokens is not None else DECODE_ROLES_FREE)
+                         self.decode_roles(forced_tokens is not None))
             out = self.runners["decode"].run(feeds, writer)
             for i in range(sp.num_layers):
                 for kind in ("key", "value"):
@@ -492,6 +493,15 @@ class Scheduler:
         if self.spec.mrope_layout == "interleaved":
             out["mrope_layout"] = str(self.mrope_layout)
         return out
+
+    def prefill_roles(self) -> dict[str, str]:
+        """Contract roles of the prefill inputs (:data:`PREFILL_ROLES`; DeepStack inputs carried)."""
+        return PREFILL_ROLES | {DEEPSTACK_INPUT.format(k=k): "carried" for k in range(self.spec.deepstack)}
+
+    @staticmethod
+    def decode_roles(forced: bool) -> dict[str, str]:
+        """Contract roles of the decode inputs, teacher-forced or free-running."""
+        return DECODE_ROLES_FORCED if forced else DECODE_ROLES_FREE
 
     def _begin(self, writer: Any, sample: int, part: str, step: int, **meta: Any) -> None:
         if writer is not None:

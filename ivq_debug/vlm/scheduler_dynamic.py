@@ -115,7 +115,8 @@ class DynamicScheduler(Scheduler):
         feeds["attention_mask"] = np.ones((1, S), np.int64)
         self._begin(writer, sample, "prefill", 0, input_ids=ids, position_ids=pos.reshape(-1).tolist(),
                     attention_mask=[1] * S, cache_len=0, bucket=sp.bucket)
-        self._inputs(writer, {"input_ids": np.asarray([ids], np.int64), **feeds, "cache_len": np.asarray(0, np.int64)})
+        self._inputs(writer, {"input_ids": np.asarray([ids], np.int64), **feeds, "cache_len": np.asarray(0, np.int64)},
+                     self.prefill_roles())
         out = self.runners["prefill"].run(feeds, writer)
         names = [f"{i}.{kind}" for i in range(sp.num_layers) for kind in ("key", "value")]
         cache = {f"{PAST_PREFIX}.{n}": out[f"{PRESENT_PREFIX}.{n}"] for n in names}
@@ -141,7 +142,7 @@ class DynamicScheduler(Scheduler):
             feeds |= cache
             self._begin(writer, sample, "decode", step, **meta)
             self._inputs(writer, {"input_ids": np.asarray([[fed[-1]]], np.int64), **feeds,
-                                  "cache_len": np.asarray(cache_len, np.int64)})
+                                  "cache_len": np.asarray(cache_len, np.int64)}, self.decode_roles(forced_tokens is not None))
             out = self.runners["decode"].run(feeds, writer)
             cache = {f"{PAST_PREFIX}.{n}": out[f"{PRESENT_PREFIX}.{n}"] for n in names}
             cache_lens.append(cache_len)

@@ -172,7 +172,10 @@ def test_session_spec_file(device_sessions, tmp_path, capfd):
     spec.write_text(json.dumps({"schema": "ivq-session/1", "model_dir": str(s.parts["decode"].parent),
                                 "config": str(s.config), "vision": str(s.folders["vision"]),
                                 "prefill": str(s.folders["prefill"]), "decode": [str(s.folders["decode"])]}))
-    assert ivq("ingest", "session", "--spec", spec, "-o", tmp_path / "s.h5") == 0
+    # the folders lie outside the spec's folder: refused unless the command line allows it
+    assert ivq("ingest", "session", "--spec", spec, "-o", tmp_path / "s.h5") == 3
+    assert "leaves the spec's folder" in capfd.readouterr().err and not (tmp_path / "s.h5").exists()
+    assert ivq("ingest", "session", "--spec", spec, "-o", tmp_path / "s.h5", "--allow-outside-inputs") == 0
     with open_dump(tmp_path / "s.h5") as d:
         assert len([k for k in d.record_keys() if k[1] == "decode"]) == len(s.tokens) - 1
         assert d.model["config"]["model_type"] == "qwen2_vl"
@@ -222,8 +225,8 @@ def test_diff_fail_on(diagnosed, capfd, tmp_path):
     sess, ref, _doc, _ = diagnosed("internvl-tiny-dynamic-restart")
     capfd.readouterr()
     assert ivq_diff(ref, sess, "-q") == 1  # no threshold given: the error finding alone fails the run
-    err = capfd.readouterr().err
-    assert "FAIL: 1 error finding(s): position_id_offset (decode step 1)" in err  # the verdict says why
+    out = capfd.readouterr().out
+    assert "FAIL: 1 error finding(s): position_id_offset (decode step 1)" in out  # the verdict says why (stdout)
     assert ivq_diff(ref, sess, "-q", "--fail-on", "never") == 0
     assert ivq_diff(ref, sess, "-q", "--fail-on", "warning") == 1
     assert ivq_diff(ref, sess, "-q", "--fail-on", "bogus") == 2

@@ -61,7 +61,7 @@ def test_torch_vs_onnx_aligns_and_passes_export_preset(captured, capfd) -> None:
 
 def test_perturbed_layer_is_first_divergence_and_fails(captured, capfd) -> None:
     out_json = captured["tmp"] / "pert.json"
-    code, _, err = run_diff([str(captured["torch"]), str(captured["perturbed"]), "--min-sqnr", "40",
+    code, out, _ = run_diff([str(captured["torch"]), str(captured["perturbed"]), "--min-sqnr", "40",
                              "--json", str(out_json)], capfd)
     assert code == 1
     doc = json.loads(out_json.read_text())
@@ -73,19 +73,20 @@ def test_perturbed_layer_is_first_divergence_and_fails(captured, capfd) -> None:
     clean = {layer["ref_name"] for layer in doc["layers"] if layer["passed"]}
     assert {"embed", "blocks.0", "blocks.1.ln"} <= clean
     assert any(f["kind"] == "first_divergence" and f["where"]["tensor"] == "blocks.1.fc1" for f in doc["findings"])
-    assert "FAIL" in err and "blocks.1.fc1" in err
+    assert "FAIL" in out and "blocks.1.fc1" in out  # the table and the verdict: stdout (| grep works)
 
 
 def test_identical_captures_exit_zero(captured, capfd) -> None:
-    code, _, err = run_diff([str(captured["ort"]), str(captured["ort2"]), "--min-sqnr", "40"], capfd)
+    code, out, err = run_diff([str(captured["ort"]), str(captured["ort2"]), "--min-sqnr", "40"], capfd)
     assert code == 0, err
-    assert "PASS" in err
+    assert "PASS" in out and "PASS" not in err
 
 
 def test_identical_json_on_stdout(captured, capfd) -> None:
-    code, out, _ = run_diff([str(captured["ort"]), str(captured["ort2"]), "--json", "-", "-q"], capfd)
+    code, out, err = run_diff([str(captured["ort"]), str(captured["ort2"]), "--json", "-", "-q"], capfd)
     assert code == 0
-    doc = json.loads(out)
+    doc = json.loads(out)  # stdout holds only the document: the verdict went to stderr
+    assert "PASS" in err
     assert doc["summary"]["identical"] == doc["summary"]["pairs"] > 20
     assert all(layer["metrics"]["sqnr_db"] == "inf" for layer in doc["layers"])
 
@@ -125,9 +126,9 @@ def test_baseline_fails_only_on_regression(captured, capfd) -> None:
     code, _, _ = run_diff([str(captured["torch"]), str(captured["ort2"]), "--baseline", str(base)], capfd)
     assert code == 0
     cur = tmp / "cur.json"
-    code, _, err = run_diff([str(captured["torch"]), str(captured["perturbed"]), "--min-sqnr", "40",
+    code, out, _ = run_diff([str(captured["torch"]), str(captured["perturbed"]), "--min-sqnr", "40",
                              "--baseline", str(base), "--json", str(cur)], capfd)
-    assert code == 1 and "regression" in err
+    assert code == 1 and "regression" in out
     regs = json.loads(cur.read_text())["regressions"]
     assert regs[0]["ref_name"] == "blocks.1.fc1"
     # against a baseline that already had the perturbation, nothing regressed

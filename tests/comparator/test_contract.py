@@ -74,13 +74,13 @@ def test_different_inputs_exit_6_with_one_line(dumps, capfd, tmp_path: Path) -> 
 def test_allowed_mismatch_says_so_on_every_layer(dumps, capfd, tmp_path: Path) -> None:
     out = tmp_path / "d.json"
     code = ivq_diff(dumps["a"], dumps["other"], "--allow-input-mismatch", "--json", out, "--top", "3")
-    err = capfd.readouterr().err
+    stdout, err = capfd.readouterr()
     assert code == 0, err
     doc = json.loads(out.read_text())
     assert doc["contract"]["status"] == "broken" and doc["contract"]["allowed"] is True
     assert doc["contract"]["first_mismatch"]["input"] == "x"
     assert doc["layers"] and all(layer["contract"].startswith("inputs differ") for layer in doc["layers"])
-    assert "inputs differ" in doc["verdict"]["sentence"] and "inputs differ" in err
+    assert "inputs differ" in doc["verdict"]["sentence"] and "inputs differ" in stdout  # (results: stdout)
 
 
 def test_same_inputs_pass_and_old_dumps_are_contract_unknown(dumps, capfd, tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_same_inputs_pass_and_old_dumps_are_contract_unknown(dumps, capfd, tmp_p
     assert ivq_diff(dumps["old"], dumps["other"], "--json", out2) == 0  # no digests: diffs, says so
     doc2 = json.loads(out2.read_text())
     assert doc2["contract"]["status"] == "unknown"
-    assert "contract unknown" in doc2["verdict"]["sentence"] and "contract unknown" in capfd.readouterr().err
+    assert "contract unknown" in doc2["verdict"]["sentence"] and "contract unknown" in capfd.readouterr().out
 
 
 def test_roles_decide_what_is_compared(tmp_path: Path) -> None:

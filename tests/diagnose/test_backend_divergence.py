@@ -93,9 +93,9 @@ def test_cli_expected_names_the_layer(dumps, capfd) -> None:
     out, rep = d / "diff.json", d / "diff.html"
     code = run("ivq-diff", diff_main, [str(dumps["fp32"]), str(dumps["htp_bad"]), "--expected", str(dumps["qdq"]),
                                        "--json", str(out), "--report", str(rep), "-q"])
-    err = capfd.readouterr().err
+    stdout, err = capfd.readouterr()
     assert code == EXIT_FAIL, err
-    assert "FAIL" in err and "backend_divergence at v" in err  # the one-glance verdict says why
+    assert "FAIL" in stdout and "backend_divergence at v" in stdout  # the one-glance verdict says why (stdout)
     doc = json.loads(out.read_text())
     assert doc["contract"]["status"] == "ok" and doc["three_way"]["contract"]["status"] == "ok"
     row = next(r for r in doc["three_way"]["layers"] if r["ref_name"] == FAULT)

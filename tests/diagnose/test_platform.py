@@ -124,10 +124,10 @@ def test_graphs_fused_differently_point_at_qdqisint8allowed(host: dict[str, Path
 
 def test_ivq_diff_prints_the_finding(host: dict[str, Path], tmp_path: Path, capfd) -> None:
     hw = as_platform(host["host"], tmp_path / "haswell.h5", HASWELL, {MMI: saturated(host)})
-    code, _, err = run_ivq(["diff", host["host"], hw], capfd)
+    code, out, err = run_ivq(["diff", host["host"], hw], capfd)
     assert code == 1, err  # saturation is an error finding: `--fail-on error` (the default) fails the run
-    assert "platform_kernel" in err and "accumulation saturates" in " ".join(err.split())
-    assert "FAIL: 1 error finding(s): platform_kernel" in err
+    assert "platform_kernel" in out and "accumulation saturates" in " ".join(out.split())  # (results: stdout)
+    assert "FAIL: 1 error finding(s): platform_kernel" in out
 
 
 def test_registered_and_labels() -> None:

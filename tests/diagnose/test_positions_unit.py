@@ -93,7 +93,7 @@ def test_config_errors(tmp_path):
         rope_from_config(tmp_path)
     assert str(tmp_path) in str(e.value)
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(InputError, match=r"not a readable config\.json"):
+    with pytest.raises(InputError, match=r"config\.json: bad JSON at line 1"):
         rope_from_config(tmp_path / "config.json")
     with pytest.raises(InputError, match="no rope_theta"):
         rope_from_config({"text_config": {"hidden_size": 64}})
@@ -150,3 +150,32 @@ def test_rope_from_dump_attributes(tmp_path):
         assert (spec.theta, spec.mrope_section, spec.source) == (10000.0, (2, 3, 3), "cfg.h5 model attributes")
         assert rope_of_dumps(c, b).theta == 500.0
         assert rope_of_dumps(c) is None and rope_of_dumps(y) is None  # yarn: no inferred check, no error
+
+
+def _positions_dump(path, prefill: list[float], decode: list[float]):
+    """A dump holding only the position inputs of a prefill and its decode steps (as a scheduler records them)."""
+    with DumpWriter(path, backend="test", overwrite=True) as w:
+        w.begin_record(sample=0, part="prefill", step=0)
+        w.add_input("position_ids", np.asarray([prefill], np.float32), role="derived")
+        for k, p in enumerate(decode, start=1):
+            w.begin_record(sample=0, part="decode", step=k)
+            w.add_input("position_ids", np.asarray([[p]], np.float32), role="derived")
+    return path
+
+
+def test_fractional_positions_flow_through_the_direct_check(tmp_path):
+    """V2PE-style prefill positions (visual tokens advance by 0.5): decode at S + k − 1 instead of
+    max(pos) + k is off by +1.5, named as the dropped delta, not rounded to an integer."""
+    from ivq_debug.diagnose.positions import check_positions, position_findings
+
+    prefill = [0, 1, 1.5, 2.0, 2.5, 3.5, 4.5]  # S = 7, max 4.5, delta −1.5
+    ref = _positions_dump(tmp_path / "ref.h5", prefill, [5.5, 6.5, 7.5])
+    test = _positions_dump(tmp_path / "test.h5", prefill, [7, 8, 9])
+    with open_dump(ref) as r, open_dump(test) as t:
+        assert check_positions(r).first_wrong_step is None
+        chk = check_positions(t)
+        assert chk.max_prefill_pos == 4.5 and chk.rope_delta == -1.5 and chk.offsets == {1: 1.5, 2: 1.5, 3: 1.5}
+        (f,) = position_findings(r, t)
+    assert f.evidence["offset"] == 1.5 and f.evidence["cause"] == "rope_delta_dropped"
+    assert "off by +1.5 from step 1" in f.message
+    assert json.loads(json.dumps(f.to_dict()))["evidence"]["observed"] == {"1": 7, "2": 8, "3": 9}

@@ -1397,6 +1397,594 @@ def _diff_json_cases() -> list[Case]:
         for what, (opt, make, code) in specs.items()]
 
 
+# ============================================================================ device sessions (ingest session)
+SESS_ARGS = ["--vision", "phone/vision", "--prefill", "phone/prefill", "--decode", "phone/decode"]
+DEC = "phone/decode"  # one decode folder (5 calls)
+DEC_RES = f"{DEC}/output/Result_0"
+DEC_IN = f"{DEC}/inputs/0"
+
+
+def _session_copy(ws: Workspace) -> None:
+    ws.copy("parts")
+    ws.copy("phone")
+
+
+def _folder_edits() -> dict[str, tuple[Callable[[Workspace], None], int]]:
+    """Edits of a session's qnn-net-run folders (after :func:`_session_copy`) → the exit code of a reader
+    that fails on any problem (``ingest session``, ``ingest qnn-net-run --model``)."""
+
+    def rm(rel: str) -> Callable[[Workspace], None]:
+        return lambda ws: (ws.work / rel).unlink()
+
+    def rmtree(rel: str) -> Callable[[Workspace], None]:
+        return lambda ws: shutil.rmtree(ws.work / rel)
+
+    def cut(rel: str, n: int) -> Callable[[Workspace], None]:
+        return lambda ws: _bytes_edit(lambda b: b[:n])(ws.work / rel)
+
+    def put(rel: str, data: bytes | str) -> Callable[[Workspace], None]:
+        return lambda ws: ws.write(rel, data)
+
+    def link_out(rel: str, relative: bool = False) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            p = ws.work / rel
+            secret = ws.secret(p.name, p.read_bytes()) if p.is_file() else None
+            if p.is_dir():
+                shutil.move(str(p), ws.outside / p.name)
+                secret = ws.outside / p.name
+            else:
+                p.unlink()
+            os.symlink(os.path.relpath(secret, p.parent) if relative else secret, p)
+
+        return edit
+
+    def special(rel: str, kind: str) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            p = ws.work / rel
+            p.unlink()
+            if kind == "fifo":
+                os.mkfifo(p)
+            elif kind == "dir":
+                p.mkdir()
+            else:
+                os.symlink(p.name, p)
+
+        return edit
+
+    def lst(fn: Callable[[Workspace, list[str]], list[str]]) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            p = ws.work / DEC / "input_list.txt"
+            p.write_text("\n".join(fn(ws, p.read_text().splitlines())) + "\n")
+
+        return edit
+
+    def line(i: int, fn: Callable[[Workspace, str], str]) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace, lines: list[str]) -> list[str]:
+            ws.secret("secret.raw", (ws.work / DEC_IN / "attention_mask.raw").read_bytes())
+            lines[i] = fn(ws, lines[i])
+            return lines
+
+        return lst(edit)
+
+    am = "inputs/1/attention_mask.raw"
+    return {
+        "missing-input-raw": (rm(f"{DEC}/inputs/1/attention_mask.raw"), 3),
+        "missing-output-raw": (rm(f"{DEC_RES}/logits.raw"), 3),
+        "missing-result-folder": (rmtree(f"{DEC}/output/Result_4"), 3),
+        "no-output-folder": (rmtree(f"{DEC}/output"), 3),
+        "extra-raw": (put(f"{DEC_RES}/zzz_debug.raw", b"\x00" * 16), 0),
+        "extra-raw-ansi-name": (put(f"{DEC_RES}/{NAMES['ansi']}.raw", b"\x00" * 16), 0),
+        "extra-result-folder": (lambda ws: shutil.copytree(ws.work / DEC / "output/Result_4",
+                                                           ws.work / DEC / "output/Result_5"), 3),
+        "raw-short": (cut(f"{DEC_IN}/inputs_embeds.raw", 100), 3),
+        "raw-not-whole-values": (cut(f"{DEC_IN}/inputs_embeds.raw", 255), 3),
+        "raw-empty": (cut(f"{DEC_RES}/logits.raw", 0), 3),
+        "raw-no-axis-fits": (cut(f"{DEC_RES}/present_0_key.raw", 20 * 2 * 16 * 4), 3),
+        "raw-prime-size": (cut(f"{DEC_IN}/past_key_values_0_key.raw", 4 * 7), 3),
+        "raw-non-integer-mask": (lambda ws: _bytes_edit(lambda b: np.full(len(b) // 4, 0.5, "<f4").tobytes())(
+            ws.work / DEC_IN / "attention_mask.raw"), 3),
+        "raw-nan-values": (lambda ws: _bytes_edit(lambda b: np.full(len(b) // 4, np.nan, "<f4").tobytes())(
+            ws.work / DEC_RES / "logits.raw"), 0),
+        "raw-is-fifo": (special(f"{DEC_IN}/inputs_embeds.raw", "fifo"), 3),
+        "raw-is-dir": (special(f"{DEC_RES}/logits.raw", "dir"), 3),
+        "raw-symlink-loop": (special(f"{DEC_RES}/logits.raw", "loop"), 3),
+        "input-raw-symlink-outside": (link_out(f"{DEC_IN}/inputs_embeds.raw"), 3),
+        "input-raw-symlink-outside-relative": (link_out(f"{DEC_IN}/attention_mask.raw", True), 3),
+        "output-raw-symlink-outside": (link_out(f"{DEC_RES}/logits.raw"), 3),
+        "result-symlink-outside": (link_out(DEC_RES), 3),
+        "inputs-folder-symlink-outside": (link_out(DEC_IN), 3),
+        "input-list-traversal": (line(2, lambda ws, s: s.replace(am, "../../outside/secret.raw")), 3),
+        "input-list-absolute-outside": (line(2, lambda ws, s: s.replace(am, str(ws.outside / "secret.raw"))), 3),
+        "input-list-nul-bytes": (line(2, lambda ws, s: s[:40] + "\x00" * 8 + s[40:]), 3),
+        "input-list-token-without-path": (line(2, lambda ws, s: s.replace(am, "")), 3),
+        "input-list-late-header": (line(3, lambda ws, s: "#late\n" + s), 3),
+        "input-list-unknown-name": (line(2, lambda ws, s: s + " zzz:=" + am), 3),
+        "input-list-ansi-name": (line(2, lambda ws, s: s + f" {NAMES['ansi']}:=" + am), 3),
+        "input-list-bare-paths": (line(2, lambda ws, s: " ".join(t.split(":=")[1] for t in s.split())), (0, 3)),
+        "input-list-dropped-line": (lst(lambda ws, ls: ls[:-1]), 3),
+        "input-list-empty": (lst(lambda ws, ls: []), 3),
+        "input-list-missing": (rm(f"{DEC}/input_list.txt"), 3),
+        "input-list-not-utf8": (put(f"{DEC}/input_list.txt", b"inputs_embeds:=\xff\xfe.raw\n"), 3),
+        "input-list-is-fifo": (special(f"{DEC}/input_list.txt", "fifo"), 3),
+        "input-list-huge-line": (put(f"{DEC}/input_list.txt", "x" * 3_000_000 + "\n"), 3),
+    }
+
+
+def _part_edits() -> dict[str, tuple[Callable[[Workspace], None], int]]:
+    """Edits of the parts folder (``--model-dir parts``) → exit code."""
+
+    def export_json(fn: Callable[[dict], Any]) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            p = ws.work / "parts/export.json"
+            d = json.loads(p.read_text())
+            new = fn(d)
+            p.write_text(json.dumps(d if new is None else new))
+
+        return edit
+
+    def part_path(path: Callable[[Workspace], str]) -> Callable[[Workspace], None]:
+        def edit(ws: Workspace) -> None:
+            shutil.copyfile(ws.work / "parts/decode.onnx", ws.outside / "decode.onnx")
+            export_json(lambda d: [p.__setitem__("path", path(ws)) for p in d["parts"] if p.get("part") == "decode"]
+                        and None)(ws)
+
+        return edit
+
+    return {
+        "part-missing": (lambda ws: (ws.work / "parts/decode.onnx").unlink(), 3),
+        "part-truncated": (lambda ws: _bytes_edit(lambda b: b[: len(b) // 2])(ws.work / "parts/decode.onnx"), 3),
+        "part-text": (lambda ws: ws.write("parts/decode.onnx", "not a model\n"), 3),
+        "part-is-dir": (lambda ws: ((ws.work / "parts/decode.onnx").unlink(), (ws.work / "parts/decode.onnx").mkdir()), 3),
+        "part-wrong-graph": (lambda ws: shutil.copyfile(ws.work / "parts/prefill.onnx", ws.work / "parts/decode.onnx"), 3),
+        "part-symlink-outside": (lambda ws: (shutil.move(str(ws.work / "parts/decode.onnx"), ws.outside / "decode.onnx"),
+                                             os.symlink(ws.outside / "decode.onnx", ws.work / "parts/decode.onnx")), 3),
+        "export-json-not-json": (lambda ws: ws.write("parts/export.json", "{not json"), 3),
+        "export-json-parts-string": (export_json(lambda d: d.__setitem__("parts", "decode.onnx")), 3),
+        "export-json-part-path-int": (export_json(lambda d: [p.__setitem__("path", 5) for p in d["parts"]] and None), 3),
+        "export-json-path-traversal": (part_path(lambda ws: "../../outside/decode.onnx"), 3),
+        "export-json-path-absolute": (part_path(lambda ws: str(ws.outside / "decode.onnx")), 3),
+        "export-json-deep": (lambda ws: ws.write("parts/export.json", "[" * 100000 + "]" * 100000), 3),
+        "export-json-fifo": (lambda ws: ((ws.work / "parts/export.json").unlink(), ws.fifo("parts/export.json")), 3),
+        "no-parts": (lambda ws: [p.unlink() for p in (ws.work / "parts").glob("*.onnx")] and None, 3),
+        "no-parts-no-manifest": (lambda ws: [p.unlink() for p in (ws.work / "parts").glob("*.[oj]*")] and None, 2),
+    }
+
+
+#: HF config.json replacements → exit code (``--config c.json``)
+CONFIGS: dict[str, tuple[bytes | str, int]] = {
+    "config-list": ("[1, 2]", 3),
+    "config-not-json": ("{rope_theta: 1}", 3),
+    "config-empty": ("", 3),
+    "config-theta-string": ('{"rope_theta": "abc", "head_dim": 16}', 3),
+    "config-theta-negative": ('{"rope_theta": -5, "head_dim": 16}', 3),
+    "config-text-config-string": ('{"text_config": "llm", "rope_theta": 10000}', 3),
+    "config-rope-scaling-list": ('{"rope_theta": 10000, "rope_scaling": [1, 2]}', 3),
+    "config-head-dim-string": ('{"rope_theta": 10000, "head_dim": "sixteen"}', 3),
+    "config-mrope-section-strings": ('{"rope_theta": 10000, "rope_scaling": {"mrope_section": ["a"]}}', 3),
+    "config-image-token-string": ('{"rope_theta": 10000, "image_token_id": "six"}', 3),
+    "config-deep": ('{"a":' * 50000 + "1" + "}" * 50000, 3),
+    "config-nul": ('{"rope_theta": 10000}\x00\x00', 3),
+}
+
+
+def _session_cases() -> list[Case]:
+    out: list[Case] = []
+
+    def ingest(edit: Callable[[Workspace], None], extra: tuple[str, ...] = ()) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            _session_copy(ws)
+            edit(ws)
+            return ["ingest", "session", *SESS_ARGS, "--model-dir", "parts", "-o", "o.h5", *extra]
+
+        return build
+
+    for what, (edit, code) in {**_folder_edits(), **_part_edits()}.items():
+        out.append(Case(f"session/{what}/ingest-session", "session", ingest(edit), code,
+                        creates=("o.h5",) if 0 in (code if isinstance(code, tuple) else (code,)) else ()))
+    for what, (data, code) in CONFIGS.items():
+        out.append(Case(f"session/{what}/ingest-session", "session",
+                        ingest(lambda ws, d=data: ws.write("c.json", d), ("--config", "c.json")), code))
+
+    # the spec file (ivq-session/1): paths relative to it, checked against SPEC_FIELDS, never leaving its folder
+    good = {"schema": "ivq-session/1", "model_dir": "parts", "vision": "phone/vision", "prefill": "phone/prefill",
+            "decode": ["phone/decode"]}
+
+    def spec(doc: Callable[[Workspace], Any], extra: tuple[str, ...] = ()) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            _session_copy(ws)
+            d = doc(ws)
+            ws.write("session.json", d if isinstance(d, (str, bytes)) else json.dumps(d))
+            return ["ingest", "session", "--spec", "session.json", "-o", "o.h5", *extra]
+
+        return build
+
+    def with_(**kw: Any) -> Callable[[Workspace], dict]:
+        return lambda ws: {**good, **kw}
+
+    def without(key: str) -> Callable[[Workspace], dict]:
+        return lambda ws: {k: v for k, v in good.items() if k != key}
+
+    def outside(key: str, folder: str, allow: bool = False, relative: bool = False) -> Callable[[Workspace], dict]:
+        def doc(ws: Workspace) -> dict:
+            shutil.copytree(ws.work / folder, ws.outside / Path(folder).name)
+            target = (f"../outside/{Path(folder).name}" if relative else str(ws.outside / Path(folder).name))
+            d = {**good, key: target}
+            if allow:
+                d["allow_outside_inputs"] = True
+            return d
+
+        return doc
+
+    def cfg_outside(ws: Workspace) -> dict:
+        shutil.copyfile(ws.work / "parts/config.json", ws.outside / "config.json")
+        return {**good, "config": str(ws.outside / "config.json")}
+
+    def model_outside(ws: Workspace) -> dict:
+        shutil.copyfile(ws.work / "parts/decode.onnx", ws.outside / "decode.onnx")
+        return {**good, "models": {"decode": str(ws.outside / "decode.onnx")}}
+
+    specs: dict[str, tuple[Callable[[Workspace], Any], int]] = {
+        "spec-valid": (with_(), 0),
+        "spec-not-json": (lambda ws: "{schema: ivq-session/1}", 3),
+        "spec-empty": (lambda ws: "", 3),
+        "spec-array": (lambda ws: [good], 3),
+        "spec-null": (lambda ws: "null", 3),
+        "spec-schema-other": (with_(schema="ivq-session/9"), 3),
+        "spec-schema-missing": (without("schema"), 3),
+        "spec-unknown-field": (with_(zzz=1), 3),
+        "spec-prefill-missing": (without("prefill"), 3),
+        "spec-prefill-int": (with_(prefill=3), 3),
+        "spec-prefill-empty-list": (with_(prefill=[]), 3),
+        "spec-decode-list-of-ints": (with_(decode=[1, 2]), 3),
+        "spec-model-dir-list": (with_(model_dir=["parts"]), 3),
+        "spec-models-unknown-part": (with_(models={"encoder": "parts/decode.onnx"}), 3),
+        "spec-native-inputs-string": (with_(native_inputs="yes"), 3),
+        "spec-dims-negative": (with_(dims={"batch_size": -1}), 3),
+        "spec-dims-bool": (with_(dims={"batch_size": True}), 3),
+        "spec-dims-huge": (with_(dims={"batch_size": 10**30}), 3),
+        "spec-deep": (lambda ws: '{"a":' * 50000 + "1" + "}" * 50000, 3),
+        "spec-nul-bytes": (lambda ws: json.dumps(good) + "\x00" * 16, 3),
+        "spec-not-utf8": (lambda ws: b'{"schema": "\xff"}', 3),
+        "spec-folder-missing": (with_(prefill="phone/nowhere"), 3),
+        "spec-folder-is-file": (with_(prefill="parts/config.json"), 3),
+        "spec-absolute-outside": (outside("prefill", "phone/prefill"), 3),
+        "spec-relative-outside": (outside("decode", "phone/decode", relative=True), 3),
+        "spec-outside-self-allowed": (outside("prefill", "phone/prefill", allow=True), 3),
+        "spec-model-dir-outside": (outside("model_dir", "parts"), 3),
+        "spec-config-outside": (cfg_outside, 3),
+        "spec-models-outside": (model_outside, 3),
+    }
+    for what, (doc, code) in specs.items():
+        out.append(Case(f"session/{what}/ingest-session", "session", spec(doc), code,
+                        creates=("o.h5",) if code == 0 else ()))
+    # a spec in a sub folder naming ../phone: outside its folder (refused), read with the command line's flag
+    def sub_spec(extra: tuple[str, ...]) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            _session_copy(ws)
+            ws.write("specs/session.json", json.dumps({k: v if k == "schema" else
+                                                       ([f"../{x}" for x in v] if isinstance(v, list) else f"../{v}")
+                                                       for k, v in good.items()}))
+            return ["ingest", "session", "--spec", "specs/session.json", "-o", "o.h5", *extra]
+
+        return build
+
+    out.append(Case("session/spec-parent-folder/ingest-session", "session", sub_spec(()), 3))
+    out.append(Case("session/valid/ingest-session", "session", ingest(lambda ws: None), 0, creates=("o.h5",)))
+    out.append(Case("session/spec-parent-folder-allowed-by-flag/ingest-session", "session",
+                    sub_spec(("--allow-outside-inputs",)), 0, creates=("o.h5",)))
+    return out
+
+
+# ============================================================================ qnn-net-run folder + ONNX graph only
+def _netrun_model_cases() -> list[Case]:
+    def ingest(edit: Callable[[Workspace], None], extra: tuple[str, ...] = ()) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            _session_copy(ws)
+            edit(ws)
+            return ["ingest", "qnn-net-run", DEC, "--model", "parts/decode.onnx", "--as-steps", "--part", "decode",
+                    "-o", "o.h5", *extra]
+
+        return build
+
+    out = []
+    # without an input list the folder's outputs alone are ingested (a session needs its inputs: exit 3 there)
+    edits = {**_folder_edits(), "input-list-missing": (lambda ws: (ws.work / DEC / "input_list.txt").unlink(), 0)}
+    for what, (edit, code) in edits.items():
+        out.append(Case(f"netrun-model/{what}/ingest", "netrun-model", ingest(edit), code,
+                        creates=("o.h5",) if 0 in (code if isinstance(code, tuple) else (code,)) else ()))
+    flags: dict[str, tuple[tuple[str, ...], int]] = {
+        "decode-at-step-0": (("--first-step", "0"), 2),
+        "first-step-negative": (("--first-step", "-3"), 2),
+        "dim-negative": (("--dim", "past_sequence_length=-1"), 2),
+        "dim-not-int": (("--dim", "past_sequence_length=abc"), 2),
+    }
+    for what, (extra, code) in flags.items():
+        out.append(Case(f"netrun-model/{what}/ingest", "netrun-model", ingest(lambda ws: None, extra), code))
+    out.append(Case("netrun-model/valid/ingest", "netrun-model", ingest(lambda ws: None), 0, creates=("o.h5",)))
+    for what, (edit, code) in _part_edits().items():
+        if what.startswith("part-") and what not in ("part-missing", "part-symlink-outside"):  # --model names a file
+            out.append(Case(f"netrun-model/{what}/ingest", "netrun-model", ingest(edit), code))
+    return out
+
+
+# ============================================================================ ivq reference
+def _reference_cases() -> list[Case]:
+    def ref(edit: Callable[[Workspace], None] = lambda ws: None, session: Callable[[Workspace], str] | None = None,
+            extra: tuple[str, ...] = ()) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            ws.copy("parts")
+            edit(ws)
+            s = session(ws) if session else ws.copy("session.h5")
+            return ["reference", s, "--model-dir", "parts", "-o", "r.h5", *extra]
+
+        return build
+
+    def bad_session(mut: Callable[[Workspace, Path], None]) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            rel = ws.copy("session.h5", "bad.h5")
+            mut(ws, ws.work / rel)
+            return rel
+
+        return make
+
+    def record_attr(of: str, at: int, **attrs: Any) -> Callable[[Workspace, Path], None]:
+        def mut(ws: Workspace, p: Path) -> None:
+            def edit(f: Any) -> None:
+                for g in f["records"].values():
+                    if g.attrs["part"] == of and int(g.attrs["step"]) == at:
+                        for k, v in attrs.items():
+                            g.attrs[k] = v
+                        return
+
+            _h5(p, edit)
+
+        return mut
+
+    def drop_records(part: str) -> Callable[[Workspace, Path], None]:
+        def mut(ws: Workspace, p: Path) -> None:
+            def edit(f: Any) -> None:
+                gone = [k for k, g in f["records"].items() if g.attrs["part"] == part]
+                for k in gone:
+                    del f["records"][k]
+                doc = _manifest(f)
+                c = doc["columns"].index("rid")
+                doc["rows"] = [r for r in doc["rows"] if r[c] not in gone]
+                _set_manifest(f, json.dumps(doc))
+
+            _h5(p, edit)
+
+        return mut
+
+    def model_attr(value: Any) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: _h5(p, lambda f: f.attrs.__setitem__("model", json.dumps(value)))
+
+    out = []
+    for what, mut in _dump_file_mutations().items():
+        out.append(Case(f"reference/dump-{what}/reference", "reference", ref(session=bad_session(mut)), 3))
+    dumps: dict[str, tuple[Callable[[Workspace, Path], None], int]] = {
+        "dump-decode-at-step-0": (record_attr("decode", 1, step=0), 3),
+        "dump-step-negative": (record_attr("decode", 2, step=-4), 3),
+        "dump-part-unknown": (record_attr("decode", 3, part="encoder"), (0, 3)),
+        "dump-no-prefill": (drop_records("prefill"), 3),
+        "dump-config-attr-string": (model_attr({"config": {"rope_theta": "abc"}}), 3),
+        "dump-config-attr-text-config-list": (model_attr({"config": {"text_config": [1]}}), 3),
+    }
+    for what, (mut, code) in dumps.items():
+        out.append(Case(f"reference/{what}/reference", "reference", ref(session=bad_session(mut),
+                                                                          edit=lambda ws: (ws.work / "parts/config.json").unlink()),
+                        code, creates=("r.h5",) if code == 0 else ()))
+    out.append(Case("reference/dump-not-a-session/reference", "reference", ref(session=lambda ws: ws.copy("float.h5")), 3))
+    for what, (edit, code) in _part_edits().items():
+        out.append(Case(f"reference/{what}/reference", "reference", ref(edit), code))
+    out.append(Case("reference/model-dir-missing/reference", "reference", lambda ws: [
+        "reference", ws.copy("session.h5"), "--model-dir", "nowhere", "-o", "r.h5"], 3))
+    out.append(Case("reference/model-dir-is-file/reference", "reference", lambda ws: [
+        "reference", ws.copy("session.h5"), "--model-dir", ws.copy("x.npz"), "-o", "r.h5"], 3))
+    for what, (data, code) in CONFIGS.items():
+        out.append(Case(f"reference/{what}/reference", "reference",
+                        ref(lambda ws, d=data: ws.write("c.json", d), extra=("--config", "c.json")), code))
+    out.append(Case("reference/valid/reference", "reference", ref(), 0, creates=("r.h5",)))
+    return out
+
+
+# ============================================================================ ivq quantize --dynamic
+def _dynamic_cases() -> list[Case]:
+    def q(*extra: str, model: str = "model.onnx") -> Callable[[Workspace], list[str]]:
+        return lambda ws: ["quantize", ws.copy(model), "-o", "q.onnx", "--dynamic", *extra]
+
+    specs: dict[str, tuple[Callable[[Workspace], list[str]], int]] = {
+        "op-types-unknown": (q("--op-types", "NoSuchOp"), 2),
+        "op-types-ansi": (q("--op-types", NAMES["ansi"]), 2),
+        "op-types-not-quantizable": (q("--op-types", "Relu"), 2),
+        "exclude-nodes-missing": (q("--exclude-nodes", "no/such/node"), 2),
+        "exclude-nodes-ansi": (q("--exclude-nodes", NAMES["ansi"]), 2),
+        "with-calibration": (lambda ws: [*q()(ws), "--calibration", ws.copy("x.npz")], 2),
+        "with-overrides": (lambda ws: [*q()(ws), "--overrides", ws.copy("ort.json")], 2),
+        "model-truncated": (lambda ws: ["quantize", ws.write("m.onnx", ws.corpus["model.onnx"].read_bytes()[:500]),
+                                        "-o", "q.onnx", "--dynamic"], 3),
+        "model-already-qdq": (q(model="model.qdq.onnx"), (0, 2)),
+        "valid": (q(), 0),
+    }
+    out = [Case(f"dynamic/{what}/quantize", "dynamic", build, code, creates=("q.onnx",) if code in (0, (0, 2)) else ())
+           for what, (build, code) in specs.items()]
+    return out
+
+
+# ============================================================================ ivq capture qnn --qnn-cache
+def _qnn_cache_cases() -> list[Case]:
+    def cap(edit: Callable[[Workspace, Path], None], cache: str = "cache") -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            ws.copy("qnncache", "cache")
+            entry = next(p for p in (ws.work / "cache").iterdir() if p.is_dir())
+            edit(ws, entry)
+            return ["capture", "qnn", ws.copy("model.qdq.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5",
+                    "--qnn-cache", cache]
+
+        return build
+
+    def garble(name: str, fn: Callable[[bytes], bytes]) -> Callable[[Workspace, Path], None]:
+        return lambda ws, e: _bytes_edit(fn)(next(e.glob(name)))
+
+    def replace(name: str, kind: str) -> Callable[[Workspace, Path], None]:
+        def edit(ws: Workspace, e: Path) -> None:
+            p = next(e.glob(name))
+            data = p.read_bytes()
+            p.unlink()
+            if kind == "fifo":
+                os.mkfifo(p)
+            elif kind == "dir":
+                p.mkdir()
+            elif kind == "outside":
+                os.symlink(ws.secret(p.name, data), p)
+
+        return edit
+
+    def entry_outside(ws: Workspace, e: Path) -> None:
+        shutil.move(str(e), ws.outside / e.name)
+        os.symlink(ws.outside / e.name, e)
+
+    edits: dict[str, Callable[[Workspace, Path], None]] = {
+        "meta-not-json": garble("meta.json", lambda b: b"{not json"),
+        "meta-array": garble("meta.json", lambda b: b"[1, 2]"),
+        "meta-empty": garble("meta.json", lambda b: b""),
+        "meta-deep": garble("meta.json", lambda b: b"[" * 100000 + b"]" * 100000),
+        "meta-key-mismatch": garble("meta.json", lambda b: json.dumps({**json.loads(b), "key": "0" * 64}).encode()),
+        "meta-is-fifo": replace("meta.json", "fifo"),
+        "context-bin-truncated": garble("*.bin", lambda b: b[: len(b) // 2]),
+        "context-bin-flipped": garble("*.bin", lambda b: _flip_at(b, len(b) // 2)),
+        "context-bin-empty": garble("*.bin", lambda b: b""),
+        "context-bin-is-dir": replace("*.bin", "dir"),
+        "context-bin-is-fifo": replace("*.bin", "fifo"),
+        "context-bin-symlink-outside": replace("*.bin", "outside"),
+        "ctx-onnx-truncated": garble("ctx.onnx", lambda b: b[: len(b) // 2]),
+        "ctx-onnx-text": garble("ctx.onnx", lambda b: b"not onnx\n"),
+        "ctx-onnx-missing": lambda ws, e: (e / "ctx.onnx").unlink(),
+        "entry-symlink-outside": entry_outside,
+        "entry-is-file": lambda ws, e: (shutil.rmtree(e), e.write_bytes(b"x")),
+        "stray-files": lambda ws, e: (ws.write("cache/zzz.tmp", b"x"), ws.write("cache/" + NAMES["ansi"], b"y")),
+        "valid": lambda ws, e: None,
+    }
+    out = [Case(f"qnncache/{what}/capture", "qnncache", cap(edit), 0, creates=("o.h5", "cache"), timeout=120)
+           for what, edit in edits.items()]
+    out.append(Case("qnncache/cache-is-file/capture", "qnncache", lambda ws: [
+        "capture", "qnn", ws.copy("model.qdq.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5", "--qnn-cache",
+        ws.write("cache", b"not a folder")], 2, timeout=120))
+    out.append(Case("qnncache/cache-is-fifo/capture", "qnncache", lambda ws: [
+        "capture", "qnn", ws.copy("model.qdq.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5", "--qnn-cache",
+        ws.fifo("cache")], 2, timeout=60))
+    return out
+
+
+# ============================================================================ ivq tune: checkpoint, task metric
+def _tune_cases() -> list[Case]:
+    def tune(*extra: str, prep: Callable[[Workspace], None] = lambda ws: None) -> Callable[[Workspace], list[str]]:
+        def build(ws: Workspace) -> list[str]:
+            prep(ws)
+            return ["tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+                    ws.copy("x.npz"), "-o", "wd", "--backend", "cpu", *extra]
+
+        return build
+
+    def ckpt(data: Callable[[Workspace], Any]) -> Callable[[Workspace], None]:
+        def prep(ws: Workspace) -> None:
+            d = data(ws)
+            ws.write("wd/trials/checkpoint.json", d if isinstance(d, (str, bytes)) else json.dumps(d))
+
+        return prep
+
+    def trial(**entry: Any) -> Callable[[Workspace], dict]:
+        def doc(ws: Workspace) -> dict:
+            ws.secret("t.h5", ws.corpus["qdq.h5"].read_bytes())
+            base = {"label": "before", "suggestions": [], "qdq_model": "wd/trials/before.qdq.onnx",
+                    "dump": "wd/trials/before.h5"}
+            return {"version": 1, "trials": {"0" * 16: {**base, **{k: (v(ws) if callable(v) else v)
+                                                                   for k, v in entry.items()}}}}
+
+        return doc
+
+    def special_ckpt(kind: str) -> Callable[[Workspace], None]:
+        def prep(ws: Workspace) -> None:
+            (ws.work / "wd/trials").mkdir(parents=True)
+            _special(ws, kind, "wd/trials/checkpoint.json")
+
+        return prep
+
+    resume = ("--resume",)
+    specs: dict[str, tuple[Callable[[Workspace], list[str]], int]] = {
+        "checkpoint-not-json": (tune(*resume, prep=ckpt(lambda ws: "{trials: ")), 3),
+        "checkpoint-empty": (tune(*resume, prep=ckpt(lambda ws: "")), 3),
+        "checkpoint-array": (tune(*resume, prep=ckpt(lambda ws: [1, 2])), 3),
+        "checkpoint-trials-list": (tune(*resume, prep=ckpt(lambda ws: {"version": 1, "trials": []})), 3),
+        "checkpoint-version-other": (tune(*resume, prep=ckpt(lambda ws: {"version": 9, "trials": {}})), 3),
+        "checkpoint-trial-string": (tune(*resume, prep=ckpt(lambda ws: {"version": 1, "trials": {"k": "x"}})), 3),
+        "checkpoint-trial-dump-int": (tune(*resume, prep=ckpt(trial(dump=5))), 3),
+        "checkpoint-trial-dump-outside": (tune(*resume, prep=ckpt(trial(dump=lambda ws: str(ws.outside / "t.h5")))), 3),
+        "checkpoint-trial-dump-traversal": (tune(*resume, prep=ckpt(trial(dump="../outside/t.h5"))), 3),
+        "checkpoint-trial-seconds-string": (tune(*resume, prep=ckpt(trial(seconds="slow"))), 3),
+        "checkpoint-deep": (tune(*resume, prep=ckpt(lambda ws: '{"a":' * 50000 + "1" + "}" * 50000)), 3),
+        "checkpoint-nul": (tune(*resume, prep=ckpt(lambda ws: '{"version": 1, "trials": {}}' + "\x00" * 8)), 3),
+        "checkpoint-not-utf8": (tune(*resume, prep=ckpt(lambda ws: b'{"version": "\xff"}')), 3),
+        "checkpoint-is-fifo": (tune(*resume, prep=special_ckpt("fifo")), 3),
+        "checkpoint-is-dir": (tune(*resume, prep=special_ckpt("dir")), 3),
+        "checkpoint-symlink-loop": (tune(*resume, prep=special_ckpt("loop")), 3),
+    }
+    metrics: dict[str, tuple[str | None, str, int]] = {
+        "metric-missing-file": (None, "nowhere.py:score", 3),
+        "metric-not-py": ("def score(o):\n    return 1.0\n", "metric.txt:score", 2),
+        "metric-raises-on-import": ("raise RuntimeError('broken metric')\n", "metric.py:score", 3),
+        "metric-syntax-error": ("def score(o)\n    return 1\n", "metric.py:score", 3),
+        "metric-exits-on-import": ("import sys\nsys.exit(0)\n", "metric.py:score", 3),
+        "metric-no-function": ("x = 1\n", "metric.py:score", 3),
+        "metric-not-callable": ("score = 1\n", "metric.py:score", 3),
+        "metric-no-colon": ("def score(o):\n    return 1\n", "metric.py", 2),
+        "metric-module-missing": (None, "no_such_module_zz:score", 2),
+        "metric-is-fifo": ("fifo", "metric.py:score", 3),
+        "metric-is-dir": ("dir", "metric.py:score", 3),
+    }
+    for what, (src, spec, code) in metrics.items():
+        def prep(ws: Workspace, s: Any = src, sp: str = spec) -> None:
+            name = sp.rsplit(":", 1)[0] if ":" in sp else sp
+            if s in ("fifo", "dir"):
+                _special(ws, s, name)
+            elif s is not None:
+                ws.write(name, s)
+
+        specs[what] = (tune("--task-metric", spec, prep=prep), code)
+    return [Case(f"tune/{what}/tune", "tune", build, code, timeout=60) for what, (build, code) in specs.items()]
+
+
+# ============================================================================ ivq-diff --expected
+def _expected_cases() -> list[Case]:
+    out = []
+
+    def bad_copy(mut: Callable[[Workspace, Path], None]) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            rel = ws.copy("float.h5", "bad.h5")  # the data mutations break float.h5's tensors
+            mut(ws, ws.work / rel)
+            return rel
+
+        return make
+
+    def diff(make: Callable[[Workspace], str]) -> Callable[[Workspace], list[str]]:
+        return lambda ws: [ws.copy("float.h5"), ws.copy("qdq.h5", "test.h5"), "-q", "--expected", make(ws)]
+
+    for i, (what, mut) in enumerate(_dump_file_mutations().items()):
+        if i % 2 == 0:
+            out.append(Case(f"dump/{what}/diff-expected", "dump", diff(bad_copy(mut)), 3, prog="ivq-diff"))
+    for what in ("string-dtype", "soft-link", "external-link", "shape-lie-bigger", "dtype-lie-float64",
+                 "fletcher32-flip", "dataset-is-group"):
+        mut = _dump_data_mutations()[what]
+        out.append(Case(f"dump/{what}/diff-expected", "dump", diff(bad_copy(mut)), 3, prog="ivq-diff"))
+    out.append(Case("dump/expected-other-inputs/diff-expected", "dump", lambda ws: [
+        ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", ws.copy("ingest.h5")], (0, 1, 3, 6), prog="ivq-diff"))
+    for kind in SPECIAL_KINDS:
+        if kind != "devzero":
+            out.append(Case(f"special/{kind}/diff-expected", "special", lambda ws, k=kind: [
+                ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", _special(ws, k, "in.expected")], 3,
+                prog="ivq-diff", stdin="pipe" if kind == "stdin" else "devnull", timeout=20))
+    return out
+
+
 # ============================================================================ valid inputs (every command)
 def _valid_cases() -> list[Case]:
     return [
@@ -1435,7 +2023,8 @@ def all_cases() -> list[Case]:
     """Every case, ids unique."""
     cases = (_valid_cases() + _dump_cases() + _name_cases() + _npz_cases() + _overrides_cases() + _netjson_cases()
              + _netrun_cases() + _profiling_cases() + _onnx_cases() + _special_cases() + _output_cases()
-             + _disk_cases() + _diff_json_cases())
+             + _disk_cases() + _diff_json_cases() + _session_cases() + _netrun_model_cases() + _reference_cases()
+             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases())
     ids = [c.id for c in cases]
     dup = {i for i in ids if ids.count(i) > 1}
     assert not dup, f"duplicate case ids: {sorted(dup)}"

@@ -6,6 +6,11 @@ transformer path, quantized a16/w8 by ORT), their ORT captures written by :class
 written in every overrides format the project reads, an ``ivq-diff/1`` result of the two dumps (a
 ``--baseline``), the committed qnn-net-run output folder with its converter JSON, the committed
 profiling files, and that folder ingested with its profile (``ingest.h5``). Each case copies what it needs into its own folder before breaking it.
+
+Built on first use (:class:`Corpus`, so a run that selects none of their cases pays nothing): a device session
+(``parts/``: the dynamic-cache InternVL-tiny export, ``phone/``: its vision / prefill / decode qnn-net-run
+folders from a real ORT run, ``session.h5``: them ingested by ``ivq ingest session``; about 9 s), and a QNN
+compiled-context cache of ``model.qdq.onnx`` (``qnncache/``: one ``ivq capture qnn`` entry).
 """
 
 from __future__ import annotations
@@ -40,14 +45,62 @@ def _capture(model: Path, feeds: dict[str, np.ndarray], out: Path) -> Path:
     return out
 
 
-def build(root: Path) -> dict[str, Path]:
+class Corpus(dict):
+    """name → path of the corpus; the lazy groups (:data:`LAZY`) are built when a case first asks for one."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> Path:
+        group = next((g for g, names in LAZY.items() if name in names), None)
+        if group is None:
+            raise KeyError(name)
+        self.update(_BUILDERS[group](self.root))
+        return self[name]
+
+
+def _session(root: Path) -> dict[str, Path]:
+    from ivq_debug.capture.qnn_net_run.ingest import SessionSpec, capture_session
+    from ivq_debug.vlm.load import load_vlm
+    from tests.support.device_sessions import build_sessions, parts_exporter
+
+    src = root / "session-src"
+    px = parts_exporter(src / "parts", lambda n: load_vlm(n).model, verify=False)
+    s = build_sessions(src / "sessions", px, (("internvl-tiny", "dynamic", "correct"),))["internvl-tiny-dynamic-correct"]
+    parts = Path(shutil.copytree(s.parts["decode"].parent, root / "parts"))
+    phone = root / "phone"
+    for part, folder in s.folders.items():
+        shutil.copytree(folder, phone / part)
+    spec = SessionSpec({p: [phone / p] for p in ("vision", "prefill", "decode")}, model_dir=parts)
+    capture_session(spec, root / "session.h5")
+    return {"parts": parts, "phone": phone, "session.h5": root / "session.h5"}
+
+
+def _qnn_cache(root: Path) -> dict[str, Path]:
+    import subprocess
+    import sys
+
+    cache = root / "qnncache"
+    subprocess.run([sys.executable, "-m", "ivq_debug", "capture", "qnn", str(root / "model.qdq.onnx"), "--inputs",
+                    str(root / "x.npz"), "-o", str(root / "qnncache.h5"), "--qnn-cache", str(cache)],
+                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+    return {"qnncache": cache}
+
+
+#: lazy group → the names it provides
+LAZY: dict[str, tuple[str, ...]] = {"session": ("parts", "phone", "session.h5"), "qnncache": ("qnncache",)}
+_BUILDERS = {"session": _session, "qnncache": _qnn_cache}
+
+
+def build(root: Path) -> Corpus:
     """Write the valid corpus under ``root``; returns name → path (names are the files' names)."""
     from ivq_debug.comparator import compare
     from ivq_debug.dump import open_dump
     from ivq_debug.qnn.encodings import encodings_from_qdq_model, to_legacy, to_ort_overrides, to_v1
 
     root.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Path] = {}
+    out = Corpus(root)
 
     def put(name: str, data: bytes | str) -> Path:
         p = root / name

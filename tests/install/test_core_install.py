@@ -60,10 +60,10 @@ def test_fresh_venv_core_install_captures_without_torch(tmp_path: Path, artifact
                  ("capture", "onnx", "m.onnx", "--inputs", "x.npz", "-o", "m.h5")):
         r = ivq(*args)
         assert r.returncode == 0, (args, r.stderr[-2000:])
-    r = ivq("ls", "q.h5")  # (the console writes to stderr)
-    assert r.returncode == 0 and "/blocks.0/fc1/Add_output_0" in r.stderr and "_quantized" not in r.stderr, r.stderr
+    r = ivq("ls", "q.h5")  # (results go to stdout)
+    assert r.returncode == 0 and "/blocks.0/fc1/Add_output_0" in r.stdout and "_quantized" not in r.stdout, r.stderr
     r = ivq("ls", "q.h5", "--records")
-    assert r.returncode == 0 and "r000000" in r.stderr, r.stderr
+    assert r.returncode == 0 and "r000000" in r.stdout, r.stderr
     # what needs an extra says which, in one line, exit 5
     r = ivq("m.h5", "q.h5", prog="ivq-diff")
     assert r.returncode == 5 and r.stderr.strip() == ("ivq-diff: error: `ivq-diff` needs pandas, which is not "

@@ -248,12 +248,12 @@ def test_reference_dynamic_int8_diff_and_replay(models: dict[str, Path], tmp_pat
     for part in PARTS:
         f = host_capture(models[part], models[f"{part}.x"], tmp_path / f"{part}-float.h5", "disable", capfd)
         q = host_capture(models[f"{part}.dq8"], models[f"{part}.x"], tmp_path / f"{part}-dq8.h5", "disable", capfd)
-        code, _, err = run_ivq(["diff", f, q, "--top", "5"], capfd)
+        code, out, err = run_ivq(["diff", f, q, "--top", "5"], capfd)
         assert code == 0, err
         cmp = ivq.compare(f, q)
         assert cmp.alignment.unmatched_ref == []
         worst = cmp.worst(5)
-        assert all(name in " ".join(err.split()) for name in worst["ref_name"].head(2))
+        assert all(name in " ".join(out.split()) for name in worst["ref_name"].head(2))  # (the table: stdout)
         code, _, err = run_ivq(["diagnose", f, q, "--model", models[f"{part}.dq8"], "--json", tmp_path / "r.json",
                                 "--force"], capfd)
         assert code in (0, 1), err

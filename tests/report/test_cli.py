@@ -38,7 +38,7 @@ def test_report_and_exports_then_no_overwrite(pipeline: dict[str, Path], tmp_pat
             "--model-explorer", str(out["me"]), "--junit", str(out["xml"]), "--min-sqnr", "30",
             "--extra", str(pipeline["float"]), str(pipeline["cpu"]), "--replay", str(pipeline["qdq"])]
     assert _ivq_report(argv) == 0
-    assert "FAIL" in capsys.readouterr().err  # the verdict line (the console is stderr)
+    assert "FAIL" in capsys.readouterr().out  # the verdict line (results go to stdout)
     assert out["html"].read_text().startswith("<!DOCTYPE html>")
     assert json.loads(out["trace"].read_text())["traceEvents"]
     assert json.loads(out["me"].read_text())["main_graph"]["results"]

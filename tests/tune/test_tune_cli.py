@@ -62,8 +62,12 @@ def test_tune_knobs_on_cpu(user, tmp_path: Path) -> None:
     assert {o["action"] for o in pc["overrides"]} == {"w16"}  # weights already per channel: 16-bit is the step
 
 
-def test_bad_task_metric_is_a_usage_error(user, tmp_path: Path, capsys) -> None:
+def test_bad_task_metric_is_one_line(user, tmp_path: Path, capsys) -> None:
+    # a .py file without the function is a bad input (exit 3, naming the file); a bad spec is a usage error
     assert ivq_cli("tune", user["conv"], "--calibration", user["cal"], "--inputs", user["eval"], "-o",
-                   tmp_path / "wd", "--task-metric", f"{user['score']}:nope") == 2
+                   tmp_path / "wd", "--task-metric", f"{user['score']}:nope") == 3
     err = capsys.readouterr().err
-    assert "has no function 'nope'" in err and "Traceback" not in err
+    assert f"{user['score']}: --task-metric: the file has no function 'nope'" in err and "Traceback" not in err
+    assert ivq_cli("tune", user["conv"], "--calibration", user["cal"], "--inputs", user["eval"], "-o",
+                   tmp_path / "wd", "--task-metric", str(user["score"])) == 2
+    assert "MODULE:FUNCTION" in capsys.readouterr().err

@@ -148,6 +148,11 @@ def test_split_export_carries_deepstack_and_the_sectioned_variant(exported):
                            for n in g.node)
     decode = next(p for p in res.parts if p.part == "decode")
     assert not any(name.startswith("deepstack") for name in decode.inputs)
+    # the interleaved M-RoPE's shape arithmetic folds away (one folding pass left a Shape -> Concat piece that
+    # QNN HTP rejects with "zero graph inputs")
+    for part in res.parts:
+        ops = {n.op_type for n in onnx.load(part.path).graph.node}
+        assert not ops & {"Shape", "ConstantOfShape"}, (part.part, part.bucket, part.variant)
     assert res.path("prefill", 56, "mrope_sectioned").name == "prefill_b56.mrope_sectioned.onnx"
 
 

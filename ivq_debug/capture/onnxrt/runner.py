@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from ivq_debug.capture.onnxrt.optimized import graph_kernels, optimized_model
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
 from ivq_debug.capture.onnxrt.platform import platform_info
 from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
+from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
 
@@ -131,6 +132,9 @@ class OrtRunner(Closing):
         session_config: ONNX Runtime session config entries (``{"session.x64quantprecision": "1"}``), as a
             deployment sets them with ``SessionOptions.add_session_config_entry``; applied to every session.
         sessions: the session factory (default :class:`CpuSessions`).
+        input_shapes: static shapes for dynamic inputs (``{name: shape}``, e.g.
+            :func:`ivq_debug.onnxgraph.intake.input_shapes` of the samples): the graph run is the model with
+            those dims fixed (``info["fixed_dims"]``); QNN HTP takes only static shapes.
 
     Above ``optimization="disable"``, with a factory whose graph can be saved (``knows_optimized_graph``),
     only the selected tensors that survive in the optimized graph are exposed (``info["optimized_graph"]``
@@ -150,11 +154,18 @@ class OrtRunner(Closing):
         partition: bool | None = None,
         session_config: Mapping[str, str] | None = None,
         sessions: SessionFactory | None = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.factory: SessionFactory = sessions if sessions is not None else CpuSessions()
         self.session_config = {str(k): str(v) for k, v in (session_config or {}).items()}
         self.model_path = Path(model_path)
         self.model = load_model(self.model_path)
+        try:
+            fixed = intake.fix_input_dims(self.model, input_shapes) if input_shapes else []
+        except UsageError as e:
+            raise UsageError(e.message, self.model_path) from None
+        #: what a plain run loads: the file, or the model with its dims fixed (serialized on first use)
+        self._plain_model: bytes | str | None = None if fixed else str(self.model_path)
         self.selection = selection
         self.optimization = optimization
         self.max_outputs_per_run = max_outputs_per_run
@@ -189,6 +200,8 @@ class OrtRunner(Closing):
             optimized = self._optimized_graph()
         self.plan = self._partition_plan(partition)
         self.info: dict[str, Any] = self.base_info()
+        if fixed:
+            self.info["fixed_dims"] = fixed
         if optimized is not None:
             self.info["optimized_graph"] = optimized
         if len(self.groups()) > 1:
@@ -198,9 +211,10 @@ class OrtRunner(Closing):
     def _optimized_graph(self) -> dict[str, Any]:
         """Keep only the sites whose tensor the optimized graph still computes; the kernels as run."""
         try:
-            graph = optimized_model(
-                lambda options: self.factory.create(str(self.model_path), options, plain=True, proto=self.model),
-                self.session_options)
+            with self.augmented([]) as plain:  # (the file, or the model with its dims fixed)
+                graph = optimized_model(
+                    lambda options: self.factory.create(plain, options, plain=True, proto=self.model),
+                    self.session_options)
         except Exception as e:
             raise CaptureError(f"cannot save the optimized graph: {one_line(e, 300)}", self.model_path) from None
         self.kernels = graph_kernels(graph, OPT_LEVELS[self.optimization])
@@ -262,7 +276,8 @@ class OrtRunner(Closing):
 
     def create_session(self, model_bytes_or_path: bytes | str):
         """Create one session through the factory."""
-        plain = isinstance(model_bytes_or_path, str) and model_bytes_or_path == str(self.model_path)
+        plain = model_bytes_or_path is self._plain_model or (
+            isinstance(model_bytes_or_path, str) and model_bytes_or_path == str(self.model_path))
         return self.factory.create(model_bytes_or_path, self.session_options, plain=plain, proto=self.model)
 
     def model_with_outputs(self, outputs: list[str]) -> bytes | str:
@@ -271,7 +286,12 @@ class OrtRunner(Closing):
         import onnx
 
         if not outputs:
-            return str(self.model_path)
+            if self._plain_model is not None:
+                return self._plain_model
+            plain = self.serialized(self.model)
+            if isinstance(plain, bytes):  # (a temporary file is removed once loaded: not kept)
+                self._plain_model = plain
+            return plain
         m = onnx.ModelProto()
         m.CopyFrom(self.model)
         existing = {o.name for o in m.graph.output}

@@ -38,8 +38,8 @@ from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.console import warn
-from ivq_debug.errors import one_line
-from ivq_debug.util import atomic_write_text, sha256_file
+from ivq_debug.errors import InputError, UsageError, one_line
+from ivq_debug.util import atomic_write_text, file_in_folder_problem, load_json, sha256_file
 
 #: bump when the material or the entry layout changes (old entries then miss)
 CACHE_FORMAT = 1
@@ -126,6 +126,9 @@ class ContextCache:
 
     def __init__(self, root: str | os.PathLike, max_bytes: int = defaults.QNN_CACHE_MAX_BYTES) -> None:
         self.root = Path(root).expanduser()
+        if os.path.lexists(self.root) and not self.root.is_dir():
+            kind = "a symlink loop" if not self.root.exists() else "a file" if self.root.is_file() else "a special file"
+            raise UsageError(f"QNN context cache is {kind}, not a folder (--qnn-cache DIR, $IVQ_QNN_CACHE)", self.root)
         self.max_bytes = max_bytes
         #: what was wrong with the entries ignored so far (also printed as warnings)
         self.warnings: list[str] = []
@@ -143,7 +146,7 @@ class ContextCache:
         if problem is not None:
             self._warn(f"ignoring QNN context cache entry {folder}: {problem}; compiling afresh")
             return None
-        meta = json.loads((folder / META_FILE).read_text())
+        meta = load_json(folder / META_FILE, META_FILE)
         try:
             os.utime(folder / META_FILE)  # least recently used goes first when pruning
         except OSError:
@@ -151,10 +154,14 @@ class ContextCache:
         return CacheEntry(key, folder, meta)
 
     def _check(self, folder: Path, key: str, material: dict[str, Any]) -> str | None:
+        """Why an entry may not be loaded (None when it is intact). Entries and their files are never symlinks
+        (a cache entry is what this code wrote), nor FIFOs or folders; ``meta.json`` is bounded JSON."""
+        if folder.is_symlink():
+            return "it is a symlink (cache entries are never followed)"
         try:
-            meta = json.loads((folder / META_FILE).read_text())
-        except (OSError, ValueError) as e:
-            return f"unreadable {META_FILE} ({one_line(e, 120)})"
+            meta = load_json(folder / META_FILE, META_FILE)
+        except InputError as e:
+            return f"unreadable {META_FILE} ({e.message})"
         if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
             return "written by another cache format"
         if meta.get("key") != key or meta.get("material") != material:
@@ -164,8 +171,11 @@ class ContextCache:
             return "no file list"
         for name, want in files.items():
             p = folder / name
-            if Path(name).name != name or not p.is_file():
+            if Path(name).name != name or not os.path.lexists(p):
                 return f"{name} is missing"
+            bad = file_in_folder_problem(p, folder, name)
+            if bad or p.is_symlink():
+                return bad or f"{name} is a symlink (cache files are never followed)"
             if not isinstance(want, dict) or p.stat().st_size != want.get("bytes") or sha256_file(p) != want.get("sha256"):
                 return f"{name} does not match its recorded size / SHA-256"
         return None
@@ -211,10 +221,13 @@ class ContextCache:
         atomic_write_text(staging / META_FILE, json.dumps(doc, indent=1, default=str))
         dst = self.root / key
         try:
-            if dst.exists():  # a bad entry (lookup ignored it) or a concurrent writer's
+            if os.path.lexists(dst):  # a bad entry (lookup ignored it) or a concurrent writer's
                 if self._check(dst, key, material) is None:
                     return CacheEntry(key, dst, json.loads((dst / META_FILE).read_text()))
-                shutil.rmtree(dst, ignore_errors=True)
+                if dst.is_symlink() or not dst.is_dir():  # removed itself, never what it points to
+                    dst.unlink()
+                else:
+                    shutil.rmtree(dst, ignore_errors=True)
             os.replace(staging, dst)
         except OSError as e:
             if dst.is_dir() and self._check(dst, key, material) is None:
@@ -231,7 +244,7 @@ class ContextCache:
             return out
         for d in self.root.iterdir():
             m = d / META_FILE
-            if d.name.startswith(".") or not m.is_file():
+            if d.name.startswith(".") or d.is_symlink() or not m.is_file():
                 continue
             try:
                 size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +318,8 @@ class QnnHtpRunner(Closing):
             given, and turned into per-session paths here).
         overwrite: replace existing profiling CSVs.
         threads: intra-op threads of the (CPU side of the) session.
+        input_shapes: static shapes for dynamic inputs (see :class:`OrtRunner`): QNN HTP takes only static
+            shapes ("Having zero graph inputs is not supported on this backend" otherwise).
 
     Raises:
         ToolNotFoundError: onnxruntime-qnn is not installed (at construction).
@@ -346,6 +348,7 @@ class QnnHtpRunner(Closing):
         config: QnnSessionConfig | None = None,
         overwrite: bool = False,
         threads: int | None = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
         max_probes: int | None = None,
         channels_last: bool | None = None,
         qnn_cache: str | os.PathLike | ContextCache | bool | None = None,
@@ -369,7 +372,7 @@ class QnnHtpRunner(Closing):
         self.qnn = QnnSessions(config, overwrite=overwrite, cache=_cache_of(qnn_cache), **artifacts)
         self.ort = OrtRunner(model_path, selection=selection, exposure=exposure, optimization=optimization,
                              max_outputs_per_run=max_outputs_per_run, verify=verify, threads=threads,
-                             sessions=self.qnn)
+                             sessions=self.qnn, input_shapes=input_shapes)
         self.require_bit_identical = require_bit_identical
         self.drop_unexposable = drop_unexposable
         self.max_probes = defaults.QNN_MAX_PROBES if max_probes is None else int(max_probes)

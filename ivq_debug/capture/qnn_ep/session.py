@@ -605,6 +605,35 @@ def _inference_session(model: bytes | str | os.PathLike, so: Any) -> tuple[Any, 
     return sess, cap.text, time.perf_counter() - t0
 
 
+def _optimization_advice(model: bytes | str | os.PathLike, so: Any, config: QnnSessionConfig,
+                         session_options_factory: Callable[[], Any] | None) -> str:
+    """What to say about ``--optimization all`` when nodes are unsupported at ORT level "disable" ("" otherwise).
+
+    ORT at "disable" folds nothing: Shape -> Gather -> Concat -> Reshape chains (what paddle2onnx and torch's
+    legacy exporter write for dynamic reshapes) reach QNN, which refuses ``Shape`` and then cannot get the
+    shapes downstream ("Cannot get shape"). At "all" ORT constant-folds them first. For models up to
+    :data:`~ivq_debug.defaults.QNN_RETRY_ALL_MAX_BYTES` one more session at "all" says whether that is enough.
+    """
+    import onnxruntime as ort
+
+    if so.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+        return ""
+    size = len(model) if isinstance(model, bytes | bytearray) else os.path.getsize(model)
+    why = ("; ORT optimization 'disable' folds nothing (e.g. Shape -> Reshape chains QNN refuses): "
+           "--optimization all lets ORT fold and fuse first (the captured graph is then ORT's optimized one)")
+    if size > defaults.QNN_RETRY_ALL_MAX_BYTES:
+        return why + ", try it"
+    so2 = _new_options(session_options_factory)
+    so2.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    apply_qnn_ep(so2, config.with_changes(op_trace_dir=None, profiling_level=None, profiling_file_path=None,
+                                          json_graph_dir=None, log_severity_level=4))
+    try:
+        _inference_session(model, so2)
+    except Exception:
+        return "; --optimization all does not fix it either (checked)"
+    return why + " (checked: at --optimization all every node runs on HTP)"
+
+
 def diagnose_unsupported(model: bytes | str | os.PathLike, config: QnnSessionConfig,
                          session_options_factory: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
     """Which nodes QNN refuses, with reasons: one extra session with the framework op trace enabled."""
@@ -794,9 +823,10 @@ def _create(model: bytes | str | os.PathLike, config: QnnSessionConfig, eff: Qnn
                 shown = ops or unsupported
                 listed = "; ".join(f"{u['name']} ({u['op_type']}): {u['reason']}" for u in shown[:8])
                 more = f" (+{len(shown) - 8} more)" if len(shown) > 8 else ""
+                advice = _optimization_advice(model, so, config, session_options_factory)
                 raise QnnUnsupportedError(
                     f"{len(shown)} node(s) not supported by QNN HTP ({target}) and CPU fallback is disabled: "
-                    f"{listed}{more} [{len(unsupported)} node(s) incl. their Q/DQ]", unsupported) from None
+                    f"{listed}{more} [{len(unsupported)} node(s) incl. their Q/DQ]{advice}", unsupported) from None
             if _FALLBACK_DISABLED_MSG in msg:
                 raise CaptureError(f"nodes would fall back to the CPU EP ({target}) and fallback is disabled; "
                                    f"QNN gave no reason: {msg[:300]}") from None

@@ -19,7 +19,6 @@ written). A *session* puts a device's vision, prefill and decode folders of one 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +42,8 @@ from ivq_debug.dump.writer import DumpWriter, check_writable
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap
 from ivq_debug.qnn.profiling import join_tensors, read_profile
-from ivq_debug.util import read_json, sha256_file
+from ivq_debug.util import check_schema, file_in_folder_problem, is_inside, load_json, read_json, sha256_file
+from ivq_debug.validate import check_hf_config
 
 BACKEND = "qnn-net-run"
 PARTS = ("vision", "prefill", "decode", "model")
@@ -305,27 +305,52 @@ def load_config(config: str | os.PathLike | Mapping[str, Any] | None,
         return None, None
     if path.is_dir():
         path = path / "config.json"
-    doc = read_json(path, "config.json")
-    if not isinstance(doc, dict):
-        raise InputError("config.json is not a JSON object", path)
+    doc = check_hf_config(read_json(path, "config.json"), path)
     return doc, str(path.resolve())
+
+
+#: the ``parts`` list of an ivq export's ``export.json`` as far as the part lookup reads it
+EXPORT_PARTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"parts": {"type": "array", "items": {
+        "type": "object", "required": ["path"],
+        "properties": {"part": {"type": "string"}, "path": {"type": "string", "minLength": 1}}}}},
+}
 
 
 def part_candidates(model_dir: str | os.PathLike, part: str) -> list[Path]:
     """The ONNX files of ``part`` in a parts folder: those its ``export.json`` lists (ivq exports), else
-    ``<part>*.onnx`` (``vision_b112.onnx``, ``prefill.onnx``, ``decode.onnx``, ...)."""
+    ``<part>*.onnx`` (``vision_b112.onnx``, ``prefill.onnx``, ``decode.onnx``, ...).
+
+    Raises:
+        InputError: the folder is missing; ``export.json`` is not a regular JSON file of the export schema
+            (:data:`EXPORT_PARTS_SCHEMA`), or it lists a path that leaves the folder or is missing; a
+            candidate that is not a regular file or a symlink leaving the folder.
+    """
     d = Path(model_dir)
     if not d.is_dir():
         raise InputError("no such model folder" if not d.exists() else "not a folder", d)
     manifest = d / "export.json"
-    if manifest.is_file():
-        try:
-            listed = [d / p["path"] for p in json.loads(manifest.read_text()).get("parts", []) if p.get("part") == part]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            listed = []
+    if os.path.lexists(manifest):
+        doc = load_json(manifest, "export manifest")
+        check_schema(doc, EXPORT_PARTS_SCHEMA, manifest)
+        listed = [d / p["path"] for p in doc.get("parts", []) if p.get("part") == part]
+        for p in listed:
+            if not os.path.normpath(p).startswith(os.path.normpath(d) + os.sep):
+                raise InputError(f"lists {part} part {os.path.relpath(p, d)!r}, which is not a file of the folder", manifest)
+            if not os.path.lexists(p):
+                raise InputError(f"the {part} part that {manifest.name} lists is missing", p)
         if listed:
-            return [p for p in listed if p.is_file()]
-    return sorted(p for p in d.iterdir() if p.suffix == ".onnx" and p.name.lower().startswith(part))
+            cands = listed
+        else:
+            cands = sorted(p for p in d.iterdir() if p.suffix == ".onnx" and p.name.lower().startswith(part))
+    else:
+        cands = sorted(p for p in d.iterdir() if p.suffix == ".onnx" and p.name.lower().startswith(part))
+    for p in cands:
+        bad = file_in_folder_problem(p, d, "ONNX part")
+        if bad:
+            raise InputError(bad, p)
+    return cands
 
 
 def find_part_model(part: str, model_dir: str | os.PathLike | None, explicit: str | os.PathLike | None,
@@ -384,11 +409,15 @@ class SessionSpec:
     dims: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, path: str | os.PathLike) -> SessionSpec:
+    def from_json(cls, path: str | os.PathLike, allow_outside: bool = False) -> SessionSpec:
         """A spec file (schema ``ivq-session/1``, ``docs/device-sessions.md``); paths relative to the file.
 
+        A path that leaves the spec's folder (absolute elsewhere, ``../``, or a symlink out) is refused unless
+        ``allow_outside`` (the command line's ``--allow-outside-inputs``: the spec's own field cannot grant it).
+
         Raises:
-            InputError: not JSON, another schema, an unknown field or a field of the wrong type (named).
+            InputError: not JSON, another schema, an unknown field or a field of the wrong type (named), a path
+                outside the spec's folder.
         """
         p = Path(path)
         doc = read_json(p, "JSON session spec")
@@ -397,7 +426,11 @@ class SessionSpec:
 
         def path_of(v: str) -> Path:
             q = Path(v)
-            return q if q.is_absolute() else base / q
+            q = q if q.is_absolute() else base / q
+            if not allow_outside and not is_inside(q, base):
+                raise InputError(f"path {v!r} leaves the spec's folder {str(base) or '.'!r} "
+                                 "(pass --allow-outside-inputs to read it)", p)
+            return q
 
         folders = {}
         for part in SESSION_PARTS:
@@ -421,7 +454,7 @@ SPEC_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "decode": ((str, list), "a folder path or a list of them"),
     "native_inputs": ((bool,), "true or false"),
     "allow_outside_inputs": ((bool,), "true or false"),
-    "dims": ((dict,), "an object {axis name: positive integer}"),
+    "dims": ((dict,), "an object {axis name: integer 1 .. 2^31-1}"),
 }
 
 
@@ -440,7 +473,7 @@ def _validate_spec(doc: Any, path: Path) -> None:
         if ok and k == "models":
             ok = all(part in SESSION_PARTS and isinstance(x, str) for part, x in v.items())
         if ok and k == "dims":
-            ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v.values())
+            ok = all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**31 for x in v.values())
         if not ok:
             raise InputError(f"field {k!r} must be {what}", path)
     if "prefill" not in doc:

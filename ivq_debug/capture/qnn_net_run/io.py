@@ -25,7 +25,7 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import list_sites
 from ivq_debug.qnn.names import NameMap, qnn_sanitize
 from ivq_debug.qnn.netjson import QnnGraph, QnnTensor, is_fixed_point, read_qnn_json
-from ivq_debug.util import file_in_folder_problem, is_inside
+from ivq_debug.util import file_in_folder_problem, is_inside, read_input_text
 
 _RESULT_RE = re.compile(r"^Result_(\d+)$")
 
@@ -632,12 +632,7 @@ def parse_input_list(path: str | os.PathLike) -> list[InputLine]:
             both token forms; the message names the file and the line.
     """
     p = Path(path)
-    if not p.is_file():
-        raise InputError("no such input list" if not p.exists() else "input list is not a file", p)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"not a readable text input list ({type(e).__name__})", p) from None
+    text = read_input_text(p, "input list")  # a regular file of UTF-8 text without NUL bytes
     out: list[InputLine] = []
     first = True
     for no, raw in enumerate(text.splitlines(), start=1):
@@ -938,7 +933,7 @@ def locate_run(folder: str | os.PathLike, input_list: str | os.PathLike | None =
         lst: Path | None = Path(input_list)
     else:
         cands = [f / "input_list.txt"] + ([f.parent / "input_list.txt"] if out == f else [])
-        lst = next((c for c in cands if c.is_file()), None)
+        lst = next((c for c in cands if os.path.lexists(c)), None)  # a FIFO or loop there is refused, not skipped
     return (lst.parent if lst is not None else f), out, lst
 
 
@@ -997,12 +992,20 @@ def _map_line(ln: InputLine, graph: GraphIO, names: NameMap, lst: Path) -> list[
     return [out[t.name] for t in want]
 
 
-def _result_files(rdir: Path, names: NameMap, graph: GraphIO
+def _result_files(rdir: Path, names: NameMap, graph: GraphIO, out: Path, allow_outside: bool = False
                   ) -> tuple[dict[str, dict[str, tuple[Path, str]]], list[dict[str, str]]]:
-    """ONNX name -> {"float"|"native": (file, stem)} of a Result folder, and the files no tensor claims."""
+    """ONNX name -> {"float"|"native": (file, stem)} of a Result folder, and the files no tensor claims.
+
+    Raises:
+        InputError: a ``.raw`` entry that may not be read (:func:`~ivq_debug.util.file_in_folder_problem`: a
+            symlink loop, a FIFO or folder, a symlink leaving ``out`` unless ``allow_outside``).
+    """
     found: dict[str, dict[str, tuple[Path, str]]] = {}
     unmatched = []
     for f in sorted(rdir.rglob("*.raw")):
+        bad = file_in_folder_problem(f, out, "raw file", allow_outside)
+        if bad:
+            raise InputError(bad, f)
         stem = f.relative_to(rdir).with_suffix("").as_posix()
         hit = None
         forms = [(stem, "float")] + ([(stem[: -len(_NATIVE)], "native")] if stem.endswith(_NATIVE) else [])
@@ -1075,6 +1078,8 @@ def read_net_run_folder(
     nf = NetRunFolder(run, out, lst, graph, [])
     in_dtype = (lambda t: t.dtype) if native_inputs else (lambda t: np.dtype(np.float32))
     for i, rdir in results:
+        if not allow_outside_inputs and not is_inside(rdir, out):
+            raise InputError(f"Result folder is a symlink leaving {str(out)!r} (--allow-outside-inputs reads it)", rdir)
         sized: list[_SizedFile] = []
         planned_in: list[tuple[GraphTensor, str, Path, np.dtype]] = []
         if lines is not None:
@@ -1085,7 +1090,7 @@ def read_net_run_folder(
                 dt = in_dtype(t)
                 planned_in.append((t, tok.name or qnn_sanitize(t.name), p, dt))
                 sized.append(_SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
-        found, unmatched = _result_files(rdir, out_names, graph)
+        found, unmatched = _result_files(rdir, out_names, graph, out, allow_outside_inputs)
         nf.unmatched += unmatched
         planned_out: list[tuple[GraphTensor, str, Path, np.dtype]] = []
         optional: list[_SizedFile] = []

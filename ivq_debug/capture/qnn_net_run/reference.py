@@ -40,6 +40,7 @@ from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import sha256_file
+from ivq_debug.validate import check_hf_config
 from ivq_debug.vlm.inputs import rope_index
 
 PARTS = ("vision", "prefill", "decode")
@@ -151,8 +152,8 @@ class SessionReplay:
         self.past = _pairs(list(past))
         self.present = _pairs(list(present))
         if not self.past or set(self.past) != set(self.present):
-            raise UsageError(f"the decode graph {dec.name} has no past/present cache pairs the replay can chain "
-                             f"(inputs {[t.name for t in dec.inputs]})")
+            raise InputError(f"the decode graph {dec.name} has no past/present cache pairs the replay can chain "
+                             f"(inputs {[t.name for t in dec.inputs]}): not a decode part", dec.path)
         one = next(iter(self.past))
         pd, qd = past[self.past[one]].dims, present[self.present[one]].dims
         self.new_slot = isinstance(pd[-2], int) and qd[-2] == 1 and pd[-2] != 1
@@ -406,7 +407,8 @@ def build_reference(
                              "prefill and decode records (ivq ingest session)", dev.path)
         cfg, cfg_src = load_config(config, model_dir)
         if cfg is None and isinstance(dev.model.get("config"), dict):
-            cfg, cfg_src = dev.model["config"], dev.model.get("config_source") or f"{dev.path.name} model attributes"
+            cfg_src = str(dev.model.get("config_source") or f"{dev.path.name} model attributes")
+            cfg = check_hf_config(dev.model["config"], f"{dev.path}: model attribute config")
         parts = {p: find_part_model(p, model_dir, models.get(p), _fits(dev, p)) for p in PARTS
                  if p in have and (p != "vision" or model_dir is not None or "vision" in models)}
         graphs = {p: GraphIO.from_model(m) for p, m in parts.items()}

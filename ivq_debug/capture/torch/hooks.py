@@ -16,7 +16,7 @@ from ivq_debug.capture.base import Selection
 #: module classes skipped by default: they return their input (or a copy of it) at inference time
 PASS_THROUGH = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten")
 #: ModelOutput fields skipped by default: copies of tensors other modules already produced
-AUX_KEYS = ("hidden_states", "attentions", "cross_attentions", "past_key_values", "cache")
+AUX_KEYS = ("hidden_states", "attentions", "cross_attentions", "past_key_values", "cache", "deepstack_features")
 
 
 def default_selection(include: Sequence[str] = ("*",), exclude: Sequence[str] = ()) -> Selection:
