@@ -269,7 +269,8 @@ def _ray() -> Any:
 
 class RayExecutor:
     """Jobs as Ray tasks: ``ray.init(address=address)`` unless Ray is already initialized (a notebook's own
-    cluster; ``address=None`` starts a local one for the run); each task writes its shard on storage the driver
+    cluster; ``address=None`` starts a new local one for the run, ``"auto"`` joins the one ``ray start`` runs
+    here); each task writes its shard on storage the driver
     shares (the shard folder) and returns its path.
     ``num_cpus`` is each task's resource request. Ray's own task retries are off: a failed task (an exception or
     a dead worker) is resubmitted once by this executor, like the local one."""
@@ -285,7 +286,8 @@ class RayExecutor:
         owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
         if owned:
             try:
-                ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+                # no address: a new local cluster ("local"), never a stale one named by RAY_ADDRESS or /tmp/ray
+                ray.init(address=self.address or "local", log_to_driver=False, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster there, refused, a bad address
                 raise ToolNotFoundError(f"cannot start or reach the Ray cluster"
                                         f"{f' at {self.address}' if self.address else ''}: {_error(e)}") from None

@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N", help="--executor local: worker processes "
                                                                           "(default 1: in this process)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="--executor ray: the cluster (ray.init(address=...); default: a local one started for the run)")
+                   help="--executor ray: the cluster (ray.init(address=...); 'auto': the one `ray start` runs here; "
+                        "default: a new local one for the run)")
     p.add_argument("--shards", default=None, metavar="DIR",
                    help="with --executor: keep one shard per batch in DIR; a rerun skips the batches done "
                         "(default: a temporary folder)")

@@ -34,7 +34,8 @@ def slow_cpu(path: str) -> Any:
 @pytest.fixture(scope="module")
 def ray_cluster() -> Any:
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False,
+             log_to_driver=False)
     yield ray
     ray.shutdown()
 
