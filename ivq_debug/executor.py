@@ -267,6 +267,25 @@ def _ray() -> Any:
     return ray
 
 
+def _probe(address: str | None, timeout: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` (or ``ray://HOST:PORT``) address where nothing accepts a TCP connection within
+    ``timeout`` seconds: ``ray.init`` would wait for it without end."""
+    import socket
+
+    if not address or address in ("local", "auto"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ToolNotFoundError(f"cannot reach the Ray cluster at {address}: nothing accepts a connection there "
+                                f"({e.strerror or type(e).__name__}; start it with `ray start --head`)") from None
+
+
 class RayExecutor:
     """Jobs as Ray tasks: ``ray.init(address=address)`` unless Ray is already initialized (a notebook's own
     cluster; ``address=None`` starts a new local one for the run, ``"auto"`` joins the one ``ray start`` runs
@@ -285,6 +304,7 @@ class RayExecutor:
         ray = _ray()
         owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
         if owned:
+            _probe(self.address)
             try:
                 # no address: a new local cluster ("local"), never a stale one named by RAY_ADDRESS or /tmp/ray
                 ray.init(address=self.address or "local", log_to_driver=False, include_dashboard=False)

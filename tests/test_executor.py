@@ -105,3 +105,18 @@ def test_merge_check_refuses_shards_of_another_run() -> None:
         merge_check([a, {"key": "b", "meta": {"model_sha256": "n", "soc": "v73"}}], ["model_sha256", "soc"])
     with pytest.raises(UsageError, match="share one key"):
         LocalExecutor(1).run([jobs(Path("x"))[0]] * 2, "unused", progress=False)
+
+
+def test_ray_address_where_nothing_listens_is_refused_not_waited_for(tmp_path) -> None:
+    """``ray.init`` waits without end for an address where nothing listens: refused up front (exit 5)."""
+    pytest.importorskip("ray")
+    import socket
+
+    from ivq_debug.errors import ToolNotFoundError
+    from ivq_debug.executor import RayExecutor
+
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ToolNotFoundError, match="nothing accepts a connection"):
+        RayExecutor(f"127.0.0.1:{port}").run([], tmp_path / "shards")
