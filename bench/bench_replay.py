@@ -7,10 +7,16 @@ of the float model and of the QDQ model (CPU-QDQ), and ``ivq diagnose`` (compare
 every unit of the first under both attributions + the patterns' output share) against the user's float model. It
 prints the ratio ``diagnose / capture(QDQ)``.
 
+``workers``: the same model and dumps, ``ivq diagnose --no-lift`` (compare + replay of the first record) in this
+process's loop, then as jobs on ``--executor local --workers 1``, ``--workers 2`` and ``--executor ray`` (a local
+Ray cluster started for the run, its start-up included), each in its own process: wall time, replay time, and the
+check that every JSON document equals the in-process one but for its wall time and session count (issue 15).
+
 ``x2``: the 4-block ViT of ``tests/support/vit.py`` whose x² encodings are set by outlier channels: the headline
 pattern under ``local`` and ``iso``, the worst SQNR of each, and the output share of lifting each (CPU-QDQ).
 
     python bench/bench_replay.py speed [--workdir DIR] [--layers 12] [--images 4]
+    python bench/bench_replay.py workers [--workdir DIR] [--layers 12] [--images 4]
     python bench/bench_replay.py x2 [--workdir DIR]
 """
 
@@ -36,7 +42,8 @@ def _ivq(wd: Path, step: str, *args: object) -> float:
     return m.seconds
 
 
-def speed(wd: Path, layers: int, images: int) -> dict:
+def _vit(wd: Path, layers: int, images: int) -> tuple[Path, Path, list]:
+    """The ViT-S float model, its a8w8 QDQ model and the ``--inputs`` arguments of the evaluation images."""
     import numpy as np
 
     from ivq_debug.qnn.quantize import quantize_for_qnn
@@ -53,6 +60,11 @@ def speed(wd: Path, layers: int, images: int) -> dict:
     for i in range(images):
         np.savez(wd / f"eval{i}.npz", **vit.image(7 + i, size=224))
         inputs += ["--inputs", wd / f"eval{i}.npz"]
+    return fm, q, inputs
+
+
+def speed(wd: Path, layers: int, images: int) -> dict:
+    fm, q, inputs = _vit(wd, layers, images)
     t_ref = _ivq(wd, "capture-float", "capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
     t_cap = _ivq(wd, "capture-qdq", "capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
     t_diag = _ivq(wd, "diagnose", "diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model", fm,
@@ -62,6 +74,28 @@ def speed(wd: Path, layers: int, images: int) -> dict:
             "skipped": len(doc["skipped"]), "sessions": doc["sessions"], "replay_s": doc["seconds"],
             "capture_float_s": round(t_ref, 2), "capture_qdq_s": round(t_cap, 2), "diagnose_s": round(t_diag, 2),
             "ratio": round(t_diag / t_cap, 2), "load": load_avg()}
+
+
+def workers(wd: Path, layers: int, images: int) -> dict:
+    fm, q, inputs = _vit(wd, layers, images)
+    if not (wd / "test.h5").exists():
+        _ivq(wd, "capture-float", "capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
+        _ivq(wd, "capture-qdq", "capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
+    runs = {"in-process": [], "local-1": ["--executor", "local", "--workers", "1"],
+            "local-2": ["--executor", "local", "--workers", "2"], "ray": ["--executor", "ray"]}
+    out: dict = {"load_before": load_avg()}
+    docs = {}
+    for name, extra in runs.items():
+        js = wd / f"diagnose-{name}.json"
+        wall = _ivq(wd, f"diagnose-{name}", "diagnose", wd / "ref.h5", wd / "test.h5", "--model", q, "--float-model",
+                    fm, "--no-lift", "--json", js, "--force", *extra)
+        doc = json.loads(js.read_text())
+        out[name] = {"wall_s": round(wall, 2), "replay_s": doc.pop("seconds"), "sessions": doc.pop("sessions")}
+        docs[name] = doc
+    out["units"] = len(docs["in-process"]["units"])
+    out["identical"] = {k: v == docs["in-process"] for k, v in docs.items() if k != "in-process"}
+    out["load_after"] = load_avg()
+    return out
 
 
 def x2(wd: Path) -> dict:
@@ -91,13 +125,14 @@ def x2(wd: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["speed", "x2"])
+    p.add_argument("what", choices=["speed", "workers", "x2"])
     p.add_argument("--workdir", default="/tmp/ivq-bench-replay")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--images", type=int, default=4, help="evaluation images captured (the replay uses the first)")
     a = p.parse_args(argv)
     wd = Path(a.workdir) / a.what
-    res = speed(wd, a.layers, a.images) if a.what == "speed" else x2(wd)
+    res = (speed(wd, a.layers, a.images) if a.what == "speed" else workers(wd, a.layers, a.images)
+           if a.what == "workers" else x2(wd))
     print(json.dumps(res, indent=1))
     return 0
 

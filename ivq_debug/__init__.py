@@ -28,6 +28,8 @@ _LAZY = {
     "Budgets": ("ivq_debug.comparator", "Budgets"),
     "write_report": ("ivq_debug.report", "write_report"),
     "replay": ("ivq_debug.diagnose.replay", "replay"),
+    "LocalExecutor": ("ivq_debug.executor", "LocalExecutor"),
+    "RayExecutor": ("ivq_debug.executor", "RayExecutor"),
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -153,6 +153,10 @@ BACKEND_DIVERGENCE_MIN_REL_L2 = 1e-3
 
 #: introduced-error replay: maximum bytes of reference inputs per replay batch (one session + one run)
 REPLAY_BATCH_BYTES = 256 << 20
+#: ... and, with an executor (``ivq diagnose --executor``), at least this many jobs: the batches are cut into
+#: pieces of at most ``ceil(units / REPLAY_MIN_JOBS)`` units (the demo's prefill, 160 units in one batch, into 8
+#: jobs of 20) so that workers have work to share; a unit's numbers do not depend on its batch's other units
+REPLAY_MIN_JOBS = 8
 #: replay self-check: a unit whose isolated backend output differs from the full-graph output (fed the same
 #: upstream integers) by more than this many quantization steps is computed differently in the full graph
 REPLAY_SELFCHECK_STEPS = 1.0

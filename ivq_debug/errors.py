@@ -135,7 +135,7 @@ class CheckError(RunError):
 EXTRAS: dict[str, str] = {
     "pandas": "analysis", "matplotlib": "analysis",
     "torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "onnxscript": "torch",
-    "onnxruntime_qnn": "qnn",
+    "onnxruntime_qnn": "qnn", "ray": "ray",
 }
 
 

@@ -27,6 +27,7 @@ kl          mean over rows of KL(softmax(r) ‖       not a logits tensor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass
@@ -123,6 +124,29 @@ class MetricAccumulator:
             self.kl_sum += float(np.sum(np.exp(lp) * (lp - lq)))
         return ref64
 
+    def merge(self, other: MetricAccumulator) -> MetricAccumulator:
+        """Add another accumulator's blocks (a shard of the same tensors): counts and sums add, maxima take the
+        larger; the result is that of one pass over both up to the order of the float64 additions."""
+        for f in _SUM_FIELDS:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.logits = self.logits or other.logits
+        return self
+
+    def state(self) -> dict[str, Any]:
+        """The accumulator as plain JSON values (floats round-trip exactly through ``json``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, doc: dict[str, Any]) -> MetricAccumulator:
+        """The accumulator of :meth:`state`."""
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        unknown = set(doc) - set(fields)
+        if unknown:
+            raise ValueError(f"unknown accumulator fields {sorted(unknown)}")
+        return cls(**{k: (bool(v) if k == "logits" else int(v) if isinstance(getattr(cls, k), int) else float(v))
+                      for k, v in doc.items()})
+
     def result(self, encoding: dict[str, Any] | None = None) -> dict[str, Any]:
         """The metrics and their status."""
         out: dict[str, Any] = dict.fromkeys(METRICS)
@@ -159,6 +183,11 @@ class MetricAccumulator:
             out["kl"] = max(0.0, self.kl_sum / self.rows)
         out["status"] = status
         return out
+
+
+#: the fields of :class:`MetricAccumulator` that add when two accumulators merge
+_SUM_FIELDS = ("n", "sum_abs", "sum_sq_err", "sum_r2", "sum_t2", "sum_tr", "nonfinite_ref", "nonfinite_test", "rows",
+               "top1_agree", "kl_sum")
 
 
 def dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -256,6 +285,13 @@ class ErrorHistogram:
             self.counts = np.zeros(ERR_HIST_BINS_PER_DECADE * ERR_HIST_DECADES + 2, dtype=np.float64)
         if not (self.scale > 0 and math.isfinite(self.scale)):
             self.scale = 1.0
+
+    def merge(self, other: ErrorHistogram) -> ErrorHistogram:
+        """Add another shard's counts; its bins must be the same (the same reference scale)."""
+        if other.scale != self.scale:
+            raise ValueError(f"cannot merge error histograms on different bins ({self.scale!r} vs {other.scale!r})")
+        self.counts = self.counts + other.counts
+        return self
 
     def update(self, abs_err: np.ndarray) -> None:
         """Add a block of finite ``|t − r|`` values."""

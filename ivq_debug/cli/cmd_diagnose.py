@@ -23,7 +23,8 @@ from ivq_debug.comparator import compare
 from ivq_debug.console import results, status
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.executor import EXECUTORS, make_executor
 from ivq_debug.onnxgraph.load import load_model
 
 
@@ -47,6 +48,18 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="introduced SQNR below which a unit breaks the budget (default: by the model's activation "
                         "bits, 20 dB at 8 bits, 40 dB at 16)")
     p.add_argument("--no-lift", action="store_true", help="do not measure the patterns' share of the output error")
+    p.add_argument("--executor", choices=list(EXECUTORS), default=None,
+                   help="run the replay's batches as jobs: local (a process pool of --workers) or ray (a Ray "
+                        "cluster, --ray-address; pip install 'ivq-debug[ray]'); default: one loop in this process. "
+                        "The numbers are the same to the bit")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="--executor local: worker processes "
+                                                                          "(default 1: in this process)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--executor ray: the cluster (ray.init(address=...); 'auto': the one `ray start` runs here; "
+                        "default: a new local one for the run)")
+    p.add_argument("--shards", default=None, metavar="DIR",
+                   help="with --executor: keep one shard per batch in DIR; a rerun skips the batches done "
+                        "(default: a temporary folder)")
     p.add_argument("--top", type=int, default=10, help="units to print")
     p.add_argument("--json", metavar="OUT", help="write the replay table and findings as JSON ('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite --json")
@@ -63,6 +76,14 @@ def execute(args: argparse.Namespace) -> int:
                else partial(make_runner, "onnx", optimization=args.optimization) if args.optimization != "disable"
                else None)
     rec = "all" if args.record == "all" else parse_record(args.record)
+    if args.executor is None and (args.workers is not None or args.ray_address or args.shards):
+        args.executor = "ray" if args.ray_address else "local"
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
+    if args.workers is not None and args.executor == "ray":
+        raise UsageError("--workers is for --executor local (a Ray cluster has its own CPUs)")
+    executor = (make_executor(args.executor, args.workers or 1, args.ray_address) if args.executor is not None
+                else None)
 
     keys = ref.record_keys()
     if rec == "all" or not keys:
@@ -80,7 +101,8 @@ def execute(args: argparse.Namespace) -> int:
         cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
         return replay(args.model, reference, record=rec, runner_factory=factory, cumulative=cmp,
                       budget_sqnr_db=args.budget_sqnr, nodes=args.nodes.split(",") if args.nodes else None,
-                      attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift)
+                      attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift,
+                      executor=executor, shards=args.shards)
 
     r = run(ref)
     note = None
@@ -125,6 +147,10 @@ def execute(args: argparse.Namespace) -> int:
         con.print(escape(note))
     con.print(f"{len(r.table)} units replayed in {r.batches} batch(es), {r.sessions} session(s), {r.seconds:.1f} s; "
               f"skipped {len(r.skipped)}")
+    if r.jobs:
+        con.print(f"{r.jobs['total']} job(s) on {r.jobs['executor']}: {r.jobs['resumed']} resumed from shards, "
+                  f"{len(r.jobs['retried'])} retried" + (f"; shards in {escape(r.jobs['shards'])}"
+                                                         if r.jobs["shards"] else ""))
     for node, why in list(r.skipped_reasons.items())[:10]:
         con.print(f"  skipped {escape(node)}: {escape(why)}")
     for f in findings:

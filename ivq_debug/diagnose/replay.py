@@ -40,8 +40,10 @@ unit records how (``ref_match``), and every skipped unit its reason.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -59,7 +61,8 @@ from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs
 from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import InputError, UsageError
+from ivq_debug.errors import InputError, UsageError, one_line
+from ivq_debug.executor import Executor, Job, job_key, merge_check, versions
 from ivq_debug.metrics import MetricAccumulator, dot
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import (
@@ -71,7 +74,7 @@ from ivq_debug.onnxgraph.sites import (
     is_qdq,
     quant_params,
 )
-from ivq_debug.util import json_safe
+from ivq_debug.util import json_safe, sha256_file
 
 #: the ``ivq-replay/2`` document (:meth:`ReplayResult.to_json`, ``ivq diagnose --json``)
 SCHEMA = "ivq-replay/2"
@@ -564,7 +567,9 @@ class _Sessions:
 
 
 class _Acc:
-    """Per-unit accumulators over records."""
+    """Per-unit accumulators over records (:meth:`state` / :meth:`from_state`: a shard's JSON, exact)."""
+
+    SUMS = ("iso", "local", "weight", "act_iso", "act_local")
 
     def __init__(self) -> None:
         self.iso, self.local, self.weight = MetricAccumulator(), MetricAccumulator(), MetricAccumulator()
@@ -573,6 +578,23 @@ class _Acc:
         self.selfcheck_share: float | None = None
         self.replayed_on = ""
         self.ref_match = ""
+
+    def state(self) -> dict[str, Any]:
+        """The accumulators as plain JSON values."""
+        out: dict[str, Any] = {k: getattr(self, k).state() for k in self.SUMS}
+        out.update(selfcheck=self.selfcheck, selfcheck_share=self.selfcheck_share, replayed_on=self.replayed_on,
+                   ref_match=self.ref_match)
+        return out
+
+    @classmethod
+    def from_state(cls, doc: dict[str, Any]) -> _Acc:
+        """The accumulators of :meth:`state`."""
+        a = cls()
+        for k in cls.SUMS:
+            setattr(a, k, MetricAccumulator.from_state(doc[k]))
+        a.selfcheck, a.selfcheck_share = doc["selfcheck"], doc["selfcheck_share"]
+        a.replayed_on, a.ref_match = str(doc["replayed_on"]), str(doc["ref_match"])
+        return a
 
 
 def replay(
@@ -590,6 +612,8 @@ def replay(
     lift: bool = True,
     batch_bytes: int = defaults.REPLAY_BATCH_BYTES,
     progress: bool = True,
+    executor: Executor | None = None,
+    shards: str | os.PathLike | None = None,
 ) -> ReplayResult:
     """Introduced error of each QDQ node unit, under both attributions (module docstring).
 
@@ -615,6 +639,15 @@ def replay(
         lift: measure the output-error share of the groups over budget (:func:`~ivq_debug.diagnose.patterns.
             measure_lift`, one CPU run on the first record).
         batch_bytes: maximum reference-input bytes per replay batch.
+        executor: run the batches as jobs (:mod:`ivq_debug.executor`: a :class:`~ivq_debug.executor.
+            LocalExecutor` process pool, a :class:`~ivq_debug.executor.RayExecutor`); default: in this process.
+            The batches are then cut into at least ``defaults.REPLAY_MIN_JOBS`` jobs (``batches`` and
+            ``sessions`` count them); every number is the same to the bit: a unit's values do not depend on the
+            other units of its batch, and its sums are made in one job, in the same order.
+            ``runner_factory`` must then be picklable (``None``, a module-level function or a
+            ``functools.partial`` of one).
+        shards: the folder of the jobs' shards (with ``executor``): a rerun skips the batches whose shard is
+            there; default a temporary folder, removed after the run.
 
     Returns:
         A :class:`ReplayResult` (``.table`` DataFrame; ``.worst()``; ``.findings()``).
@@ -662,128 +695,53 @@ def replay(
         size += b
     if cur:
         batches.append(cur)
-
-    def cpu_factory(path: str) -> Any:
-        return make_runner("onnx", path, optimization="disable")
+    if executor is not None and runnable:  # jobs for the workers to share (defaults.REPLAY_MIN_JOBS)
+        per = math.ceil(len(runnable) / defaults.REPLAY_MIN_JOBS)
+        batches = [b[i:i + per] for b in batches for i in range(0, len(b), per)]
 
     on_cpu = runner_factory is None
-    factory = runner_factory or cpu_factory
     do_check = (not on_cpu) if selfcheck is None else bool(selfcheck)
-    arrays = constant_arrays(model, {x for u in runnable for q in [u.out_q, *u.in_q] if q is not None
-                                     for x in q.input[1:]})
-    out_scale: dict[str, float | None] = {}
-    for u in runnable:
-        qp = quant_params(u.out_q, arrays) if u.out_q is not None else None
-        out_scale[u.node] = float(np.max(qp.scale)) if qp is not None and qp.is_integer else None
-
-    accs = {u.node: _Acc() for u in runnable}
-    cum_noise: dict[str, float] = {}
-    cum_rows: dict[str, Any] = {}
     indexes = {rids[0]: idx0}
     for rid in rids[1:]:
         p, t, trid = _pairs_for(cumulative, rid)
         indexes[rid] = _RefIndex(ref, rid, p, aliases, t, trid, shapes)
+    accs: dict[str, _Acc] = {}
+    jobs: dict[str, Any] = {}
     backend = None
     info: dict[str, Any] = {}
     sessions = 0
-    # replay models with external-data weights go next to the QDQ model, the others to TMPDIR (_Sessions)
-    folder = Path(qdq_model).resolve().parent
-    it = track(batches, "replaying", total=len(batches)) if progress else batches
-    for batch in it:
-        keys = list(range(len(batch)))
-        on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.moves_integers(arrays)]
-        shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
-        bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
-                         if on_backend else (None, {}))
-        pool = _Sessions(folder, qdq_model)
-        try:
-            for rid in rids:
-                idx = indexes[rid]
-                feeds = {gi: idx.read(x) for gi, (_, x) in s_map.items()}
-                s_runner = pool.get("shadow", shadow, feeds, cpu_factory)
-                s_out = s_runner.run(feeds)
-                if on_cpu:
-                    backend, info = s_runner.backend, s_runner.info
-                b_iso: dict[str, np.ndarray] = {}
-                b_loc: dict[str, np.ndarray] = {}
-                b_chk: dict[str, np.ndarray] = {}
-                chk_ok: set[int] = set()
-                if bmodel is not None:
-                    bf = {gi: feeds[gi] for gi in b_map}
-                    br = pool.get("backend", bmodel, bf, factory)
-                    backend, info = br.backend, br.info
-                    b_iso = br.run(bf)
-                    lf = dict(bf)
-                    for gi, (k, x) in b_map.items():
-                        u = batch[k]
-                        if x in u.qin:
-                            lf[gi] = s_out[f"u{k}::xq{list(u.qin).index(x)}"].astype(bf[gi].dtype, copy=False)
-                    b_loc = br.run(lf)
-                    if do_check and idx.test is not None:
-                        cf = dict(bf)
-                        for k in on_backend:
-                            u = batch[k]
-                            ents = [idx.test_by_name.get(x) for x in [*u.inputs, u.output]]
-                            if all(e is not None and e.size == idx.read(x).size
-                                   for e, x in zip(ents, [*u.inputs, u.output], strict=True)):
-                                chk_ok.add(k)
-                                for x in u.inputs:
-                                    gi = unit_value(f"u{k}::", x)
-                                    cf[gi] = idx.test.read(idx.test_by_name[x]).reshape(bf[gi].shape).astype(
-                                        bf[gi].dtype, copy=False)
-                        if chk_ok:
-                            b_chk = br.run(cf)
-                for k, u in zip(keys, batch, strict=True):
-                    a = accs[u.node]
-                    r = idx.read(u.output).astype(np.float64).reshape(-1)
-                    fq = s_out[f"u{k}::fq"].astype(np.float64).reshape(-1) if u.compute is not None else r
-                    fw = s_out[f"u{k}::fw"].astype(np.float64).reshape(-1) if u.weights else r
-                    if f"u{k}::out" in b_iso:
-                        t_iso, t_loc = b_iso[f"u{k}::out"], b_loc[f"u{k}::out"]
-                        a.replayed_on = backend or ""
-                    else:
-                        t_iso = t_loc = s_out[f"u{k}::out"]
-                        a.replayed_on = s_runner.backend + (" (data movement: exact on every backend)"
-                                                            if not on_cpu else "")
-                    t_iso = t_iso.astype(np.float64).reshape(-1)
-                    t_loc = t_iso if t_loc is t_iso else t_loc.astype(np.float64).reshape(-1)
-                    a.ref_match = idx.source(u.output).how
-                    if not (r.size == fw.size == fq.size == t_iso.size == t_loc.size):
-                        continue  # element counts differ: the unit's metrics stay empty
-                    r_loc = (r + fq - fw) if u.weights else fq
-                    a.iso.update(r, t_iso)
-                    a.local.update(r_loc, t_loc)
-                    if u.weights:
-                        a.weight.sum_sq_err += _sq(fw, r)
-                        a.weight.sum_r2 += _sq(r, 0.0)
-                        a.weight.n += r.size
-                    a.act_iso.sum_sq_err += _sq(t_iso, fw)
-                    a.act_local.sum_sq_err += _sq(t_loc, fq)
-                    if k in chk_ok:
-                        want = idx.test.read(idx.test_by_name[u.output])
-                        st = _steps(b_chk[f"u{k}::out"], want, out_scale[u.node])
-                        if st is not None:
-                            a.selfcheck = st if a.selfcheck is None else max(a.selfcheck, st)
-                            d = np.abs(b_chk[f"u{k}::out"].astype(np.float64).reshape(-1)
-                                       - want.astype(np.float64).reshape(-1))
-                            share = float(np.mean(d > 0.5 * out_scale[u.node]))
-                            a.selfcheck_share = share if a.selfcheck_share is None else max(a.selfcheck_share, share)
-                c_pairs = _cum_rows(cumulative, ref, rid)
-                for u in batch:
-                    c = c_pairs.get(u.output)
-                    if c is not None:
-                        rm = c.get("rmse")
-                        p_cum = (rm ** 2) * c["numel"] if rm is not None and not _nan(rm) else None
-                        if p_cum is not None:
-                            cum_noise[u.node] = cum_noise.get(u.node, 0.0) + p_cum
-                        prev = cum_rows.get(u.node)
-                        if prev is None or (c.get("sqnr_db") is not None and not _nan(c["sqnr_db"])
-                                            and (prev.get("sqnr_db") is None or c["sqnr_db"] < prev["sqnr_db"])):
-                            cum_rows[u.node] = c
-                del feeds, s_out, b_iso, b_loc, b_chk
-        finally:
-            sessions += len(pool.runners)
-            pool.close()
+    if executor is None:  # in this process, as one loop
+        ctx = _Context(model, Path(qdq_model), rids, indexes, runner_factory, do_check)
+        it = track(batches, "replaying", total=len(batches)) if progress else batches
+        for batch in it:
+            got = _replay_batch(ctx, batch)
+            accs.update(got.accs)
+            if got.backend is not None:
+                backend, info = got.backend, got.info
+            sessions += got.sessions
+    else:
+        done, jobs = _replay_jobs(executor, shards, Path(qdq_model), ref, cumulative, rids, batches, runner_factory,
+                                  do_check, progress)
+        for got in done:
+            accs.update(got.accs)
+            if got.backend is not None:
+                backend, info = got.backend, got.info
+            sessions += got.sessions
+    cum_noise: dict[str, float] = {}
+    cum_rows: dict[str, Any] = {}
+    for rid in rids:
+        c_pairs = _cum_rows(cumulative, ref, rid)
+        for u in runnable:
+            c = c_pairs.get(u.output)
+            if c is not None:
+                rm = c.get("rmse")
+                p_cum = (rm ** 2) * c["numel"] if rm is not None and not _nan(rm) else None
+                if p_cum is not None:
+                    cum_noise[u.node] = cum_noise.get(u.node, 0.0) + p_cum
+                prev = cum_rows.get(u.node)
+                if prev is None or (c.get("sqnr_db") is not None and not _nan(c["sqnr_db"])
+                                    and (prev.get("sqnr_db") is None or c["sqnr_db"] < prev["sqnr_db"])):
+                    cum_rows[u.node] = c
     rows = []
     for u in runnable:
         a = accs[u.node]
@@ -834,8 +792,235 @@ def replay(
     return ReplayResult(table, float(budget_sqnr_db), list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
                         seconds=round(time.perf_counter() - t_start, 3), model_path=str(qdq_model), lift=lifted,
-                        spread=spread)
+                        spread=spread, jobs=jobs)
 
+
+
+@dataclass
+class _Context:
+    """What the replay of one batch reads: the QDQ model, the records and their reference indexes, the backend."""
+
+    model: Any
+    path: Path
+    rids: list[str]
+    indexes: dict[str, Any]
+    runner_factory: Callable[[str], Any] | None
+    do_check: bool
+
+
+@dataclass
+class _BatchResult:
+    """The accumulators of one batch's units, the backend that ran them (None: none ran on it) and its sessions."""
+
+    accs: dict[str, _Acc]
+    backend: str | None
+    info: dict[str, Any]
+    sessions: int
+
+
+def _cpu_factory(path: str) -> Any:
+    return make_runner("onnx", path, optimization="disable")
+
+
+def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
+    """Replay one batch of units over every record (the shadow model and the backend model: one session each per
+    feed signature, reused across records)."""
+    model, rids, indexes, do_check = ctx.model, ctx.rids, ctx.indexes, ctx.do_check
+    on_cpu = ctx.runner_factory is None
+    factory = ctx.runner_factory or _cpu_factory
+    cpu_factory = _cpu_factory
+    arrays = constant_arrays(model, {x for u in batch for q in [u.out_q, *u.in_q] if q is not None
+                                     for x in q.input[1:]})
+    out_scale: dict[str, float | None] = {}
+    for u in batch:
+        qp = quant_params(u.out_q, arrays) if u.out_q is not None else None
+        out_scale[u.node] = float(np.max(qp.scale)) if qp is not None and qp.is_integer else None
+    accs = {u.node: _Acc() for u in batch}
+    backend = None
+    info: dict[str, Any] = {}
+    # replay models with external-data weights go next to the QDQ model, the others to TMPDIR (_Sessions)
+    folder = ctx.path.resolve().parent
+    qdq_model = ctx.path
+    sessions = 0
+    keys = list(range(len(batch)))
+    on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.moves_integers(arrays)]
+    shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
+    bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
+                     if on_backend else (None, {}))
+    pool = _Sessions(folder, qdq_model)
+    try:
+        for rid in rids:
+            idx = indexes[rid]
+            feeds = {gi: idx.read(x) for gi, (_, x) in s_map.items()}
+            s_runner = pool.get("shadow", shadow, feeds, cpu_factory)
+            s_out = s_runner.run(feeds)
+            if on_cpu:
+                backend, info = s_runner.backend, s_runner.info
+            b_iso: dict[str, np.ndarray] = {}
+            b_loc: dict[str, np.ndarray] = {}
+            b_chk: dict[str, np.ndarray] = {}
+            chk_ok: set[int] = set()
+            if bmodel is not None:
+                bf = {gi: feeds[gi] for gi in b_map}
+                br = pool.get("backend", bmodel, bf, factory)
+                backend, info = br.backend, br.info
+                b_iso = br.run(bf)
+                lf = dict(bf)
+                for gi, (k, x) in b_map.items():
+                    u = batch[k]
+                    if x in u.qin:
+                        lf[gi] = s_out[f"u{k}::xq{list(u.qin).index(x)}"].astype(bf[gi].dtype, copy=False)
+                b_loc = br.run(lf)
+                if do_check and idx.test is not None:
+                    cf = dict(bf)
+                    for k in on_backend:
+                        u = batch[k]
+                        ents = [idx.test_by_name.get(x) for x in [*u.inputs, u.output]]
+                        if all(e is not None and e.size == idx.read(x).size
+                               for e, x in zip(ents, [*u.inputs, u.output], strict=True)):
+                            chk_ok.add(k)
+                            for x in u.inputs:
+                                gi = unit_value(f"u{k}::", x)
+                                cf[gi] = idx.test.read(idx.test_by_name[x]).reshape(bf[gi].shape).astype(
+                                    bf[gi].dtype, copy=False)
+                    if chk_ok:
+                        b_chk = br.run(cf)
+            for k, u in zip(keys, batch, strict=True):
+                a = accs[u.node]
+                r = idx.read(u.output).astype(np.float64).reshape(-1)
+                fq = s_out[f"u{k}::fq"].astype(np.float64).reshape(-1) if u.compute is not None else r
+                fw = s_out[f"u{k}::fw"].astype(np.float64).reshape(-1) if u.weights else r
+                if f"u{k}::out" in b_iso:
+                    t_iso, t_loc = b_iso[f"u{k}::out"], b_loc[f"u{k}::out"]
+                    a.replayed_on = backend or ""
+                else:
+                    t_iso = t_loc = s_out[f"u{k}::out"]
+                    a.replayed_on = s_runner.backend + (" (data movement: exact on every backend)"
+                                                        if not on_cpu else "")
+                t_iso = t_iso.astype(np.float64).reshape(-1)
+                t_loc = t_iso if t_loc is t_iso else t_loc.astype(np.float64).reshape(-1)
+                a.ref_match = idx.source(u.output).how
+                if not (r.size == fw.size == fq.size == t_iso.size == t_loc.size):
+                    continue  # element counts differ: the unit's metrics stay empty
+                r_loc = (r + fq - fw) if u.weights else fq
+                a.iso.update(r, t_iso)
+                a.local.update(r_loc, t_loc)
+                if u.weights:
+                    a.weight.sum_sq_err += _sq(fw, r)
+                    a.weight.sum_r2 += _sq(r, 0.0)
+                    a.weight.n += r.size
+                a.act_iso.sum_sq_err += _sq(t_iso, fw)
+                a.act_local.sum_sq_err += _sq(t_loc, fq)
+                if k in chk_ok:
+                    want = idx.test.read(idx.test_by_name[u.output])
+                    st = _steps(b_chk[f"u{k}::out"], want, out_scale[u.node])
+                    if st is not None:
+                        a.selfcheck = st if a.selfcheck is None else max(a.selfcheck, st)
+                        d = np.abs(b_chk[f"u{k}::out"].astype(np.float64).reshape(-1)
+                                   - want.astype(np.float64).reshape(-1))
+                        share = float(np.mean(d > 0.5 * out_scale[u.node]))
+                        a.selfcheck_share = share if a.selfcheck_share is None else max(a.selfcheck_share, share)
+            del feeds, s_out, b_iso, b_loc, b_chk
+    finally:
+        sessions += len(pool.runners)
+        pool.close()
+    return _BatchResult(accs, backend, info, sessions)
+
+
+
+# ------------------------------------------------------------------------------------------ batches as jobs
+#: the shard fields that must agree across a run's batches (``executor.merge_check``)
+SHARD_FIELDS = ("model_sha256", "reference_sha256", "test_sha256", "backend", "records", "versions")
+#: per worker process: the opened inputs of the last replay (jobs of one run share them)
+_WORKER_CACHE: dict[tuple[Any, ...], tuple[Any, dict[str, Unit], dict[str, Any]]] = {}
+
+
+def describe_factory(factory: Callable[[str], Any] | None) -> str:
+    """A stable description of a runner factory for a job key: ``cpu``, or the module-level function's name with
+    a ``functools.partial``'s arguments. A lambda or a closure cannot be sent to a worker: :class:`UsageError`."""
+    if factory is None:
+        return "cpu"
+    fn, args, kw = factory, (), {}
+    if isinstance(factory, functools.partial):
+        fn, args, kw = factory.func, factory.args, factory.keywords
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    if "<" in name:
+        raise UsageError(f"an executor needs a runner factory that is a module-level function or a functools.partial "
+                         f"of one, not {name}")
+    return f"{name}{args!r}{sorted(kw.items())!r}"
+
+
+def _batch_job(model_path: str, ref_path: str, test_path: str | None, rids: list[str],
+               pairs: dict[str, tuple[dict[str, Any], str | None]], nodes: list[str],
+               runner_factory: Callable[[str], Any] | None, do_check: bool) -> dict[str, Any]:
+    """One job: the replay of one batch of units (``nodes``) over the records, as a shard's JSON."""
+    ck = (model_path, ref_path, test_path, tuple(rids))
+    hit = _WORKER_CACHE.get(ck)
+    if hit is None:
+        _WORKER_CACHE.clear()
+        model = load_model(model_path)
+        ref = open_dump(ref_path)
+        test = open_dump(test_path) if test_path else None
+        aliases, shapes = lineage_aliases(model), value_shapes(model)
+        indexes = {rid: _RefIndex(ref, rid, pairs[rid][0], aliases, test if pairs[rid][1] else None, pairs[rid][1],
+                                  shapes) for rid in rids}
+        hit = _WORKER_CACHE[ck] = (model, {u.node: u for u in replay_units(model)}, indexes)
+    model, by_node, indexes = hit
+    ctx = _Context(model, Path(model_path), rids, indexes, runner_factory, do_check)
+    got = _replay_batch(ctx, [by_node[n] for n in nodes])
+    return {"units": {n: a.state() for n, a in got.accs.items()}, "backend": got.backend,
+            "info": json_safe(got.info), "sessions": got.sessions}
+
+
+def _replay_jobs(executor: Executor, shards: str | os.PathLike | None, model_path: Path, ref: Any, cumulative: Any,
+                 rids: list[str], batches: list[list[Unit]], runner_factory: Callable[[str], Any] | None,
+                 do_check: bool, progress: bool) -> tuple[list[_BatchResult], dict[str, Any]]:
+    """The batches as jobs on ``executor``, their shards merged in batch order (:func:`replay`), and what the run
+    did (``ReplayResult.jobs``)."""
+    backend = describe_factory(runner_factory)
+    ref_path = str(Path(ref.path).resolve())
+    test = cumulative.test if cumulative is not None else None
+    test_path = str(Path(test.path).resolve()) if test is not None else None
+    pairs: dict[str, tuple[dict[str, Any], str | None]] = {}
+    for rid in rids:
+        p, t, trid = _pairs_for(cumulative, rid)
+        pairs[rid] = (p, trid if t is not None else None)
+    meta = {"model_sha256": sha256_file(model_path), "reference_sha256": sha256_file(ref_path),
+            "test_sha256": sha256_file(test_path) if test_path else None, "backend": backend, "records": rids,
+            "versions": versions(), "selfcheck": do_check}
+    # the alignment pairs change which reference a unit reads: a part of the key
+    align = job_key(pairs={rid: {k: [e.name, e.rid, how] for k, (e, how) in p.items()} for rid, (p, _) in pairs.items()},
+                    test_rids={rid: trid for rid, (_, trid) in pairs.items()})
+    jobs = []
+    for batch in batches:
+        nodes = [u.node for u in batch]
+        key = job_key(kind="replay-batch/1", nodes=nodes, align=align, **meta)
+        jobs.append(Job(key, _batch_job, {"model_path": str(model_path.resolve()), "ref_path": ref_path,
+                                          "test_path": test_path, "rids": rids, "pairs": pairs, "nodes": nodes,
+                                          "runner_factory": runner_factory, "do_check": do_check}, meta))
+    tmp = None
+    if shards is None:
+        tmp = shards = tempfile.mkdtemp(prefix=".ivq-replay-shards-")
+    try:
+        report = executor.run(jobs, shards, "replaying", progress=progress)
+        report.raise_failures()
+        docs = [report.load(j.key) for j in jobs]
+        merge_check(docs, SHARD_FIELDS)
+        out = []
+        for doc, batch in zip(docs, batches, strict=True):
+            r = doc["result"]
+            try:
+                if sorted(r["units"]) != sorted(u.node for u in batch):
+                    raise ValueError("it does not hold its batch's units")
+                out.append(_BatchResult({n: _Acc.from_state(v) for n, v in r["units"].items()}, r["backend"],
+                                        dict(r["info"]), int(r["sessions"])))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise InputError(f"not a replay shard ({one_line(e, 200)})", report.shards[doc["key"]]) from None
+        return out, {"executor": type(executor).__name__, "total": len(jobs), "resumed": len(report.skipped),
+                     "retried": sorted(set(report.retried)), "shards": None if tmp is not None else str(shards)}
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 COLUMNS = ["node", "op_type", "tensor", "order", "intro_sqnr_db", "intro_max_abs", "intro_rel_l2", "intro_status",
            "intro_noise", "local_sqnr_db", "local_noise", "iso_sqnr_db", "iso_noise", "weight_sqnr_db",
@@ -901,6 +1086,8 @@ class ReplayResult:
     model_path: str | None = None
     lift: dict[str, Any] = field(default_factory=dict)  # pattern key -> output share (patterns.measure_lift)
     spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
+    #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
+    jobs: dict[str, Any] = field(default_factory=dict)
 
     def column(self, attribution: str | None = None) -> str:
         """The SQNR column of an attribution (default: the ranking one)."""

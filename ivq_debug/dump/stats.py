@@ -1,9 +1,15 @@
-"""Per-tensor summary statistics, computed in float64 in bounded-size blocks."""
+"""Per-tensor summary statistics, computed in float64 in bounded-size blocks, that merge exactly across shards.
+
+A :class:`StatsAccumulator` keeps only counts, sums and extrema (and, with ``edges``, a histogram on fixed edges), so
+the accumulators of shards (one per sample, per worker) merge into the one of a single pass: counts, histogram counts,
+min and max exactly; the float64 sums up to the order of their additions (``tests/dump/test_stats_merge.py``:
+1e-12 relative over 200 shards)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -21,17 +27,60 @@ def flat_blocks(arr: np.ndarray, block_elems: int = _BLOCK_ELEMS) -> Iterator[np
 
 
 class StatsAccumulator:
-    """Streaming min/max/mean/std/non-finite count over finite values, float64 accumulation."""
+    """Streaming min/max/mean/std/non-finite count over finite values, float64 accumulation; with ``edges`` (an
+    increasing array of ``B + 1`` edges) also ``hist``: ``B + 2`` counts, bin 0 below ``edges[0]``, bin ``k``
+    holding ``edges[k-1] <= x < edges[k]``, the last at or above ``edges[-1]``. :meth:`merge` adds a shard's."""
 
-    __slots__ = ("count", "max", "min", "nonfinite", "sum", "sumsq")
+    __slots__ = ("count", "edges", "hist", "max", "min", "nonfinite", "sum", "sumsq")
 
-    def __init__(self) -> None:
+    def __init__(self, edges: np.ndarray | None = None) -> None:
         self.count = 0
         self.nonfinite = 0
         self.sum = 0.0
         self.sumsq = 0.0
         self.min = math.inf
         self.max = -math.inf
+        self.edges = None if edges is None else np.asarray(edges, dtype=np.float64)
+        if self.edges is not None and (self.edges.ndim != 1 or self.edges.size < 2
+                                       or not bool(np.all(np.diff(self.edges) > 0))):
+            raise ValueError("histogram edges must be a 1-D increasing array of at least two values")
+        self.hist = None if self.edges is None else np.zeros(self.edges.size + 1, dtype=np.int64)
+
+    def merge(self, other: StatsAccumulator) -> StatsAccumulator:
+        """Add the values another accumulator saw (the same histogram edges, else ``ValueError``)."""
+        if (self.edges is None) != (other.edges is None) or (
+                self.edges is not None and not np.array_equal(self.edges, other.edges)):
+            raise ValueError("cannot merge statistics with different histogram edges")
+        self.count += other.count
+        self.nonfinite += other.nonfinite
+        self.sum += other.sum
+        self.sumsq += other.sumsq
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        if self.hist is not None:
+            self.hist += other.hist
+        return self
+
+    def state(self) -> dict[str, Any]:
+        """Plain JSON values (a shard's); floats round-trip exactly through ``json``."""
+        return {"count": self.count, "nonfinite": self.nonfinite, "sum": self.sum, "sumsq": self.sumsq,
+                "min": self.min, "max": self.max,
+                "edges": None if self.edges is None else self.edges.tolist(),
+                "hist": None if self.hist is None else self.hist.tolist()}
+
+    @classmethod
+    def from_state(cls, doc: dict[str, Any]) -> StatsAccumulator:
+        """The accumulator of :meth:`state`."""
+        acc = cls(None if doc.get("edges") is None else np.asarray(doc["edges"], dtype=np.float64))
+        acc.count, acc.nonfinite = int(doc["count"]), int(doc["nonfinite"])
+        acc.sum, acc.sumsq = float(doc["sum"]), float(doc["sumsq"])
+        acc.min, acc.max = float(doc["min"]), float(doc["max"])
+        if acc.hist is not None:
+            hist = np.asarray(doc["hist"], dtype=np.int64)
+            if hist.shape != acc.hist.shape:
+                raise ValueError("histogram counts do not match its edges")
+            acc.hist = hist
+        return acc
 
     def update(self, block: np.ndarray) -> None:
         """Add one block of values (any numeric dtype)."""
@@ -60,14 +109,19 @@ class StatsAccumulator:
         self.sum += float(x.sum(dtype=np.float64) if total is None else total)
         x64 = x.astype(np.float64, copy=False)
         self.sumsq += float(np.einsum("i,i->", x64.reshape(-1), x64.reshape(-1)))
+        if self.hist is not None:
+            self.hist += np.bincount(np.searchsorted(self.edges, x64.reshape(-1), side="right"),
+                                     minlength=self.hist.size)
 
-    def result(self) -> dict[str, float | int | None]:
-        """The statistics as a dict (``None`` where undefined, e.g. no finite value)."""
+    def result(self) -> dict[str, Any]:
+        """The statistics as a dict (``None`` where undefined, e.g. no finite value); ``hist`` with edges."""
+        extra: dict[str, Any] = {} if self.hist is None else {"hist": self.hist.tolist()}
         if self.count == 0:
-            return {"min": None, "max": None, "mean": None, "std": None, "nonfinite": self.nonfinite}
+            return {"min": None, "max": None, "mean": None, "std": None, "nonfinite": self.nonfinite, **extra}
         mean = self.sum / self.count
         var = max(self.sumsq / self.count - mean * mean, 0.0)
-        return {"min": self.min, "max": self.max, "mean": mean, "std": math.sqrt(var), "nonfinite": self.nonfinite}
+        return {"min": self.min, "max": self.max, "mean": mean, "std": math.sqrt(var), "nonfinite": self.nonfinite,
+                **extra}
 
 
 def tensor_stats(arr: np.ndarray) -> dict[str, float | int | None]:

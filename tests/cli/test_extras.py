@@ -50,6 +50,8 @@ def test_core_commands_run_without_any_extra(tmp_path: Path) -> None:
                                                  "pip install 'ivq-debug[analysis]'"),
     (("analysis",), IVQ, ("diff", "a.h5", "a.h5"), "`ivq diff` needs pandas"),
     (("torch",), IVQ, ("demo", "--golden", "g", "--reports", "r", "--workdir", "w"), "pip install 'ivq-debug[torch]'"),
+    (("ray",), IVQ, ("diagnose", "a.h5", "a.h5", "--model", "m.onnx", "--executor", "ray"),
+     "--executor ray needs ray, which is not installed: pip install 'ivq-debug[ray]'"),
 ])
 def test_a_missing_extra_exits_5_naming_it(tmp_path: Path, extras, script, args, needle) -> None:
     from ivq_debug.capture.base import Selection, capture, make_runner

@@ -1,0 +1,355 @@
+"""Jobs on a pluggable executor: content-hash keys, one atomic shard per job, resumable runs (issue 15).
+
+A :class:`Job` is a module-level function with its keyword arguments and a content-hash key (:func:`job_key`
+over the model file's hash, the inputs' hash, the override set, the backend and the versions that change its
+numbers). An executor runs a list of jobs against a shard folder:
+
+* a job whose shard ``<folder>/<key>.json`` exists is skipped (a rerun after a crash or a preempted worker
+  redoes only what is missing);
+* a job writes its own shard atomically (:func:`~ivq_debug.util.atomic_write_text`: temp file + rename), in the
+  worker, so a shard on disk is always complete;
+* a job that raises (or whose worker dies) is retried once; a second failure is recorded with its key and error,
+  the other jobs go on, and :meth:`RunReport.raise_failures` ends the run with every failure listed
+  (:class:`JobsFailedError`, exit 1) while every completed shard stays on disk;
+* a progress bar over jobs with an ETA (:func:`~ivq_debug.console.track`) on every executor.
+
+Executors: :class:`LocalExecutor` (a ``concurrent.futures`` process pool of ``workers``; in-process and
+sequential when ``workers == 1``: ONNX Runtime and the QNN emulator are process-bound) and :class:`RayExecutor`
+(``ray.init(address=...)`` or an already-initialized cluster; each task writes its shard on shared storage and
+returns its path; the optional extra ``ivq-debug[ray]``). Shards are small JSON documents; numbers round-trip
+exactly (Python's ``repr`` of a float is the shortest string that reads back to the same double).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ivq_debug import __version__
+from ivq_debug.console import track
+from ivq_debug.errors import (
+    EXIT_FAIL,
+    InputError,
+    IvqError,
+    ToolNotFoundError,
+    UsageError,
+    one_line,
+    require_extra,
+)
+from ivq_debug.util import atomic_write_text
+
+#: the executors of ``--executor``
+EXECUTORS = ("local", "ray")
+#: attempts per job: the first run and one retry
+ATTEMPTS = 2
+SHARD_SCHEMA = "ivq-shard/1"
+
+
+def versions() -> dict[str, str]:
+    """The versions that change a job's numbers: ivq-debug, numpy, onnx, onnxruntime (and onnxruntime-qnn)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"ivq-debug": __version__}
+    for pkg in ("numpy", "onnx", "onnxruntime", "onnxruntime-qnn"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def job_key(**parts: Any) -> str:
+    """A content-hash key: SHA-256 (hex, first 32 digits) of the canonical JSON of ``parts`` (the model file's
+    hash, the inputs' hash, the override set, the backend, :func:`versions`, the job's own selection)."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: ``fn(**kwargs)`` returns a JSON-able dict, stored as the job's shard under ``key``.
+
+    ``fn`` must be a module-level function (it is pickled by reference into worker processes) and ``kwargs``
+    plain picklable values; ``meta`` is copied into the shard (hashes a merge step checks for agreement).
+    """
+
+    key: str
+    fn: Callable[..., dict[str, Any]]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobFailure:
+    """A job that failed on both attempts."""
+
+    key: str
+    error: str
+
+
+class JobsFailedError(IvqError):
+    """Jobs failed twice (exit 1); the message lists each job's key and error; completed shards are kept."""
+
+    exit_code = EXIT_FAIL
+
+    def __init__(self, failures: list[JobFailure], folder: str | os.PathLike) -> None:
+        self.failures = failures
+        listed = "; ".join(f"{f.key}: {f.error}" for f in failures)
+        super().__init__(f"{len(failures)} job(s) failed after a retry (completed shards kept in {folder}): {listed}")
+
+
+@dataclass
+class RunReport:
+    """What a run left: every completed shard by key, the keys skipped because their shard existed, failures."""
+
+    folder: Path
+    shards: dict[str, Path]
+    skipped: list[str]
+    failures: list[JobFailure]
+    retried: list[str] = field(default_factory=list)
+
+    def raise_failures(self) -> None:
+        """:class:`JobsFailedError` when a job failed twice."""
+        if self.failures:
+            raise JobsFailedError(self.failures, self.folder)
+
+    def load(self, key: str) -> dict[str, Any]:
+        """The shard document of one job (:class:`InputError` when the file holds another job's)."""
+        doc = read_shard(self.shards[key])
+        if doc.get("key") != key:
+            raise InputError(f"the shard of job {key} holds job {one_line(str(doc.get('key')), 80)}", self.shards[key])
+        return doc
+
+
+def shard_path(folder: str | os.PathLike, key: str) -> Path:
+    """Where the shard of job ``key`` lives."""
+    return Path(folder) / f"{key}.json"
+
+
+def read_shard(path: str | os.PathLike) -> dict[str, Any]:
+    """A shard document (``ivq-shard/1``)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"unreadable shard ({one_line(e, 200)})", path) from None
+    if not isinstance(doc, dict) or doc.get("schema") != SHARD_SCHEMA or not isinstance(doc.get("result"), dict):
+        raise InputError(f"not an {SHARD_SCHEMA} shard", path)
+    return doc
+
+
+def run_job(job: Job, folder: str) -> str:
+    """Run one job and write its shard atomically (in the worker); returns the shard's path."""
+    result = job.fn(**job.kwargs)
+    doc = {"schema": SHARD_SCHEMA, "key": job.key, "meta": job.meta, "result": result}
+    # allow_nan: a metric may legitimately be inf (identical tensors) or NaN; Python's json reads them back
+    text = json.dumps(doc, allow_nan=True)
+    path = shard_path(folder, job.key)
+    atomic_write_text(path, text, overwrite=True)
+    return str(path)
+
+
+def merge_check(docs: Iterable[dict[str, Any]], fields: Iterable[str]) -> dict[str, Any]:
+    """The common value of each ``meta`` field over shards (model hash, inputs hash, backend, SDK, ...); a
+    :class:`UsageError` names the first field on which two shards disagree (they are not one run's)."""
+    common: dict[str, Any] = {}
+    fields = list(fields)
+    for doc in docs:
+        meta = doc.get("meta", {})
+        for f in fields:
+            if f not in common:
+                common[f] = meta.get(f)
+            elif meta.get(f) != common[f]:
+                raise UsageError(f"shards disagree on {f}: {common[f]!r} vs {meta.get(f)!r} (shard {doc.get('key')})")
+    return common
+
+
+class Executor(Protocol):
+    """Runs jobs into a shard folder (skip existing shards, retry once, progress over jobs)."""
+
+    def run(self, jobs: list[Job], folder: str | os.PathLike, description: str = "jobs",
+            progress: bool = True) -> RunReport:
+        """Run ``jobs``; shards under ``folder``."""
+        ...
+
+
+def _pending(jobs: list[Job], folder: Path) -> tuple[list[Job], dict[str, Path], list[str]]:
+    if len({j.key for j in jobs}) != len(jobs):
+        raise UsageError("two jobs share one key")
+    if folder.exists() and not folder.is_dir():
+        raise UsageError("the shard folder is not a folder", folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    done: dict[str, Path] = {}
+    todo: list[Job] = []
+    for j in jobs:
+        p = shard_path(folder, j.key)
+        if p.is_file():
+            done[j.key] = p
+        else:
+            todo.append(j)
+    return todo, done, list(done)
+
+
+def _progress(it: Iterator[Any], description: str, total: int, progress: bool) -> Iterator[Any]:
+    return track(it, description, total=total) if progress else it
+
+
+def _error(e: BaseException) -> str:
+    return one_line(f"{type(e).__name__}: {e}", 300)
+
+
+class LocalExecutor:
+    """A ``concurrent.futures`` process pool of ``workers`` processes; ``workers == 1`` runs the jobs in this
+    process, one after the other (no pool)."""
+
+    def __init__(self, workers: int = 1) -> None:
+        if int(workers) < 1:
+            raise UsageError(f"--workers must be at least 1, got {workers}")
+        self.workers = int(workers)
+
+    def run(self, jobs: list[Job], folder: str | os.PathLike, description: str = "jobs",
+            progress: bool = True) -> RunReport:
+        """Run ``jobs`` (module docstring)."""
+        folder = Path(folder)
+        todo, done, skipped = _pending(jobs, folder)
+        report = RunReport(folder, done, skipped, [])
+        if self.workers == 1:
+            for j in _progress(iter(todo), description, len(todo), progress):
+                for attempt in range(ATTEMPTS):
+                    try:
+                        done[j.key] = Path(run_job(j, str(folder)))
+                        break
+                    except Exception as e:  # a job's failure is data: retried once, then reported
+                        if attempt + 1 < ATTEMPTS:
+                            report.retried.append(j.key)
+                        else:
+                            report.failures.append(JobFailure(j.key, _error(e)))
+            return report
+        self._pool_run(todo, folder, report, description, progress)
+        return report
+
+    def _pool_run(self, todo: list[Job], folder: Path, report: RunReport, description: str, progress: bool) -> None:
+        attempts = dict.fromkeys((j.key for j in todo), 0)
+        by_key = {j.key: j for j in todo}
+
+        def results() -> Iterator[None]:
+            queue = list(todo)
+            while queue:
+                # a worker killed mid-run breaks the whole pool: a new pool takes the jobs that were lost
+                with cf.ProcessPoolExecutor(max_workers=min(self.workers, len(queue))) as pool:
+                    futs = {pool.submit(run_job, j, str(folder)): j.key for j in queue}
+                    queue = []
+                    for f in cf.as_completed(futs):
+                        key = futs[f]
+                        attempts[key] += 1
+                        try:
+                            report.shards[key] = Path(f.result())
+                        except Exception as e:
+                            if attempts[key] < ATTEMPTS:
+                                report.retried.append(key)
+                                queue.append(by_key[key])
+                                continue
+                            report.failures.append(JobFailure(key, _error(e)))
+                        yield None
+        for _ in _progress(results(), description, len(todo), progress):
+            pass
+
+
+def _ray() -> Any:
+    require_extra("ray", "--executor ray")
+    import ray
+
+    return ray
+
+
+def _probe(address: str | None, timeout: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` (or ``ray://HOST:PORT``) address where nothing accepts a TCP connection within
+    ``timeout`` seconds: ``ray.init`` would wait for it without end."""
+    import socket
+
+    if not address or address in ("local", "auto"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ToolNotFoundError(f"cannot reach the Ray cluster at {address}: nothing accepts a connection there "
+                                f"({e.strerror or type(e).__name__}; start it with `ray start --head`)") from None
+
+
+class RayExecutor:
+    """Jobs as Ray tasks: ``ray.init(address=address)`` unless Ray is already initialized (a notebook's own
+    cluster; ``address=None`` starts a new local one for the run, ``"auto"`` joins the one ``ray start`` runs
+    here); each task writes its shard on storage the driver
+    shares (the shard folder) and returns its path.
+    ``num_cpus`` is each task's resource request. Ray's own task retries are off: a failed task (an exception or
+    a dead worker) is resubmitted once by this executor, like the local one."""
+
+    def __init__(self, address: str | None = None, num_cpus: float = 1.0) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+
+    def run(self, jobs: list[Job], folder: str | os.PathLike, description: str = "jobs",
+            progress: bool = True) -> RunReport:
+        """Run ``jobs`` (module docstring)."""
+        ray = _ray()
+        owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
+        if owned:
+            _probe(self.address)
+            try:
+                # no address: a new local cluster ("local"), never a stale one named by RAY_ADDRESS or /tmp/ray
+                ray.init(address=self.address or "local", log_to_driver=False, include_dashboard=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster there, refused, a bad address
+                raise ToolNotFoundError(f"cannot start or reach the Ray cluster"
+                                        f"{f' at {self.address}' if self.address else ''}: {_error(e)}") from None
+        try:
+            return self._run(ray, jobs, Path(folder), description, progress)
+        finally:
+            if owned:  # the local cluster started for this run stops; a remote one is only disconnected
+                ray.shutdown()
+
+    def _run(self, ray: Any, jobs: list[Job], folder: Path, description: str, progress: bool) -> RunReport:
+        todo, done, skipped = _pending(jobs, folder)
+        report = RunReport(folder, done, skipped, [])
+        remote = ray.remote(num_cpus=self.num_cpus, max_retries=0)(run_job)
+        attempts = dict.fromkeys((j.key for j in todo), 0)
+        by_key = {j.key: j for j in todo}
+
+        def results() -> Iterator[None]:
+            refs = {remote.remote(j, str(folder.resolve())): j.key for j in todo}
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1)
+                ref = ready[0]
+                key = refs.pop(ref)
+                attempts[key] += 1
+                try:
+                    report.shards[key] = Path(ray.get(ref))
+                except Exception as e:  # RayTaskError (the job raised), WorkerCrashedError (its worker died)
+                    if attempts[key] < ATTEMPTS:
+                        report.retried.append(key)
+                        refs[remote.remote(by_key[key], str(folder.resolve()))] = key
+                        continue
+                    report.failures.append(JobFailure(key, _error(getattr(e, "cause", None) or e)))
+                yield None
+        for _ in _progress(results(), description, len(todo), progress):
+            pass
+        return report
+
+
+def make_executor(name: str | None = "local", workers: int = 1, address: str | None = None) -> Executor:
+    """The executor of ``--executor NAME --workers N [--ray-address ADDR]``."""
+    if name in (None, "local"):
+        return LocalExecutor(workers)
+    if name == "ray":
+        _ray()
+        return RayExecutor(address)
+    raise UsageError(f"unknown executor {name!r} ({', '.join(EXECUTORS)})")
