@@ -198,13 +198,15 @@ def test_reference_refuses_what_it_cannot_do(device_sessions, session_parts, dia
     # the no-position decode graph the device ran cannot be given the model's positions: a usage error
     assert ivq("reference", sess, "--model-dir", s.parts["decode"].parent, "-o", tmp_path / "r.h5") == 2
     assert "no position_ids input" in capfd.readouterr().err
-    # a Qwen2-VL fixed-cache export has no config.json: without --config, M-RoPE positions cannot be computed
+    # a Qwen2-VL export without its config.json: without --config, M-RoPE positions cannot be computed
     q = device_sessions["qwen2vl-tiny-fixed-naive_text"]
+    bare = tmp_path / "parts"
+    shutil.copytree(q.parts["decode"].parent, bare, ignore=shutil.ignore_patterns("config.json"))
     qs = tmp_path / "q.h5"
     assert ivq("ingest", "session", "--vision", q.folders["vision"], "--prefill", q.folders["prefill"], "--decode",
-               q.folders["decode"], "--model-dir", q.parts["decode"].parent, "-o", qs) == 0
+               q.folders["decode"], "--model-dir", bare, "-o", qs) == 0
     capfd.readouterr()
-    assert ivq("reference", qs, "--model-dir", q.parts["decode"].parent, "-o", tmp_path / "r.h5") == 2
+    assert ivq("reference", qs, "--model-dir", bare, "-o", tmp_path / "r.h5") == 2
     assert "--config" in capfd.readouterr().err and not (tmp_path / "r.h5").exists()
     # nor without the vision record, which tells the image rows
     nv = tmp_path / "nv.h5"
