@@ -286,6 +286,18 @@ def _probe(address: str | None, timeout: float = 5.0) -> None:
                                 f"({e.strerror or type(e).__name__}; start it with `ray start --head`)") from None
 
 
+def _token_auth(address: str | None) -> bool:
+    """Send this machine's Ray auth token to a cluster named by ``address``: ``ray start`` turns token
+    authentication on by itself when a token exists (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN_PATH``,
+    ``RAY_AUTH_TOKEN``), but a client whose ``RAY_AUTH_MODE`` is unset sends none and ``ray.init`` fails after
+    ~20 s. Sets ``RAY_AUTH_MODE=token`` (as ``ray start`` does) when a token is there; returns whether one is."""
+    token = bool(os.environ.get("RAY_AUTH_TOKEN")) or any(
+        Path(p).expanduser().is_file() for p in (os.environ.get("RAY_AUTH_TOKEN_PATH"), "~/.ray/auth_token") if p)
+    if address and address != "local" and token and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    return token
+
+
 class RayExecutor:
     """Jobs as Ray tasks: ``ray.init(address=address)`` unless Ray is already initialized (a notebook's own
     cluster; ``address=None`` starts a new local one for the run, ``"auto"`` joins the one ``ray start`` runs
@@ -305,12 +317,15 @@ class RayExecutor:
         owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
         if owned:
             _probe(self.address)
+            token = _token_auth(self.address)
             try:
                 # no address: a new local cluster ("local"), never a stale one named by RAY_ADDRESS or /tmp/ray
                 ray.init(address=self.address or "local", log_to_driver=False, include_dashboard=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster there, refused, a bad address
+            except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:  # none there, refused, bad
+                hint = ("" if token or not self.address else "; a cluster started with token authentication needs "
+                        "its token here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
                 raise ToolNotFoundError(f"cannot start or reach the Ray cluster"
-                                        f"{f' at {self.address}' if self.address else ''}: {_error(e)}") from None
+                                        f"{f' at {self.address}' if self.address else ''}: {_error(e)}{hint}") from None
         try:
             return self._run(ray, jobs, Path(folder), description, progress)
         finally:

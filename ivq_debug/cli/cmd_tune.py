@@ -12,7 +12,8 @@ from rich.table import Table
 
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import escape, fmt_num, write_json
-from ivq_debug.console import console, status
+from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
+from ivq_debug.console import console, results, status
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
@@ -20,6 +21,15 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
 from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
+from ivq_debug.tune.sweep import (
+    DEFAULT_GROUPS,
+    MIN_GAIN_DB,
+    PRECISIONS,
+    TaskMetric,
+    quantized_activations,
+    suggestion_groups,
+    sweep,
+)
 from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, load_task_metric, verify
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds, check_outputs
@@ -51,8 +61,19 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--no-diagnose", action="store_true",
                    help="suggest from the comparison only (no introduced-error replay of the baseline)")
     p.add_argument("--greedy", action="store_true", help="add suggestions one at a time while they help")
+    p.add_argument("--sweep", action="store_true",
+                   help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
+                        "set picked from the shards and verified (docs/tune.md); resumable")
+    p.add_argument("--groups", default=str(DEFAULT_GROUPS), metavar="N|suggest",
+                   help="--sweep: N consecutive blocks of the quantized activations (default %(default)s), or "
+                        "'suggest': the suggestions' pattern groups")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), metavar="P[,P]",
+                   help=f"--sweep: precisions to try per group ({', '.join(PRECISIONS)}; default %(default)s)")
+    p.add_argument("--min-gain", type=float, default=MIN_GAIN_DB, metavar="DB",
+                   help="--sweep: the least gain of the worst watched SQNR that makes a candidate eligible")
+    add_executor_arguments(p, "the --sweep candidates", "one after the other in this process")
     p.add_argument("--budget", type=float, default=None, metavar="DB",
-                   help="target SQNR of the watched tensors (greedy stops there; exit 1 when missed)")
+                   help="target SQNR of the watched tensors (greedy and sweep stop there; exit 1 when missed)")
     p.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES, metavar="N",
                    help="candidate sets to try before giving up (each is one quantize + capture)")
     p.add_argument("--format", default="legacy", choices=["legacy", "1.0.0", "ort"],
@@ -69,7 +90,14 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("workdir is not empty; pass --force to reuse it (or --resume to reuse its trials)", wd)
     if args.max_candidates < 1:
         raise UsageError("--max-candidates must be >= 1")
+    if args.sweep and args.greedy:
+        raise UsageError("--sweep and --greedy are two searches: choose one")
+    if not args.sweep and (args.executor or args.workers is not None or args.ray_address):
+        raise UsageError("--executor, --workers and --ray-address are for --sweep")
+    executor = executor_from_args(args, implied=True) if args.sweep else None
     metric = load_task_metric(args.task_metric) if args.task_metric else None
+    if metric is not None and args.sweep:
+        metric = TaskMetric(args.task_metric)  # a worker loads it again by its spec
     model = load_model(args.model)
     feeds = [read_arrays(p) for p in args.inputs]
     check_feeds(feeds, model, args.inputs)
@@ -84,14 +112,17 @@ def execute(args: argparse.Namespace) -> int:
     missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
     wd.mkdir(parents=True, exist_ok=True)
     try:
-        return _tune(args, wd, calibration, feeds, metric)
+        return _tune(args, wd, calibration, feeds, metric, executor)
     except BaseException:
+        if args.sweep and any((wd / "trials" / "sweep" / "shards").glob("*.json")):
+            raise  # an interrupted sweep keeps its shards: a rerun with --resume does only the rest
         if missing:  # the folders this run created, nothing else
             shutil.rmtree(missing[-1], ignore_errors=True)
         raise
 
 
-def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict], metric: Any) -> int:
+def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict], metric: Any,
+          executor: Any = None) -> int:
     kw: dict[str, Any] = {"calibrate_method": args.calibrate_method}
     if args.per_channel:
         kw["per_channel"] = True
@@ -108,19 +139,9 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
         before = tuner.trial("before", [])
     if before.error:
         raise UsageError(f"the baseline trial failed: {before.error}")
-    if args.overrides:
-        encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
-        sug = from_encodings(encs, nodes)
-    else:
-        with status("calibration ranges: the float model on the calibration data"):
-            ranges = tuner.calibration_ranges()
-        rp = None
-        if not args.no_diagnose:
-            with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
-                rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
-                            float_model=tuner.source(), progress=False)
-        sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
-                      per_channel=args.per_channel)
+    if args.sweep:
+        return _sweep(args, con, tuner, before, executor, where, wd)
+    sug = _suggestions(args, tuner, before)
     if not sug:
         con.print("[green]nothing to tune: no tensor breaks the thresholds[/green]")
         return EXIT_OK
@@ -135,9 +156,7 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
             rep = verify(tuner, sug, watch or (), before=before, max_candidates=args.max_candidates)
     path = md = None
     if rep.recommended and rep.after.suggestions:
-        act_bits = 16 if args.preset.startswith("a16") else 8
-        path, md = write_suggestions(rep.after.suggestions, wd / "overrides.json", fmt=args.format,
-                                     activation_bits=act_bits, float_model=tuner.source(), overwrite=True)
+        path, md = _write_overrides(args, tuner, rep, wd)
     write_json(rep.to_dict(), str(wd / "tune.json"), overwrite=True)
     _print(con, rep, where)
     if not rep.recommended:
@@ -145,10 +164,83 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
                   f"set(s) tried made {where} worse or failed (see {escape(wd / 'tune.json')})")
         return EXIT_FAIL
     con.print(f"overrides: {escape(path)} · rationale: {escape(md)} · results: {escape(wd / 'tune.json')}")
-    if args.budget is not None:
+    return _budget(con, rep, args.budget)
+
+
+def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any) -> list[Any]:
+    """The suggestions: from ``--overrides``, else from the baseline's comparison (and its replay)."""
+    if args.overrides:
+        encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
+        return from_encodings(encs, nodes)
+    with status("calibration ranges: the float model on the calibration data"):
+        ranges = tuner.calibration_ranges()
+    rp = None
+    if not args.no_diagnose:
+        with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
+            rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
+                        float_model=tuner.source(), progress=False)
+    return suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
+                   per_channel=args.per_channel)
+
+
+def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, executor: Any, where: str,
+           wd: Path) -> int:
+    """``--sweep``: the candidates as jobs, the results table, the chosen set's overrides and ``tune.json``."""
+    if args.groups == "suggest":
+        groups: Any = suggestion_groups(_suggestions(args, tuner, before), quantized_activations(tuner, before))
+        if not groups:
+            con.print("[green]nothing to sweep: no suggestion names an activation[/green]")
+            return EXIT_OK
+    else:
+        try:
+            groups = int(args.groups)
+        except ValueError:
+            raise UsageError(f"--groups wants a number or 'suggest', got {args.groups!r}") from None
+    res = sweep(tuner, groups=groups, precisions=[p.strip() for p in args.precisions.split(",") if p.strip()],
+                watch=args.watch, budget_sqnr_db=args.budget, min_gain_db=args.min_gain, executor=executor,
+                before=before)
+    rep = res.report
+    path = md = None
+    if rep.recommended and rep.after.suggestions:
+        path, md = _write_overrides(args, tuner, rep, wd)
+    write_json(res.to_dict(), str(wd / "tune.json"), overwrite=True)
+    out = results()
+    t = Table(title=f"sweep: {len(res.groups)} group(s) x {', '.join(res.precisions)} on {where} (gain per "
+                    f"relative {'cycles' if res.cost_basis == 'cycles' else 'model bytes'})",
+              title_justify="left", header_style="bold")
+    cols = [("group", "group"), ("precision", "precision"), ("overrides", "tensors"), ("SQNR dB", "sqnr_db"),
+            ("gain dB", "gain_db"), ("cost", "cost"), ("gain/cost", "efficiency"), ("rank", "rank"),
+            ("status", "status")]
+    for head, _ in cols:
+        t.add_column(head, justify="left" if head in ("group", "precision", "status") else "right",
+                     overflow="fold")
+    for _, r in res.table.iterrows():
+        t.add_row(*(escape(r[k]) if k in ("group", "precision", "status") else fmt_num(r[k]) for _, k in cols))
+    out.print(t)
+    j = res.jobs
+    out.print(f"{j['total']} job(s) on {j['executor']}: {j['run']} run, {j['resumed']} resumed from shards, "
+              f"{len(j['retried'])} retried; shards in {escape(j['shards'])}")
+    _print(out, rep, where)
+    if not rep.recommended:
+        why = "no candidate gains" if not res.chosen else "the chosen set made it worse"
+        out.print(f"[bold red]no override set recommended[/bold red]: {why} (see {escape(wd / 'tune.json')})")
+        return EXIT_FAIL
+    out.print(f"chosen: {', '.join(res.chosen)} · overrides: {escape(path)} · rationale: {escape(md)} · results: "
+              f"{escape(wd / 'tune.json')}")
+    return _budget(out, rep, args.budget)
+
+
+def _write_overrides(args: argparse.Namespace, tuner: Tuner, rep: Any, wd: Path) -> tuple[Path, Path]:
+    act_bits = 16 if args.preset.startswith("a16") else 8
+    return write_suggestions(rep.after.suggestions, wd / "overrides.json", fmt=args.format, activation_bits=act_bits,
+                             float_model=tuner.source(), overwrite=True)
+
+
+def _budget(con: Any, rep: Any, budget: float | None) -> int:
+    if budget is not None:
         worst = min((rep.after.sqnr(w) or -1e9) for w in rep.watch)
-        if worst < args.budget:
-            con.print(f"[bold red]budget missed[/bold red]: {worst:.1f} dB < {args.budget:g} dB")
+        if worst < budget:
+            con.print(f"[bold red]budget missed[/bold red]: {worst:.1f} dB < {budget:g} dB")
             return EXIT_FAIL
     return EXIT_OK
 
