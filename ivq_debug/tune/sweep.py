@@ -13,7 +13,7 @@ group's producing nodes left unquantized (float on HTP). Both go through the del
 (:meth:`~ivq_debug.tune.verify.Tuner.trial`).
 
 **Jobs.** Each candidate is one :class:`~ivq_debug.executor.Job` whose key hashes the preprocessed float model,
-the reference dump, the evaluation inputs, the calibration data, the candidate's overrides, the watched tensors,
+the reference dump's content (:func:`dump_digest`), the evaluation inputs, the calibration data, the candidate's overrides, the watched tensors,
 the settings (preset, format, backend, quantizer knobs, base overrides, runner and task metric) and
 :func:`~ivq_debug.executor.versions`. A job runs one trial in its own folder and writes a small JSON shard: the
 watched tensors' SQNR, the task metrics, the model bytes, the HTP cycles (QNN) and its wall time; its model and
@@ -34,6 +34,7 @@ tried instead.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -44,6 +45,7 @@ from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.replay import describe_factory
+from ivq_debug.dump import open_dump
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import (
@@ -218,13 +220,25 @@ def _calibration_digest(cal: Any) -> str:
     return job_key(samples=[{k: input_digest(v) for k, v in sorted(s.items())} for s in cal])
 
 
+def dump_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a dump's content: every entry's record, kind, name, dtype, shape and values (a summary-only
+    entry: its stored sample). Two captures of the same data agree; their files do not (provenance, time)."""
+    h = hashlib.sha256()
+    with open_dump(path) as d:
+        for e in sorted(d.entries, key=lambda e: (e.sample, e.part, e.step, e.kind, e.name)):
+            arr, _ = d.read_any(e)
+            h.update(f"{e.record}|{e.kind}|{e.name}|".encode())
+            h.update(input_digest(arr, e.dtype).encode())
+    return h.hexdigest()
+
+
 def _meta(tuner: Tuner) -> dict[str, Any]:
     settings = {"preset": tuner.preset, "fmt": tuner.fmt, "backend": tuner.backend, "part": tuner.part,
                 "quantize_kw": {k: str(v) for k, v in sorted(tuner.quantize_kw.items())},
                 "base_overrides": _jsonable_overrides(tuner.base_overrides),
                 "runner": _describe(tuner.runner_factory), "task": _describe(tuner.task),
                 "output_metric": _describe(tuner.output_metric)}
-    return {"model_sha256": sha256_file(tuner.source()), "reference_sha256": sha256_file(tuner.reference),
+    return {"model_sha256": sha256_file(tuner.source()), "reference_sha256": dump_digest(tuner.reference),
             "inputs_sha256": job_key(feeds=[{k: input_digest(v) for k, v in sorted(f.items())}
                                             for f in tuner.feeds]),
             "calibration_sha256": _calibration_digest(tuner.calibration), "settings": settings,
