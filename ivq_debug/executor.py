@@ -23,8 +23,10 @@ exactly (Python's ``repr`` of a float is the shortest string that reads back to 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -295,7 +297,29 @@ def _token_auth(address: str | None) -> bool:
         Path(p).expanduser().is_file() for p in (os.environ.get("RAY_AUTH_TOKEN_PATH"), "~/.ray/auth_token") if p)
     if address and address != "local" and token and "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
+        try:  # Ray reads the mode when it is imported: refresh it, as ray start does (ray._private ... setup)
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):
+            pass
     return token
+
+
+@contextlib.contextmanager
+def _quiet_fd2() -> Iterator[None]:
+    """File descriptor 2 into a discarded temporary file: Ray's core writes a warning per connection retry
+    straight to it (about 20 lines for a refused token), which would bury the one-line error."""
+    import tempfile
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 class RayExecutor:
@@ -320,7 +344,9 @@ class RayExecutor:
             token = _token_auth(self.address)
             try:
                 # no address: a new local cluster ("local"), never a stale one named by RAY_ADDRESS or /tmp/ray
-                ray.init(address=self.address or "local", log_to_driver=False, include_dashboard=False)
+                with _quiet_fd2():
+                    ray.init(address=self.address or "local", log_to_driver=False, include_dashboard=False,
+                             logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:  # none there, refused, bad
                 hint = ("" if token or not self.address else "; a cluster started with token authentication needs "
                         "its token here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
