@@ -136,3 +136,17 @@ def test_the_selection_is_a_function_of_the_shards_alone(resumed) -> None:
     # a budget stops adding groups once the predicted SQNR reaches it: the top-ranked group alone here
     one = select(base, cands, watch, budget_sqnr_db=base["sqnr"][watch[0]] + 0.1)[1]
     assert one["chosen"] == doc["sweep"]["chosen"][:1]
+
+
+def test_a_tampered_shard_is_one_line_naming_it(resumed, capsys) -> None:
+    victim = shards(resumed["wd"])[0]
+    good = victim.read_text()
+    doc = json.loads(good)
+    doc["result"]["sqnr"] = {w: "high" for w in doc["result"]["sqnr"]}
+    try:
+        victim.write_text(json.dumps(doc))
+        assert ivq_cli(*args(resumed["user"], resumed["wd"], "--resume")) == 3
+        err = capsys.readouterr().err
+        assert f"{victim}: result: sqnr." in err and "must be a number" in err and "Traceback" not in err, err
+    finally:
+        victim.write_text(good)

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,9 @@ from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.executor import LocalExecutor, RayExecutor
 from ivq_debug.tune.sweep import sweep
 from ivq_debug.tune.verify import Tuner
-from tests.diagnose.test_replay_ray import ray_cluster, running_tasks  # noqa: F401 (a fixture)
+from tests.diagnose.test_replay_ray import ray_cluster  # noqa: F401 (a fixture)
 from tests.support import vit
+from tests.support.ray_kill import run_killing_one_worker
 from tests.tune.test_sweep import ROOT, args, comparable, user  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -51,8 +51,7 @@ def _tuner(u: dict[str, Path], wd: Path) -> Tuner:
 
 def same(a: Any, b: Any) -> None:
     """Two sweeps hold the same candidates' numbers and the same verified set (wall times aside)."""
-    ta, tb = a.table.drop(columns=[]), b.table.drop(columns=[])
-    assert ta.equals(tb)
+    assert a.table.equals(b.table)
     assert a.chosen == b.chosen and a.predicted_db == b.predicted_db
     da, db = a.report.to_dict(), b.report.to_dict()
     assert da["end_to_end"] == db["end_to_end"] and da["overrides"] == db["overrides"]
@@ -62,28 +61,9 @@ def test_ray_sweep_survives_a_killed_worker_and_equals_the_local_executor(ray_cl
                                                                           tmp_path: Path) -> None:
     local = sweep(_tuner(user, tmp_path / "local"), groups=6, executor=LocalExecutor(1), progress=False)
     assert local.jobs["total"] == 12 and local.jobs["run"] == 12
-    out: dict[str, Any] = {}
     tuner = _tuner(user, tmp_path / "ray")
-
-    def run() -> None:
-        try:
-            out["r"] = sweep(tuner, groups=6, executor=RayExecutor(), progress=False)
-        except BaseException as e:  # reported by the assertion below
-            out["e"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    killed = None
-    deadline = time.monotonic() + 180
-    while killed is None and t.is_alive() and time.monotonic() < deadline:
-        pids = running_tasks()
-        if pids:
-            killed = pids[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.05)
-    t.join(300)
-    assert killed is not None and "e" not in out, out.get("e")
-    r = out["r"]
+    r, killed = run_killing_one_worker(lambda: sweep(tuner, groups=6, executor=RayExecutor(), progress=False), 180)
+    assert killed is not None
     assert r.jobs["executor"] == "RayExecutor" and len(r.jobs["retried"]) == 1 and r.jobs["total"] == 12
     same(local, r)
 
