@@ -63,7 +63,7 @@ from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, job_key, merge_check, versions
-from ivq_debug.metrics import MetricAccumulator, dot
+from ivq_debug.metrics import MetricAccumulator, dot, one_blas_thread
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import (
     QDQ_DOMAINS,
@@ -822,6 +822,7 @@ def _cpu_factory(path: str) -> Any:
     return make_runner("onnx", path, optimization="disable")
 
 
+@one_blas_thread
 def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
     """Replay one batch of units over every record (the shadow model and the backend model: one session each per
     feed signature, reused across records)."""
