@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them)")
     p.add_argument("--attribution", choices=list(ATTRIBUTIONS), default="local",
                    help="rank by local (producer-charged, default) or iso (input re-quantization included)")
-    p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first)")
+    p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first record "
+                        "whose inputs fit the model; 'all': every such record, e.g. all decode steps of a session)")
     p.add_argument("--nodes", default=None, help="only these compute nodes or output tensors (comma-separated)")
     p.add_argument("--budget-sqnr", type=float, default=None, metavar="DB",
                    help="introduced SQNR below which a unit breaks the budget (default: by the model's activation "

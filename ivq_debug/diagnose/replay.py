@@ -500,15 +500,53 @@ def _pairs_for(cumulative: Any, ref_rid: str) -> tuple[dict[str, Any], Any, str 
 # ------------------------------------------------------------------------------------------ the replay
 def _records(ref: Any, record: Any) -> list[str]:
     keys = ref.record_keys()
-    if record is None:
+    if record is None or record == "all":
         if not keys:
             raise UsageError("the reference dump holds no records", getattr(ref, "path", None))
-        return [keys[min(keys, key=lambda k: (k[0], k[2], k[1]))]]
-    if record == "all":
         return [keys[k] for k in sorted(keys, key=lambda k: (k[0], k[2], k[1]))]
     if isinstance(record, list):
         return [ref._rid(r) for r in record]
     return [ref._rid(record)]
+
+
+def _model_records(ref: Any, record: Any, rids: list[str], model: Any, index: Callable[[str], _RefIndex]
+                   ) -> list[str]:
+    """The records of ``rids`` that hold the model's graph inputs (a session dump has vision, prefill and decode
+    records; a part's model replays on its own): the first of them by default, every one with ``"all"``. A
+    record named explicitly must hold them (``UsageError`` naming the first missing input)."""
+    inits = {i.name for i in model.graph.initializer}
+    dims = {i.name: [d.dim_value if d.HasField("dim_value") else 0 for d in i.type.tensor_type.shape.dim]
+            for i in model.graph.input if i.name not in inits}
+    inputs = list(dims)
+
+    def fits(shape: tuple[int, ...], want: list[int]) -> bool:  # static dims agree (0: dynamic)
+        if len(shape) != len(want):
+            return all(want) and math.prod(shape) == math.prod(want)
+        return all(w in (0, d) for d, w in zip(shape, want, strict=True))
+
+    def missing(rid: str) -> str | None:
+        idx = index(rid)
+        for x in inputs:
+            src = idx.source(x)
+            if src is None:
+                return x
+            if not fits(tuple(src.entry.shape), dims[x]):
+                return f"{x} of shape {list(dims[x])} (it holds {list(src.entry.shape)})"
+        return None
+
+    if record is None or record == "all":
+        fit = [r for r in rids if missing(r) is None]
+        if not fit:
+            where = {v: k for k, v in ref.record_keys().items()}
+            raise UsageError(f"no record holds the model's inputs ({', '.join(inputs[:4])}): checked "
+                             f"{len(rids)} record(s), e.g. {where.get(rids[0], rids[0])} lacks "
+                             f"{missing(rids[0])}", getattr(ref, "path", None))
+        return fit if record == "all" else fit[:1]
+    for r in rids:
+        if (m := missing(r)) is not None:
+            raise UsageError(f"record {r!r} does not hold the model's input {m} (is it a record of another "
+                             "part?)", getattr(ref, "path", None))
+    return rids
 
 
 def _sq(a: np.ndarray, b: np.ndarray | float) -> float:
@@ -658,8 +696,18 @@ def replay(
         raise UsageError(f"unknown attribution {attribution!r} ({', '.join(ATTRIBUTIONS)})")
     t_start = time.perf_counter()
     ref = reference if hasattr(reference, "entries") else open_dump(reference)
-    rids = _records(ref, record)
     model = load_model(qdq_model)
+    aliases = lineage_aliases(model)
+    shapes = value_shapes(model)
+    indexes: dict[str, _RefIndex] = {}
+
+    def index(rid: str) -> _RefIndex:
+        if rid not in indexes:
+            p, t, trid = _pairs_for(cumulative, rid)
+            indexes[rid] = _RefIndex(ref, rid, p, aliases, t, trid, shapes)
+        return indexes[rid]
+
+    rids = _model_records(ref, record, _records(ref, record), model, index)
     units = replay_units(model)
     if budget_sqnr_db is None:
         budget_sqnr_db = intro_budget(model)
@@ -668,10 +716,7 @@ def replay(
         units = [u for u in units if u.node in wanted or u.output in wanted]
         if not units:
             raise UsageError(f"none of the requested nodes {sorted(wanted)[:5]} is a QDQ node unit")
-    aliases = lineage_aliases(model)
-    shapes = value_shapes(model)
-    pairs, test, test_rid0 = _pairs_for(cumulative, rids[0])
-    idx0 = _RefIndex(ref, rids[0], pairs, aliases, test, test_rid0, shapes)
+    idx0 = index(rids[0])
     runnable: list[Unit] = []
     skipped: dict[str, str] = {}
     for u in units:
@@ -682,6 +727,12 @@ def replay(
                                f"{missing[0]!r}" + (f" ({why})" if why else " (not in the reference, not aligned)"))
         else:
             runnable.append(u)
+    for rid in rids[1:]:  # every further record must hold what the first one gave the runnable units
+        idx = index(rid)
+        gap = next((x for u in runnable for x in [*u.inputs, u.output] if idx.source(x) is None), None)
+        if gap is not None:
+            raise UsageError(f"record {rid!r} lacks {gap!r}, which record {rids[0]!r} holds: replay the records "
+                             "one at a time (--record)", getattr(ref, "path", None))
     # batches bounded by reference-input bytes
     batches: list[list[Unit]] = []
     cur: list[Unit] = []
@@ -701,10 +752,7 @@ def replay(
 
     on_cpu = runner_factory is None
     do_check = (not on_cpu) if selfcheck is None else bool(selfcheck)
-    indexes = {rids[0]: idx0}
-    for rid in rids[1:]:
-        p, t, trid = _pairs_for(cumulative, rid)
-        indexes[rid] = _RefIndex(ref, rid, p, aliases, t, trid, shapes)
+    indexes = {rid: index(rid) for rid in rids}
     accs: dict[str, _Acc] = {}
     jobs: dict[str, Any] = {}
     backend = None
