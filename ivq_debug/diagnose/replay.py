@@ -280,7 +280,8 @@ def unit_value(pre: str, name: str) -> str:
 
 
 def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shadow: bool = False,
-                       keys: list[int] | None = None, xq: bool = True) -> tuple[Any, dict[str, tuple[int, str]]]:
+                       keys: list[int] | None = None, xq: bool = True, base_dir: str = ""
+                       ) -> tuple[Any, dict[str, tuple[int, str]]]:
     """One model holding the given units side by side.
 
     Returns the model and a map ``graph input name -> (unit key, reference tensor name)``; unit ``k``'s
@@ -333,7 +334,7 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shad
             raw = {dq: x for x, dq in u.qin.items()}  # DQ output N reads -> its float input
             c = u.compute
             # the compute node's own output, before its encoding (with the ReLU the quantizer folded into it)
-            relu = u.out_q is not None and floors_at_zero(u.out_q, model)
+            relu = u.out_q is not None and floors_at_zero(u.out_q, model, base_dir)
 
             def floored(value: str, name: str, relu: bool = relu) -> str:
                 if not relu:
@@ -710,7 +711,7 @@ def replay(
     rids = _model_records(ref, record, _records(ref, record), model, index)
     units = replay_units(model)
     if budget_sqnr_db is None:
-        budget_sqnr_db = intro_budget(model)
+        budget_sqnr_db = intro_budget(model, str(Path(qdq_model).parent))
     if nodes is not None:
         wanted = set(nodes)
         units = [u for u in units if u.node in wanted or u.output in wanted]
@@ -832,7 +833,8 @@ def replay(
         over = [g for g in groups(table) if any(sortable(r.get("intro_sqnr_db")) < budget for r in g.rows)]
         if over:
             lifted = measure_lift(qdq_model, ref, rids[0], over, float_model=float_model)
-    spread = spread_by_weight(float_model if float_model is not None else model)
+    spread = (spread_by_weight(float_model) if float_model is not None
+              else spread_by_weight(model, str(Path(qdq_model).parent)))
     recs = []
     for rid in rids:
         rr = ref.records.set_index("rid").loc[rid]
@@ -879,7 +881,7 @@ def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
     factory = ctx.runner_factory or _cpu_factory
     cpu_factory = _cpu_factory
     arrays = constant_arrays(model, {x for u in batch for q in [u.out_q, *u.in_q] if q is not None
-                                     for x in q.input[1:]})
+                                     for x in q.input[1:]}, str(ctx.path.parent))
     out_scale: dict[str, float | None] = {}
     for u in batch:
         qp = quant_params(u.out_q, arrays) if u.out_q is not None else None
@@ -893,8 +895,9 @@ def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
     sessions = 0
     keys = list(range(len(batch)))
     on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.moves_integers(arrays)]
-    shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
-    bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
+    shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu, base_dir=str(ctx.path.parent))
+    bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend,
+                                        base_dir=str(ctx.path.parent))
                      if on_backend else (None, {}))
     pool = _Sessions(folder, qdq_model)
     try:
@@ -1098,10 +1101,11 @@ def _cum_rows(cumulative: Any, ref: Any, rid: str) -> dict[str, Any]:
     return {r["test_name"]: r for r in sel.to_dict("records")}
 
 
-def activation_bits(model: Any) -> int:
-    """The most common activation bitwidth of a QDQ model (8 when it has none)."""
+def activation_bits(model: Any, base_dir: str = "") -> int:
+    """The most common activation bitwidth of a QDQ model (8 when it has none; external data read from
+    ``base_dir``, the model's folder)."""
     quantizers = [n for _, n in activation_quantizers(model)]
-    arrays = constant_arrays(model, {x for n in quantizers for x in n.input[1:3] if x})
+    arrays = constant_arrays(model, {x for n in quantizers for x in n.input[1:3] if x}, base_dir)
     bits: dict[int, int] = {}
     for n in quantizers:
         qp = quant_params(n, arrays)
@@ -1110,10 +1114,10 @@ def activation_bits(model: Any) -> int:
     return max(bits, key=lambda b: (bits[b], -b)) if bits else 8
 
 
-def intro_budget(model: Any) -> float:
+def intro_budget(model: Any, base_dir: str = "") -> float:
     """The default introduced-SQNR budget for a QDQ model: by its activation bitwidth
-    (``defaults.INTRO_BUDGET_DB``)."""
-    return defaults.INTRO_BUDGET_DB.get(activation_bits(model), defaults.DIVERGENCE_SQNR_DB)
+    (``defaults.INTRO_BUDGET_DB``; external data read from ``base_dir``)."""
+    return defaults.INTRO_BUDGET_DB.get(activation_bits(model, base_dir), defaults.DIVERGENCE_SQNR_DB)
 
 
 @dataclass

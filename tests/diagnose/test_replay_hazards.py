@@ -132,3 +132,27 @@ def test_records_are_the_ones_holding_the_models_inputs(faulty) -> None:
         replay(faulty["bad"], mixed, record=other, lift=False, progress=False)
     assert run("ivq", ivq_main, ["diagnose", str(mixed), str(faulty["test"]), "--model", str(faulty["bad"]),
                                  "--record", other, "--no-lift"]) == 2
+
+
+def test_external_data_model_replays_from_any_folder(faulty, tmp_path, monkeypatch) -> None:
+    """A QDQ model whose weights and quantization parameters are external data is read from its own folder, not
+    the working directory (the weight spread and the activation bitwidth used to read ``./<model>.data``)."""
+    from ivq_debug.cli.common import run
+    from ivq_debug.cli.main import _main as ivq_main
+
+    ext = tmp_path / "models" / "ext.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(str(faulty["bad"])), str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.onnx.data", size_threshold=0)
+    assert (ext.parent / "ext.onnx.data").stat().st_size > 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    out = tmp_path / "r.json"
+    code = run("ivq", ivq_main, ["diagnose", str(faulty["ref"]), str(faulty["test"]), "--model", str(ext),
+                                 "--budget-sqnr", "25", "--json", str(out)])
+    assert code == 1  # the corrupted unit breaks the budget: found, as from the embedded model
+    import json
+
+    doc = json.loads(out.read_text())
+    assert doc["findings"][0]["kind"] == "introduced_error" and doc["findings"][0]["where"]["tensor"] == FAULT
