@@ -18,7 +18,7 @@ from rich.table import Table
 from ivq_debug import validate
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
+from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
 from ivq_debug.console import results, status
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
@@ -101,7 +101,7 @@ def execute(args: argparse.Namespace) -> int:
     def run(reference: Any) -> Any:
         cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
         return replay(args.model, reference, record=rec, runner_factory=factory, cumulative=cmp,
-                      budget_sqnr_db=args.budget_sqnr, nodes=args.nodes.split(",") if args.nodes else None,
+                      budget_sqnr_db=args.budget_sqnr, nodes=comma_list(args.nodes, "--nodes"),
                       attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift,
                       executor=executor, shards=args.shards)
 
