@@ -11,7 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import escape, fmt_num, write_json
+from ivq_debug.cli.common import comma_list, escape, fmt_num, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.console import console, results, status
 from ivq_debug.diagnose.replay import replay
@@ -196,7 +196,7 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
             groups = int(args.groups)
         except ValueError:
             raise UsageError(f"--groups wants a number or 'suggest', got {args.groups!r}") from None
-    res = sweep(tuner, groups=groups, precisions=[p.strip() for p in args.precisions.split(",") if p.strip()],
+    res = sweep(tuner, groups=groups, precisions=comma_list(args.precisions, "--precisions") or [],
                 watch=args.watch, budget_sqnr_db=args.budget, min_gain_db=args.min_gain, executor=executor,
                 before=before)
     rep = res.report

@@ -223,7 +223,7 @@ def _fmt(x: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ output share
 def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[str, np.ndarray], prefix: str,
-                  shared: bool) -> tuple[list[Any], list[Any]]:
+                  shared: bool, base_dir: str = "") -> tuple[list[Any], list[Any]]:
     """The model's nodes renamed with ``prefix``, with the activation encodings of ``tensors`` and the weight
     DequantizeLinear of the weights in ``floats`` bypassed; constant nodes only when ``shared`` (they are
     shared by every variant). Returns (nodes, extra initializers)."""
@@ -259,7 +259,7 @@ def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[s
             q = producer.get(n.input[0])
             src = q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
             if src is not None and float_name(src) in tensors:  # lifted: float, with the ReLU a Q may hold
-                nodes.append(onnx.NodeProto(op_type="Relu" if floors_at_zero(q, model) else "Identity",
+                nodes.append(onnx.NodeProto(op_type="Relu" if floors_at_zero(q, model, base_dir) else "Identity",
                                             name=prefix + n.name, input=[ren(src)], output=[ren(n.output[0])]))
                 continue
         c = onnx.NodeProto()
@@ -309,7 +309,8 @@ def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_m
     del gr.output[:]
     del gr.value_info[:]
     for v, (_, tensors, fl) in enumerate(variants):
-        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0)
+        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0,
+                                     base_dir=str(path.resolve().parent))
         gr.node.extend(nodes)
         gr.initializer.extend(extra)
         for o in g_out:
