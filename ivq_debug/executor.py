@@ -29,6 +29,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -238,21 +239,28 @@ class LocalExecutor:
     def _pool_run(self, todo: list[Job], folder: Path, report: RunReport, description: str, progress: bool) -> None:
         attempts = dict.fromkeys((j.key for j in todo), 0)
         by_key = {j.key: j for j in todo}
+        alone: set[str] = set()  # jobs lost with a broken pool: rerun in a pool of their own
 
         def results() -> Iterator[None]:
             queue = list(todo)
             while queue:
-                # a worker killed mid-run breaks the whole pool: a new pool takes the jobs that were lost
-                with cf.ProcessPoolExecutor(max_workers=min(self.workers, len(queue))) as pool:
-                    futs = {pool.submit(run_job, j, str(folder)): j.key for j in queue}
-                    queue = []
+                # a worker killed mid-run breaks the whole pool, and which job's worker died is unknown: the jobs
+                # lost with it are not charged an attempt, each reruns alone (then a death is its own)
+                batch = [j for j in queue if j.key in alone][:1] or queue
+                queue = [j for j in queue if j not in batch]
+                with cf.ProcessPoolExecutor(max_workers=min(self.workers, len(batch))) as pool:
+                    futs = {pool.submit(run_job, j, str(folder)): j.key for j in batch}
                     for f in cf.as_completed(futs):
                         key = futs[f]
-                        attempts[key] += 1
                         try:
                             report.shards[key] = Path(f.result())
                         except Exception as e:
-                            if attempts[key] < ATTEMPTS:
+                            lost = isinstance(e, BrokenProcessPool) and len(batch) > 1
+                            if lost:
+                                alone.add(key)
+                            else:
+                                attempts[key] += 1
+                            if lost or attempts[key] < ATTEMPTS:
                                 report.retried.append(key)
                                 queue.append(by_key[key])
                                 continue

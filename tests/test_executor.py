@@ -25,7 +25,8 @@ from ivq_debug.executor import (
 
 def square(x: int, log: str, fail: str = "") -> dict[str, int]:
     """A job: logs its call (pid, x) to ``log``; ``fail``: ``raise`` always raises, ``once`` raises on the first
-    call, ``kill`` SIGKILLs its own worker on the first call (a marker file next to the log tells)."""
+    call, ``kill`` SIGKILLs its own worker on the first call (a marker file next to the log tells), ``kill always``
+    on every call."""
     with open(log, "a") as f:
         f.write(f"{os.getpid()} {x}\n")
     marker = Path(f"{log}.{x}.tried")
@@ -33,7 +34,7 @@ def square(x: int, log: str, fail: str = "") -> dict[str, int]:
     marker.touch()
     if fail == "raise" or (fail == "once" and first):
         raise ValueError(f"job {x} failed")
-    if fail == "kill" and first:
+    if (fail == "kill" and first) or fail == "kill always":
         os.kill(os.getpid(), signal.SIGKILL)
     return {"x": x, "y": x * x}
 
@@ -96,6 +97,15 @@ def test_a_killed_pool_worker_loses_only_a_retry(tmp_path: Path) -> None:
     rep = LocalExecutor(2).run(js, out, progress=False)
     assert not rep.failures and js[2].key in rep.retried and len(rep.shards) == 6
     assert json.loads(shard_path(out, js[2].key).read_text())["result"] == {"x": 2, "y": 4}
+
+
+def test_a_job_that_kills_every_worker_fails_alone(tmp_path: Path) -> None:
+    # a dead worker breaks the whole pool: the jobs lost with it rerun alone, so only the killer is charged
+    log, out = tmp_path / "log", tmp_path / "shards"
+    js = jobs(log, n=4, fail={1: "kill always"})
+    rep = LocalExecutor(2).run(js, out, progress=False)
+    assert [f.key for f in rep.failures] == [js[1].key] and len(rep.shards) == 3
+    assert calls(log).count(1) == 3  # lost with its pool once (not charged), then twice alone
 
 
 def test_merge_check_refuses_shards_of_another_run() -> None:

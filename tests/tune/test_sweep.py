@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ivq_debug.tune.sweep import select
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.executor import JobsFailedError, LocalExecutor
+from ivq_debug.tune.sweep import select, sweep
+from ivq_debug.tune.verify import Tuner
 from tests.support import vit
 from tests.support.cli import ivq_cli
 
@@ -170,3 +173,21 @@ def test_suggested_groups_sweep_finds_the_x2_pattern(tmp_path: Path) -> None:
     assert [r["precision"] for r in picked] == ["a16"]
     assert {o["tensor"].rsplit("/", 1)[-1] for o in doc["overrides"]} == {"Pow_output_0"}
     assert {r["what"]: r for r in doc["end_to_end"]}["sqnr_db y"]["change"] > 4
+
+
+def dies_on_g02(qdq: Path, profile: Path) -> Any:
+    """CPU-QDQ, except that the worker trying candidate ``g02`` dies (a crashed backend, a preempted node)."""
+    if "g02" in Path(qdq).name:
+        os._exit(3)
+    return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
+
+
+def test_a_job_that_kills_its_worker_twice_is_listed_and_the_other_shards_kept(user, tmp_path: Path) -> None:
+    ref = capture(make_runner("onnx", user["model"], selection=Selection()), [vit.image(7)], tmp_path / "ref.h5",
+                  progress=None)
+    tuner = Tuner(user["model"], vit.calibration(), [vit.image(7)], ref, tmp_path / "trials", backend="cpu",
+                  runner_factory=dies_on_g02)
+    with pytest.raises(JobsFailedError) as e:
+        sweep(tuner, groups=3, precisions=["a16"], executor=LocalExecutor(2), progress=False)
+    assert [f.key.split()[0] for f in e.value.failures] == ["g02-a16"] and e.value.exit_code == 1
+    assert len(shards(tmp_path)) == 2  # g01 and g03 kept for the rerun
