@@ -9,7 +9,8 @@ numbers). An executor runs a list of jobs against a shard folder:
 * a job writes its own shard atomically (:func:`~ivq_debug.util.atomic_write_text`: temp file + rename), in the
   worker, so a shard on disk is always complete;
 * a job that raises (or whose worker dies) is retried once; a second failure is recorded with its key and error,
-  the other jobs go on, and :meth:`RunReport.raise_failures` ends the run with every failure listed
+  the other jobs go on (a dead pool worker breaks the whole pool: the jobs lost with it are not charged an
+  attempt and rerun alone, so only the job whose worker dies is), and :meth:`RunReport.raise_failures` ends the run with every failure listed
   (:class:`JobsFailedError`, exit 1) while every completed shard stays on disk;
 * a progress bar over jobs with an ETA (:func:`~ivq_debug.console.track`) on every executor.
 
