@@ -30,6 +30,8 @@ _LAZY = {
     "replay": ("ivq_debug.diagnose.replay", "replay"),
     "LocalExecutor": ("ivq_debug.executor", "LocalExecutor"),
     "RayExecutor": ("ivq_debug.executor", "RayExecutor"),
+    "Tuner": ("ivq_debug.tune.verify", "Tuner"),
+    "sweep": ("ivq_debug.tune.sweep", "sweep"),
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]
