@@ -198,7 +198,7 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
             raise UsageError(f"--groups wants a number or 'suggest', got {args.groups!r}") from None
     res = sweep(tuner, groups=groups, precisions=comma_list(args.precisions, "--precisions") or [],
                 watch=args.watch, budget_sqnr_db=args.budget, min_gain_db=args.min_gain, executor=executor,
-                before=before)
+                before=before, tensors=args.tensors)
     rep = res.report
     path = md = None
     if rep.recommended and rep.after.suggestions:

@@ -34,6 +34,7 @@ tried instead.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import math
 import os
@@ -375,7 +376,7 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
           precisions: Sequence[str] = PRECISIONS, watch: Sequence[str] = (), budget_sqnr_db: float | None = None,
           min_gain_db: float = MIN_GAIN_DB, executor: Executor | None = None,
           shards: str | os.PathLike | None = None, before: Trial | None = None,
-          progress: bool = True) -> SweepResult:
+          tensors: Sequence[str] | None = None, progress: bool = True) -> SweepResult:
     """Layer group × precision as jobs on ``executor`` (default: in this process), the best set selected from
     the merged shards and verified by one final trial (module docstring).
 
@@ -391,6 +392,7 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
             (a notebook's own cluster).
         shards: the shard folder (default ``<workdir>/sweep/shards``); a rerun skips the shards there.
         before: the baseline trial, when already run.
+        tensors: only the activations matching one of these globs go into the blocks (``--tensors``).
 
     Raises:
         UsageError: an unknown precision, or no candidate to try.
@@ -404,7 +406,8 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
     if before.error:
         raise InputError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
-    acts = quantized_activations(tuner, before)
+    acts = [a for a in quantized_activations(tuner, before)
+            if not tensors or any(fnmatch.fnmatchcase(a[0], g) for g in tensors)]
     gs = block_groups(acts, groups) if isinstance(groups, int) else list(groups)
     encs = encodings_from_qdq_model(load_model(before.qdq_model)).activations
     root = Path(tuner.workdir).resolve() / "sweep"
