@@ -57,7 +57,7 @@ from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.console import track
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs
+from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs, unit_value
 from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
@@ -270,13 +270,6 @@ def replay_units(model: Any) -> list[Unit]:
     covered = {o for u in dynamic for n in u.nodes for o in n.output if o}
     units = [u for u in find_units(model) if not (set(u.nodes[0].output) & covered)] + dynamic
     return sorted(units, key=lambda u: u.order)
-
-
-def unit_value(pre: str, name: str) -> str:
-    """The replay graph's name for the model tensor (or node) ``name`` inside the unit whose names start with
-    ``pre``: in its own ``v:`` namespace, so a model tensor called ``out``, ``fq`` or ``xq0`` cannot collide with
-    the unit's result outputs (``{pre}out``, ``{pre}fq``, ...)."""
-    return f"{pre}v:{name}"
 
 
 def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shadow: bool = False,

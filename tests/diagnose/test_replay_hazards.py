@@ -156,3 +156,21 @@ def test_external_data_model_replays_from_any_folder(faulty, tmp_path, monkeypat
 
     doc = json.loads(out.read_text())
     assert doc["findings"][0]["kind"] == "introduced_error" and doc["findings"][0]["where"]["tensor"] == FAULT
+
+
+def test_lift_names_cannot_collide_with_model_names(faulty, tmp_path) -> None:
+    """A model tensor called ``out::<output>`` (any name is legal ONNX) next to the lift's per-variant outputs
+    ``v{k}::out::<output>``: the lift keeps model names in their own namespace (it built a graph with a duplicate
+    definition before)."""
+    m = onnx.load(str(faulty["bad"]))
+    out = m.graph.output[0].name
+    victim = next(n.output[0] for n in m.graph.node if n.op_type == "MatMul")
+    for n in m.graph.node:
+        n.input[:] = [f"out::{out}" if x == victim else x for x in n.input]
+        n.output[:] = [f"out::{out}" if x == victim else x for x in n.output]
+    odd = tmp_path / "odd.onnx"
+    onnx.save(m, str(odd))
+    cmp = ivq.compare(faulty["ref"], faulty["test"])
+    r = replay(odd, faulty["ref"], cumulative=cmp, budget_sqnr_db=25, progress=False)
+    assert r.lift and all(0.0 <= v["share"] <= 1.0 for v in r.lift.values()), r.lift
+    assert r.first_breaking["tensor"] == FAULT
