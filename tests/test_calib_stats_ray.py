@@ -4,18 +4,14 @@ retried once, and the merged statistics and coverage equal the local pool's and 
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from typing import Any
 
 import pytest
 
 from ivq_debug.calib_stats import calib_stats
 from ivq_debug.executor import LocalExecutor, RayExecutor
-from tests.diagnose.test_replay_ray import ray_cluster, running_tasks  # noqa: F401 (the cluster fixture)
 from tests.support import vit
+from tests.support.ray_cluster import ray_cluster, run_killing_a_worker  # noqa: F401 (the fixture)
 from tests.test_calib_stats import same
 
 pytestmark = pytest.mark.slow
@@ -31,28 +27,8 @@ def test_ray_calibration_stats_survive_a_killed_worker_and_equal_the_local_execu
     local = calib_stats(m["float"], samples, executor=LocalExecutor(2), **kw)
     same(seq, local)
     assert seq.calibration["samples"] == SAMPLES and seq.jobs["total"] == 2 * SAMPLES // PER
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["r"] = calib_stats(m["float"], samples, executor=RayExecutor(), shards=tmp_path_factory.mktemp("cs"),
-                                   **kw)
-        except BaseException as e:  # reported by the assertion below
-            out["e"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    killed = None
-    deadline = time.monotonic() + 120
-    while killed is None and t.is_alive() and time.monotonic() < deadline:
-        pids = running_tasks()
-        if pids:
-            killed = pids[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.02)
-    t.join(300)
-    assert killed is not None and "e" not in out, out.get("e")
-    r = out["r"]
+    r = run_killing_a_worker(lambda: calib_stats(m["float"], samples, executor=RayExecutor(),
+                                                 shards=tmp_path_factory.mktemp("cs"), **kw), poll_s=0.02)
     assert len(r.jobs["retried"]) == 1 and r.jobs["total"] == seq.jobs["total"]
     same(seq, r)
     assert r.low_coverage() == seq.low_coverage()

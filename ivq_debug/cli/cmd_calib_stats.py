@@ -14,7 +14,8 @@ from rich.table import Table
 
 from ivq_debug import defaults
 from ivq_debug.calib_stats import calib_stats
-from ivq_debug.cli.common import add_executor_arguments, escape, executor_from_args, fmt_num, write_json
+from ivq_debug.cli.common import escape, fmt_num, write_json
+from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.console import results
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.executor import LocalExecutor
@@ -44,7 +45,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--max-samples", type=int, default=None, metavar="N", help="use the first N samples only")
     p.add_argument("--max-outputs-per-run", type=int, default=None, metavar="N",
                    help="compute at most N tensors per piece of the graph (bounds a job's memory)")
-    add_executor_arguments(p, "the calibration samples", default="local --workers 1, in this process")
+    add_executor_arguments(p, "the calibration samples", "local --workers 1, in this process. The numbers are the "
+                                                         "same on every executor")
+    p.add_argument("--shards", default=None, metavar="DIR",
+                   help="keep one shard per job in DIR; a rerun skips the jobs done (default: a temporary folder)")
     p.add_argument("--top", type=int, default=20,
                    help="tensors to print (the lowest coverage first with --encodings, else in model order)")
     p.add_argument("--force", action="store_true", help="overwrite the output")

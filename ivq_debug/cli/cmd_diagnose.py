@@ -18,19 +18,13 @@ from rich.table import Table
 from ivq_debug import validate
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import (
-    add_executor_arguments,
-    escape,
-    executor_from_args,
-    fmt_num,
-    parse_record,
-    write_json,
-)
+from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
 from ivq_debug.console import results, status
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.executor import EXECUTORS, make_executor
 from ivq_debug.onnxgraph.load import load_model
 
 
@@ -54,7 +48,18 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="introduced SQNR below which a unit breaks the budget (default: by the model's activation "
                         "bits, 20 dB at 8 bits, 40 dB at 16)")
     p.add_argument("--no-lift", action="store_true", help="do not measure the patterns' share of the output error")
-    add_executor_arguments(p, "the replay's batches")
+    p.add_argument("--executor", choices=list(EXECUTORS), default=None,
+                   help="run the replay's batches as jobs: local (a process pool of --workers) or ray (a Ray "
+                        "cluster, --ray-address; pip install 'ivq-debug[ray]'); default: one loop in this process. "
+                        "The numbers are the same to the bit")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="--executor local: worker processes "
+                                                                          "(default 1: in this process)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--executor ray: the cluster (ray.init(address=...); 'auto': the one `ray start` runs here; "
+                        "default: a new local one for the run)")
+    p.add_argument("--shards", default=None, metavar="DIR",
+                   help="with --executor: keep one shard per batch in DIR; a rerun skips the batches done "
+                        "(default: a temporary folder)")
     p.add_argument("--top", type=int, default=10, help="units to print")
     p.add_argument("--json", metavar="OUT", help="write the replay table and findings as JSON ('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite --json")
@@ -71,7 +76,14 @@ def execute(args: argparse.Namespace) -> int:
                else partial(make_runner, "onnx", optimization=args.optimization) if args.optimization != "disable"
                else None)
     rec = "all" if args.record == "all" else parse_record(args.record)
-    executor = executor_from_args(args)
+    if args.executor is None and (args.workers is not None or args.ray_address or args.shards):
+        args.executor = "ray" if args.ray_address else "local"
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
+    if args.workers is not None and args.executor == "ray":
+        raise UsageError("--workers is for --executor local (a Ray cluster has its own CPUs)")
+    executor = (make_executor(args.executor, args.workers or 1, args.ray_address) if args.executor is not None
+                else None)
 
     keys = ref.record_keys()
     if rec == "all" or not keys:

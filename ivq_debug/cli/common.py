@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -12,7 +11,6 @@ from typing import Any
 
 from ivq_debug import interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
-from ivq_debug.executor import EXECUTORS, Executor, make_executor
 from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
 
 
@@ -135,33 +133,3 @@ def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
         sys.stdout.flush()
         return
     atomic_write_text(path, text + "\n", overwrite=overwrite)
-
-
-def add_executor_arguments(p: argparse.ArgumentParser, jobs: str, default: str = "one loop in this process") -> None:
-    """``--executor``, ``--workers``, ``--ray-address`` and ``--shards`` of a command whose ``jobs`` (e.g. "the
-    replay's batches") run on an executor (:mod:`ivq_debug.executor`); read back by :func:`executor_from_args`."""
-    p.add_argument("--executor", choices=list(EXECUTORS), default=None,
-                   help=f"run {jobs} as jobs: local (a process pool of --workers) or ray (a Ray cluster, "
-                        f"--ray-address; pip install 'ivq-debug[ray]'); default: {default}. The numbers are the "
-                        f"same to the bit")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="--executor local: worker processes (default 1: in this process)")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="--executor ray: the cluster (ray.init(address=...); 'auto': the one `ray start` runs here; "
-                        "default: a new local one for the run)")
-    p.add_argument("--shards", default=None, metavar="DIR",
-                   help="keep one shard per job in DIR; a rerun skips the jobs done (default: a temporary folder)")
-
-
-def executor_from_args(args: argparse.Namespace) -> Executor | None:
-    """The executor :func:`add_executor_arguments` asked for: ``--workers`` / ``--shards`` alone mean local,
-    ``--ray-address`` alone means ray; ``None`` when no flag was given."""
-    if args.executor is None and (args.workers is not None or args.ray_address or args.shards):
-        args.executor = "ray" if args.ray_address else "local"
-    if args.ray_address and args.executor != "ray":
-        raise UsageError("--ray-address needs --executor ray")
-    if args.workers is not None and args.executor == "ray":
-        raise UsageError("--workers is for --executor local (a Ray cluster has its own CPUs)")
-    if args.executor is None:
-        return None
-    return make_executor(args.executor, args.workers or 1, args.ray_address)

@@ -4,11 +4,7 @@ equals the local executor's and the in-process replay's, to the bit."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +15,7 @@ from ivq_debug.diagnose.replay import replay
 from ivq_debug.executor import LocalExecutor, RayExecutor
 from tests.diagnose.test_replay_executor import same
 from tests.support import vit
+from tests.support.ray_cluster import ray_cluster, run_killing_a_worker, running_tasks  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
 #: a backend session takes this long to open here (a slow backend): every job runs long enough to be killed
@@ -31,29 +28,8 @@ def slow_cpu(path: str) -> Any:
     return make_runner("onnx", path, optimization="disable")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False,
-             log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-def running_tasks() -> list[int]:
-    """Pids of Ray worker processes running a job (their process title is ``ray::run_job``)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "cmdline").read_bytes().startswith(b"ray::run_job"):
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
-
-
-def test_ray_replay_survives_a_killed_worker_and_equals_the_local_executor(ray_cluster, tmp_path_factory) -> None:
+def test_ray_replay_survives_a_killed_worker_and_equals_the_local_executor(ray_cluster,  # noqa: F811
+                                                                         tmp_path_factory) -> None:
     m = vit.models(tmp_path_factory)
     test = capture(make_runner("onnx", m["act"], selection=Selection()), [vit.image(7), vit.image(8)],
                    tmp_path_factory.mktemp("ray") / "act.h5", progress=None)
@@ -63,28 +39,8 @@ def test_ray_replay_survives_a_killed_worker_and_equals_the_local_executor(ray_c
     seq = replay(m["act"], m["ref"], **kw)
     local = replay(m["act"], m["ref"], executor=LocalExecutor(2), **kw)
     same(seq, local)
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["r"] = replay(m["act"], m["ref"], executor=RayExecutor(), shards=tmp_path_factory.mktemp("shards"),
-                              **kw)
-        except BaseException as e:  # reported by the assertion below
-            out["e"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    killed = None
-    deadline = time.monotonic() + 120
-    while killed is None and t.is_alive() and time.monotonic() < deadline:
-        pids = running_tasks()
-        if pids:
-            killed = pids[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.05)
-    t.join(300)
-    assert killed is not None and "e" not in out, out.get("e")
-    r = out["r"]
+    r = run_killing_a_worker(lambda: replay(m["act"], m["ref"], executor=RayExecutor(),
+                                            shards=tmp_path_factory.mktemp("shards"), **kw))
     assert len(r.jobs["retried"]) == 1 and r.jobs["total"] == local.jobs["total"]
     same(local, r)
     same(seq, r)
