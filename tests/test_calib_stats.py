@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from ivq_debug.calib_stats import CalibStats, calib_stats, histogram_percentiles, read_activation_encodings
 from ivq_debug.capture.base import Selection, capture, make_runner
@@ -182,3 +184,24 @@ def test_a_tampered_shard_is_an_input_error(m, tmp_path: Path, capsys) -> None:
     assert ivq_cli(*args, "--force") == 3
     err = capsys.readouterr().err.strip()
     assert "not a calib-stats shard" in err and "\n" not in err
+
+
+def test_a_failing_job_is_listed_with_its_key_and_the_other_shards_stay(tmp_path: Path, capsys) -> None:
+    # a real model that ORT cannot run on one of the samples: Reshape of a vector to [2, -1] needs an even length
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n"])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, None])
+    shape = numpy_helper.from_array(np.array([2, -1], dtype=np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["R"]), helper.make_node("Reshape", ["R", "shape"], ["Y"])],
+                              "g", [x], [y], [shape])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    for i, n in enumerate((4, 6, 3, 8)):  # the third sample has an odd length
+        np.savez(cal / f"s{i}.npz", X=np.linspace(-1, 1, n, dtype=np.float32))
+    shards = tmp_path / "shards"
+    assert ivq_cli("calib-stats", model, "--calibration", cal, "-o", tmp_path / "o.json", "--samples-per-job", 1,
+                   "--shards", shards) == 1
+    err = capsys.readouterr().err.strip()
+    assert "1 job(s) failed after a retry" in err and "\n" not in err and "Reshape" in err
+    assert len(list(shards.glob("*.json"))) == 3 and not (tmp_path / "o.json").exists()
