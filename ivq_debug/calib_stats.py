@@ -10,6 +10,7 @@ The samples are cut into jobs of ``samples_per_job`` (:mod:`ivq_debug.executor`:
 each, resumable, retried once, a local process pool or a Ray cluster). A job never holds the activations of more
 than one tensor: the runner hands each tensor to a :class:`StatsSink`, which reduces it to its accumulators and lets
 it go (with ``max_outputs_per_run``, the runner itself computes at most that many tensors per piece of the graph).
+The driver holds the calibration *inputs* (read and checked once, hashed per sample) and sends each job its own.
 
 **Two passes, so that histograms merge exactly.** Histograms add exactly only on the same edges in every shard, and
 no job knows a tensor's range over the whole set before it runs. So:

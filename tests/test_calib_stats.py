@@ -21,6 +21,7 @@ from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.comparator.encoding_fit import EncodingAccumulator
 from ivq_debug.dump import open_dump
 from ivq_debug.executor import LocalExecutor
+from ivq_debug.qnn.encodings import encodings_from_qdq_model, write_encodings
 from tests.support import vit
 from tests.support.cli import ivq_cli
 from tests.support.faults import corrupt_encoding
@@ -124,6 +125,13 @@ def test_a_too_narrow_encoding_is_reported_as_low_coverage_on_its_tensor(m) -> N
     row = low[0]
     assert row["coverage"] < 0.5 and row["clipped_fraction"] == 1 - row["coverage"]
     assert row["enc_max"] - row["enc_min"] < 0.06 * (row["max"] - row["min"])
+    # the same encodings as a QNN encodings file (legacy, 1.0.0): the same coverage
+    for fmt in ("legacy", "1.0.0"):
+        path = write_encodings(encodings_from_qdq_model(m["narrow"]), m["narrow"].with_suffix(f".{fmt}.json"), fmt,
+                               overwrite=True)
+        doc = calib_stats(m["float"], m["samples"], encodings=path, samples_per_job=PER, progress=False)
+        assert [r["tensor"] for r in doc.low_coverage()] == [vit.ACT_TENSOR] and len(doc.fits) == len(bad.fits)
+        assert doc.low_coverage()[0]["coverage"] == row["coverage"]
     # the statistics are the model's, whatever the encodings
     assert [(r["tensor"], r["count"], r["min"], r["max"]) for r in bad.rows()] == [
         (r["tensor"], r["count"], r["min"], r["max"]) for r in clean.rows()]
