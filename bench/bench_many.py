@@ -518,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-src", default=None, metavar="DIR",
                     help="also run the ivq-debug steps with the ivq_debug package in DIR (an older revision), "
                          "labelled 'ivq-debug (baseline)'")
+    ap.add_argument("--max-outputs-per-run", type=int, default=0, metavar="N",
+                    help="also run ivq-debug with `ivq capture --max-outputs-per-run N` (consecutive subgraphs of at "
+                         "most N exposed tensors: the memory bound), labelled 'ivq-debug (groups of N)'")
     ap.add_argument("--profile", action="store_true", help="profile the QDQ capture and the diff (cProfile, py-spy)")
     ap.add_argument("--compression", action="store_true", help="measure dump size / time per HDF5 filter setting")
     ap.add_argument("--compression-records", type=int, default=1,
@@ -565,6 +568,11 @@ def main(argv: list[str] | None = None) -> int:
                                 tag="baseline"))
         say("ivq-debug ...")
         rows.append(run_ivq(work, "ivq-debug", fm, qm, inputs, opts))
+        if opts.max_outputs_per_run:
+            n = opts.max_outputs_per_run
+            say(f"ivq-debug (groups of {n}) ...")
+            rows.append(run_ivq(work, f"ivq-debug (groups of {n})", fm, qm, inputs, opts, tag="grouped",
+                                capture_args=("--max-outputs-per-run", str(n))))
     if "polygraphy" in tools:
         say("Polygraphy ...")
         rows.append(run_polygraphy(work, fm, qm, inputs, opts))
@@ -590,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
     glines, met = goals(rows)
     for ln in glines:
         print(ln)
+    if opts.max_outputs_per_run:
+        print(f"with --max-outputs-per-run {opts.max_outputs_per_run}:")
+        for ln in goals(rows, f"ivq-debug (groups of {opts.max_outputs_per_run})")[0]:
+            print(ln)
     base = next((r for r in rows if r.tool == "ivq-debug (baseline)"), None)
     cur = next((r for r in rows if r.tool == "ivq-debug"), None)
     if base is not None and cur is not None:
@@ -628,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
                "goals_met": met, **extra}
         Path(opts.json).write_text(json.dumps(doc, indent=1))
     if not opts.keep:
-        for p in [models, *(work / n for n in ("ivq-full", "ivq-baseline", "polygraphy", "ort", "profile",
+        for p in [models, *(work / n for n in ("ivq-full", "ivq-baseline", "ivq-grouped", "polygraphy", "ort", "profile",
                                                "compression"))]:
             shutil.rmtree(p, ignore_errors=True)
     return 0

@@ -9,6 +9,8 @@ Three modes:
   every metric of every pair, statuses, verdicts, findings, summary; the dumps' paths and creation times are
   ignored. Prints the number of pairs and values checked and the first differences; exit 1 on any. With
   ``--rel``, also per field how many values differ and by how much (for a deliberately re-pinned definition).
+  With ``--pairs``, for revisions whose tables differ in shape (a column or pairs added in between): rows are
+  matched by pair (record, both names) and every common column of every pair in both is compared.
 - ``dumps A.h5 B.h5``: two dumps of the same capture must hold the same manifest rows, record attributes and
   the same bytes in every dataset (provenance attributes such as ``created`` and ``command``, and the QNN
   profiling timings, are ignored).
@@ -156,6 +158,39 @@ def compare_mode(a: str, b: str, show: int = 20, rel: bool = False) -> int:
     return 0 if not diffs else 1
 
 
+def _pair_rows(doc: dict[str, Any], columns: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """A ``table`` output's rows by pair (record and both names), restricted to ``columns``."""
+    key = ("sample", "part", "step", "ref_name", "test_name")
+    return {tuple(str(r.get(k)) for k in key): {c: r.get(c) for c in columns} for r in doc["rows"]}
+
+
+def pairs_mode(a: str, b: str, show: int = 20, rel: bool = False) -> int:
+    """Two ``table`` outputs of revisions whose tables differ in shape (a column or pairs added in between):
+    every metric of every pair present in both must be equal, on the columns both have (``order``, a pair's
+    place in the table, left out)."""
+    da, db = json.loads(Path(a).read_text()), json.loads(Path(b).read_text())
+    cols = [c for c in da["columns"] if c in db["columns"] and c != "order"]
+    ra, rb = _pair_rows(da, cols), _pair_rows(db, cols)
+    both = sorted(set(ra) & set(rb))
+    diffs: list[str] = []
+    values: list[tuple[str, Any, Any]] = []
+    counter = [0]
+    for k in both:
+        _walk(ra[k], rb[k], f"$.rows[{'/'.join(k)}]", diffs, counter, values)
+    verdict = "IDENTICAL" if not diffs else f"{len(diffs)} DIFFERENCES"
+    print(f"{a} vs {b}: {len(both)} pairs in both ({len(set(ra) - set(rb))} only in A, {len(set(rb) - set(ra))} "
+          f"only in B), {len(cols)} common columns, {counter[0]} values compared: {verdict}")
+    print(f"  columns only in A: {sorted(set(da['columns']) - set(db['columns']))}; "
+          f"only in B: {sorted(set(db['columns']) - set(da['columns']))}")
+    for d in diffs[:show]:
+        print("  " + d)
+    if rel and diffs:
+        print("by field:")
+        for ln in spread(values):
+            print(ln)
+    return 0 if not diffs else 1
+
+
 def _attrs(obj: Any) -> dict[str, tuple[str, bytes]]:
     """An object's attributes as (value, serialized HDF5 datatype): equal means same value and same type."""
     return {k: (str(obj.attrs[k]), obj.attrs.get_id(k).get_type().encode()) for k in obj.attrs}
@@ -216,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("b")
     c.add_argument("--rel", action="store_true",
                    help="also print, per field, how many values differ and their largest relative difference")
+    c.add_argument("--pairs", action="store_true",
+                   help="table outputs of revisions with different tables: match rows by pair, common columns")
     d = sub.add_parser("dumps")
     d.add_argument("a")
     d.add_argument("b")
@@ -223,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if o.mode == "table":
         return table_mode(o.ref, o.test, o.output)
     if o.mode == "compare":
-        return compare_mode(o.a, o.b, rel=o.rel)
+        return (pairs_mode if o.pairs else compare_mode)(o.a, o.b, rel=o.rel)
     return dumps_mode(o.a, o.b)
 
 

@@ -2,7 +2,7 @@
 
 ``r`` is the reference, ``t`` the test; every sum is accumulated in float64 over blocks, so a tensor of
 any size is compared in bounded memory. Each result carries a ``status`` instead of hidden epsilons.
-Sums of products are :func:`dot` per block (numpy's ``einsum`` loop, not BLAS), ``Σ |t − r|`` is numpy's
+Sums of products are :func:`dot` per block (BLAS ``ddot`` held at one thread), ``Σ |t − r|`` is numpy's
 pairwise sum per block, and blocks add up in order: a result does not depend on threads, workers or cores.
 
 =========== ======================================= ===================================
@@ -27,6 +27,7 @@ kl          mean over rows of KL(softmax(r) ‖       not a logits tensor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
@@ -82,7 +83,7 @@ class MetricAccumulator:
         """Add one block; ``r`` and ``t`` must have the same shape.
 
         Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums of products
-        are :func:`dot` (not BLAS), and the non-finite check runs only when the sums say one is there.
+        are :func:`dot` (BLAS on one thread), and the non-finite check runs only when the sums say one is there.
         Returns the block of ``r`` as float64, flat (a view of this thread's buffer, valid until the
         thread's next update), so that other statistics of the same block need not cast it again.
         """
@@ -190,16 +191,64 @@ _SUM_FIELDS = ("n", "sum_abs", "sum_sq_err", "sum_r2", "sum_t2", "sum_tr", "nonf
                "top1_agree", "kl_sum")
 
 
-def dot(a: np.ndarray, b: np.ndarray) -> float:
-    """``Σ a·b`` of two flat float64 arrays: numpy's own sum-of-products loop (``einsum``), never BLAS.
+class _OneBlasThread(contextlib.ContextDecorator):
+    """Holds numpy's BLAS at one thread while any :func:`dot` runs (re-entrant, counted over threads).
 
-    BLAS ``ddot`` (what ``a @ b`` calls) splits a long vector over OpenBLAS's thread pool, so its last bits
-    depend on the number of threads and cores (and on the BLAS library); ``einsum`` runs in the calling
-    thread, in one fixed order for a given numpy build. One call is up to ~2x slower than a one-thread
-    ``ddot``, but the diff no longer runs the workers' BLAS pools against each other on the cores: the
-    ``bench/bench_many.py`` diff went from 101-129 s to 10-12 s (``docs/scale.md``, ``docs/metrics.md``).
+    The first entry saves the BLAS thread count and sets it to 1, the last exit restores it: a notebook's own
+    numpy keeps its threads outside the comparison. threadpoolctl finds the BLAS numpy loaded (OpenBLAS in the
+    wheels, MKL or another build elsewhere); a BLAS it cannot control is left as it is. Changing the count costs
+    far more than a short ``ddot`` while other threads run (OpenBLAS wakes its pool): loops over many tensors
+    enter it once around the loop (``with one_blas_thread:`` or as a decorator), so the dots inside only count.
     """
-    return float(np.einsum("i,i->", a, b))
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._libs: list[Any] | None = None
+        self._saved: list[int] = []
+
+    def _controllers(self) -> list[Any]:
+        if self._libs is None:
+            from threadpoolctl import ThreadpoolController
+
+            blas = ThreadpoolController().select(user_api="blas").lib_controllers
+            mine = [c for c in blas if "numpy" in str(getattr(c, "filepath", ""))]
+            self._libs = mine or blas
+        return self._libs
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                libs = self._controllers()
+                self._saved = [c.get_num_threads() for c in libs]
+                for c, n in zip(libs, self._saved, strict=True):
+                    if n != 1:
+                        c.set_num_threads(1)
+            self._depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                for c, n in zip(self._controllers(), self._saved, strict=True):
+                    if n != 1:
+                        c.set_num_threads(n)
+
+
+one_blas_thread = _OneBlasThread()
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``Σ a·b`` of two flat float64 arrays: BLAS ``ddot`` on one thread (:data:`one_blas_thread`).
+
+    OpenBLAS splits a long ``ddot`` (over 10,000 elements) across its thread pool, so its last bits depend on
+    the number of threads and cores; on one thread it is one fixed order for a given BLAS and CPU kernel. One
+    thread is also the fast choice here: the comparator's workers are the parallelism, and BLAS pools per
+    worker thread fought over the cores (the ``bench/bench_many.py`` diff took 101-129 s with them, 10-12 s
+    without: ``docs/scale.md``, ``docs/metrics.md``).
+    """
+    with one_blas_thread:
+        return float(a @ b)
 
 
 _local = threading.local()

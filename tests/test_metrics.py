@@ -81,6 +81,9 @@ import json, sys
 import numpy as np
 from ivq_debug.comparator.encoding_fit import EncodingAccumulator
 from ivq_debug.metrics import MetricAccumulator
+from threadpoolctl import threadpool_info, threadpool_limits
+blas_threads = lambda: [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+before = blas_threads()
 rng = np.random.default_rng(0)
 r = rng.standard_normal(400_000).astype(np.float32)  # long enough for OpenBLAS to split ddot over threads
 t = (r + 0.01 * rng.standard_normal(r.size)).astype(np.float32)
@@ -88,14 +91,21 @@ acc, enc = MetricAccumulator(), EncodingAccumulator.for_encoding({"scale": 0.03,
 for i in range(0, r.size, 150_000):  # three blocks
     enc.update(acc.update(r[i:i + 150_000], t[i:i + 150_000]))
 r64 = r.astype(np.float64)
+pinned = 0.0
+with threadpool_limits(1, user_api="blas"):  # the definition: one-thread ddot per block, blocks in order
+    for i in range(0, r.size, 150_000):
+        pinned += float(r64[i:i + 150_000] @ r64[i:i + 150_000])
 print(json.dumps({"ours": {k: float(v).hex() for k, v in {**vars(acc), **vars(enc)}.items()
-                          if isinstance(v, float)}, "blas": float(r64 @ r64).hex()}))
+                          if isinstance(v, float)}, "blas": float(r64 @ r64).hex(), "pinned_r2": pinned.hex(),
+                  "threads": [before, blas_threads()]}))
 """
 
 
 def test_sums_do_not_depend_on_the_blas_thread_count() -> None:
     """The pinned sums are the same with 1 and 4 OpenBLAS threads (and run to run); BLAS ddot's are not
-    always (when they are equal, this machine's BLAS did not split the vector, and only ours are checked)."""
+    always (when they are equal, this machine's BLAS did not split the vector, and only ours are checked). The
+    metric sums are one-thread ddots per block (what the code before issue 22 gave with ``OPENBLAS_NUM_THREADS=1``),
+    and the process's BLAS thread count is what it was once the sums are done."""
 
     runs = []
     for threads in ("1", "4", "4"):
@@ -105,6 +115,8 @@ def test_sums_do_not_depend_on_the_blas_thread_count() -> None:
         runs.append(json.loads(out.stdout))
     assert len(runs[0]["ours"]) == 16
     assert all(r["ours"] == runs[0]["ours"] for r in runs)
+    assert all(r["ours"]["sum_r2"] == r["pinned_r2"] for r in runs)
+    assert runs[0]["threads"][0] == [1] and all(r["threads"][0] == r["threads"][1] for r in runs), runs
     blas = {r["blas"] for r in runs}
     print(f"BLAS ddot over 1 and 4 threads: {len(blas)} distinct results")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
-from ivq_debug.cli.common import escape, fmt_bytes
+from ivq_debug.cli.common import comma_list, escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
@@ -76,7 +76,7 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
     """The runner keyword arguments the command line gives (``None``: the runner's default)."""
     sel = Selection(
         include=args.include or ("*",), exclude=args.exclude,
-        op_types=[s.strip() for s in args.op_types.split(",")] if args.op_types else None,
+        op_types=comma_list(args.op_types, "--op-types"),
         skip_attention_probs=args.skip_attention_probs, skip_views=args.skip_views,
     )
     if args.threads is not None and args.threads < 1:

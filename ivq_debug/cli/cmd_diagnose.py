@@ -18,7 +18,7 @@ from rich.table import Table
 from ivq_debug import validate
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import escape, fmt_num, parse_record, write_json
+from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, write_json
 from ivq_debug.comparator import compare
 from ivq_debug.console import results, status
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them)")
     p.add_argument("--attribution", choices=list(ATTRIBUTIONS), default="local",
                    help="rank by local (producer-charged, default) or iso (input re-quantization included)")
-    p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first)")
+    p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first record "
+                        "whose inputs fit the model; 'all': every such record, e.g. all decode steps of a session)")
     p.add_argument("--nodes", default=None, help="only these compute nodes or output tensors (comma-separated)")
     p.add_argument("--budget-sqnr", type=float, default=None, metavar="DB",
                    help="introduced SQNR below which a unit breaks the budget (default: by the model's activation "
@@ -100,7 +101,7 @@ def execute(args: argparse.Namespace) -> int:
     def run(reference: Any) -> Any:
         cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
         return replay(args.model, reference, record=rec, runner_factory=factory, cumulative=cmp,
-                      budget_sqnr_db=args.budget_sqnr, nodes=args.nodes.split(",") if args.nodes else None,
+                      budget_sqnr_db=args.budget_sqnr, nodes=comma_list(args.nodes, "--nodes"),
                       attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift,
                       executor=executor, shards=args.shards)
 

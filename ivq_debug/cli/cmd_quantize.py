@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug.cli.common import escape, write_json
+from ivq_debug.cli.common import comma_list, escape, write_json
 from ivq_debug.console import console, results, status
 from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
 from ivq_debug.errors import EXIT_OK, UsageError
@@ -40,10 +40,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--force", action="store_true", help="overwrite the output model")
 
 
-def _split(value: str | None) -> list[str]:
-    return [s.strip() for s in value.split(",") if s.strip()] if value else []
-
-
 def effective_line(effective: dict) -> str:
     """``activations uint16 x12 · weights uint8 x6 (per-channel 2) · biases int32 x3``."""
     counts = effective.get("counts", {})
@@ -70,8 +66,8 @@ def execute(args: argparse.Namespace) -> int:
         with status(f"quantizing {args.model} (dynamic, {args.weight_type} weights)"):
             d = quantize_dynamic_model(args.model, args.output, weight_type=args.weight_type,
                                        per_channel=args.per_channel, reduce_range=args.reduce_range,
-                                       op_types=_split(args.op_types) or None,
-                                       nodes_to_exclude=_split(args.exclude_nodes), overwrite=args.force)
+                                       op_types=comma_list(args.op_types, "--op-types"),
+                                       nodes_to_exclude=comma_list(args.exclude_nodes, "--exclude-nodes") or [], overwrite=args.force)
         ops = ", ".join(f"{n} {k}" for k, n in d.integer_ops.items()) or "no integer op"
         left = ", ".join(f"{n} {k}" for k, n in d.float_left.items())
         if args.json:

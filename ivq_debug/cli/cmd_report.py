@@ -12,7 +12,7 @@ import argparse
 
 from ivq_debug.api import compare
 from ivq_debug.capture.base import make_runner
-from ivq_debug.cli.common import escape
+from ivq_debug.cli.common import comma_list, escape
 from ivq_debug.cli.diff import add_budget_arguments
 from ivq_debug.comparator import Budgets
 from ivq_debug.console import results
@@ -62,7 +62,7 @@ def execute(args: argparse.Namespace) -> int:
     check_model(args.model)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
     mapping = read_name_map(args.map) if args.map else None
-    parts = set(args.records.split(",")) if args.records else None
+    parts = set(comma_list(args.records, "--records") or []) or None
     records = (lambda k: k[1] in parts) if parts else None
     ref, test = open_dump(args.ref), open_dump(args.test)
     if args.perfetto and "profiling" not in test.table_names():

@@ -81,6 +81,17 @@ def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
         raise UsageError(f"--record takes rNNNNNN or sample/part/step, got {sel!r}") from None
 
 
+def comma_list(value: str | None, flag: str) -> list[str] | None:
+    """The items of a comma-separated option (stripped; None when the option is not given). A value that names
+    nothing (``","``, ``" "``) is a usage error rather than silently meaning the default."""
+    if value is None:
+        return None
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"{flag} {value!r} names nothing (give comma-separated names, or leave the option out)")
+    return items
+
+
 def fmt_num(v: Any, digits: int = 4) -> str:
     """Compact number formatting for tables (``-`` for missing)."""
     if v is None:

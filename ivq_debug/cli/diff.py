@@ -13,7 +13,7 @@ import argparse
 
 from ivq_debug import defaults
 from ivq_debug.api import compare
-from ivq_debug.cli.common import escape, run, write_json
+from ivq_debug.cli.common import comma_list, escape, run, write_json
 from ivq_debug.cli.render import comparison_report
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import results
@@ -101,7 +101,7 @@ def execute_diff(args: argparse.Namespace) -> int:
     expected = open_dump(args.expected) if getattr(args, "expected", None) else None
     if getattr(args, "max_ratio", None) is not None and not args.max_ratio > 0:
         raise UsageError("--max-ratio must be > 0")
-    parts = set(args.records.split(",")) if args.records else None
+    parts = set(comma_list(args.records, "--records") or []) or None
     fail_on = getattr(args, "fail_on", defaults.DIFF_FAIL_ON)
     cmp = compare(ref, test, budgets=budgets, rank_by=args.rank_by, mapping=mapping,
                   records=(lambda k: k[1] in parts) if parts else None, expected=expected,

@@ -26,7 +26,14 @@ from ivq_debug.comparator.ranking import default_rank_metric
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.errors import UsageError
-from ivq_debug.metrics import HIGHER_IS_BETTER, METRICS, SHAPE_MISMATCH, MetricAccumulator, sort_key
+from ivq_debug.metrics import (
+    HIGHER_IS_BETTER,
+    METRICS,
+    SHAPE_MISMATCH,
+    MetricAccumulator,
+    one_blas_thread,
+    sort_key,
+)
 from ivq_debug.util import as_float, json_safe
 
 SCHEMA = "ivq-diff/1"
@@ -340,7 +347,8 @@ def compare(
                        al.unmatched_test_records)
     rows = []
     workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    # BLAS held at one thread for the whole comparison (the pinned sums; entered once, not per dot)
+    with one_blas_thread, ThreadPoolExecutor(max_workers=workers) as pool:
         # bounded look-ahead keeps at most 2 x workers pairs in flight (memory stays per-block)
         results = _ordered_map(pool, lambda p: pair_metrics(ref_d, test_d, p, block_bytes), pairs, 2 * workers)
         it = track(zip(pairs, results, strict=True), "comparing", total=len(pairs)) if progress else zip(

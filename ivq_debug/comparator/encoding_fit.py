@@ -25,7 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.metrics import dot
+
+def _sum_sq(x: np.ndarray) -> float:
+    """``Σ x²`` of a flat float64 array: numpy's ``einsum`` loop, in the calling thread (no BLAS pool), the fit's
+    pinned summation since it was written (``docs/metrics.md``)."""
+    return float(np.einsum("i,i->", x, x))
 
 
 def encoding_range(enc: dict[str, Any]) -> tuple[float, float, float] | None:
@@ -83,10 +87,10 @@ class EncodingAccumulator:
         kept, so selecting once equals selecting twice); no selection at all when every value is kept.
         """
         x = np.asarray(r, dtype=np.float64).reshape(-1)
-        sig = dot(x, x)
+        sig = _sum_sq(x)
         if not math.isfinite(sig):  # a non-finite value, or one whose square overflows: filter
             x = x[np.isfinite(x)]
-            sig = dot(x, x)
+            sig = _sum_sq(x)
         n = x.size
         if not n:
             return
@@ -99,7 +103,7 @@ class EncodingAccumulator:
         self.sig_sq += sig
         if self.clipped:
             c = x - np.clip(x, self.lo, self.hi)
-            self.clip_sq += dot(c, c)
+            self.clip_sq += _sum_sq(c)
         # resolution is judged on the in-range values (clipping is the saturation check's business)
         q = _scratch(n)
         np.divide(x, self.step, out=q)
@@ -121,8 +125,8 @@ class EncodingAccumulator:
         d = np.subtract(fq, inf, out=fq)
         self.n_inf += kept
         self.s1 += float(inf.sum())
-        self.s2 += dot(inf, inf)
-        self.noise += dot(d, d)
+        self.s2 += _sum_sq(inf)
+        self.noise += _sum_sq(d)
 
     #: the sums and counts :meth:`merge` adds (the encoding fields must agree)
     _SUMS = ("n", "clipped", "clip_sq", "sig_sq", "n_inf", "s1", "s2", "noise")

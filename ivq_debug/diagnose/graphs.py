@@ -23,6 +23,14 @@ def constant_values(model: Any) -> tuple[set[str], list[Any]]:
     return const, [nodes[i] for i in sorted(idx)]
 
 
+def unit_value(pre: str, name: str) -> str:
+    """A derived graph's name for the model tensor (or node) ``name`` inside the copy whose names start with
+    ``pre`` (a replay unit ``u3::``, a lift variant ``v1::``): in its own ``v:`` namespace, so a model tensor
+    called ``out``, ``fq`` or ``out::logits`` cannot collide with the copy's result names (``{pre}out``,
+    ``{pre}out::logits``, ...)."""
+    return f"{pre}v:{name}"
+
+
 def typed_inputs(m: Any, feeds: dict[str, np.ndarray]) -> None:
     """Give every graph input of ``m`` the dtype and static shape of its feed (any numpy dtype ONNX has, e.g.
     the uint8 / int8 tensors of a dynamic INT8 reference)."""

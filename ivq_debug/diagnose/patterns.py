@@ -34,7 +34,7 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.graphs import constant_values, temp_model, typed_inputs
+from ivq_debug.diagnose.graphs import constant_values, temp_model, typed_inputs, unit_value
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name, floors_at_zero
@@ -223,7 +223,7 @@ def _fmt(x: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ output share
 def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[str, np.ndarray], prefix: str,
-                  shared: bool) -> tuple[list[Any], list[Any]]:
+                  shared: bool, base_dir: str = "") -> tuple[list[Any], list[Any]]:
     """The model's nodes renamed with ``prefix``, with the activation encodings of ``tensors`` and the weight
     DequantizeLinear of the weights in ``floats`` bypassed; constant nodes only when ``shared`` (they are
     shared by every variant). Returns (nodes, extra initializers)."""
@@ -238,17 +238,17 @@ def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[s
 
     def ren(x: str) -> str:
         if x in lifted_w:
-            return prefix + x
-        return x if (not x or x in const or x in inputs) else prefix + x
+            return unit_value(prefix, x)
+        return x if (not x or x in const or x in inputs) else unit_value(prefix, x)
 
     extra: list[Any] = []
     nodes = []
     for n in model.graph.node:
         if n.output and n.output[0] in lifted_w:
             init = numpy_helper.from_array(np.asarray(floats[lifted_w[n.output[0]]], np.float32),
-                                           prefix + lifted_w[n.output[0]] + "::float")
+                                           f"{prefix}float:{lifted_w[n.output[0]]}")
             extra.append(init)
-            nodes.append(onnx.NodeProto(op_type="Identity", name=prefix + n.name, input=[init.name],
+            nodes.append(onnx.NodeProto(op_type="Identity", name=unit_value(prefix, n.name), input=[init.name],
                                         output=[ren(n.output[0])]))
             continue
         if all((not o) or o in const for o in n.output):
@@ -259,12 +259,13 @@ def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[s
             q = producer.get(n.input[0])
             src = q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
             if src is not None and float_name(src) in tensors:  # lifted: float, with the ReLU a Q may hold
-                nodes.append(onnx.NodeProto(op_type="Relu" if floors_at_zero(q, model) else "Identity",
-                                            name=prefix + n.name, input=[ren(src)], output=[ren(n.output[0])]))
+                nodes.append(onnx.NodeProto(op_type="Relu" if floors_at_zero(q, model, base_dir) else "Identity",
+                                            name=unit_value(prefix, n.name), input=[ren(src)],
+                                            output=[ren(n.output[0])]))
                 continue
         c = onnx.NodeProto()
         c.CopyFrom(n)
-        c.name = prefix + n.name
+        c.name = unit_value(prefix, n.name)
         del c.input[:]
         del c.output[:]
         c.input.extend(ren(x) for x in n.input)
@@ -309,11 +310,12 @@ def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_m
     del gr.output[:]
     del gr.value_info[:]
     for v, (_, tensors, fl) in enumerate(variants):
-        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0)
+        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0,
+                                     base_dir=str(path.resolve().parent))
         gr.node.extend(nodes)
         gr.initializer.extend(extra)
         for o in g_out:
-            name = o if o in const else f"v{v}::{o}"
+            name = o if o in const else unit_value(f"v{v}::", o)
             gr.node.append(onnx.NodeProto(op_type="Identity", name=f"v{v}::out::{o}", input=[name],
                                           output=[f"v{v}::out::{o}"]))
             gr.output.append(onnx.ValueInfoProto(name=f"v{v}::out::{o}"))

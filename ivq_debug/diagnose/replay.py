@@ -57,13 +57,13 @@ from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.console import track
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs
+from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs, unit_value
 from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, job_key, merge_check, versions
-from ivq_debug.metrics import MetricAccumulator, dot
+from ivq_debug.metrics import MetricAccumulator, dot, one_blas_thread
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import (
     QDQ_DOMAINS,
@@ -272,15 +272,9 @@ def replay_units(model: Any) -> list[Unit]:
     return sorted(units, key=lambda u: u.order)
 
 
-def unit_value(pre: str, name: str) -> str:
-    """The replay graph's name for the model tensor (or node) ``name`` inside the unit whose names start with
-    ``pre``: in its own ``v:`` namespace, so a model tensor called ``out``, ``fq`` or ``xq0`` cannot collide with
-    the unit's result outputs (``{pre}out``, ``{pre}fq``, ...)."""
-    return f"{pre}v:{name}"
-
-
 def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shadow: bool = False,
-                       keys: list[int] | None = None, xq: bool = True) -> tuple[Any, dict[str, tuple[int, str]]]:
+                       keys: list[int] | None = None, xq: bool = True, base_dir: str = ""
+                       ) -> tuple[Any, dict[str, tuple[int, str]]]:
     """One model holding the given units side by side.
 
     Returns the model and a map ``graph input name -> (unit key, reference tensor name)``; unit ``k``'s
@@ -333,7 +327,7 @@ def build_replay_model(model: Any, units: list[Unit], prefix: str = "u", *, shad
             raw = {dq: x for x, dq in u.qin.items()}  # DQ output N reads -> its float input
             c = u.compute
             # the compute node's own output, before its encoding (with the ReLU the quantizer folded into it)
-            relu = u.out_q is not None and floors_at_zero(u.out_q, model)
+            relu = u.out_q is not None and floors_at_zero(u.out_q, model, base_dir)
 
             def floored(value: str, name: str, relu: bool = relu) -> str:
                 if not relu:
@@ -500,15 +494,53 @@ def _pairs_for(cumulative: Any, ref_rid: str) -> tuple[dict[str, Any], Any, str 
 # ------------------------------------------------------------------------------------------ the replay
 def _records(ref: Any, record: Any) -> list[str]:
     keys = ref.record_keys()
-    if record is None:
+    if record is None or record == "all":
         if not keys:
             raise UsageError("the reference dump holds no records", getattr(ref, "path", None))
-        return [keys[min(keys, key=lambda k: (k[0], k[2], k[1]))]]
-    if record == "all":
         return [keys[k] for k in sorted(keys, key=lambda k: (k[0], k[2], k[1]))]
     if isinstance(record, list):
         return [ref._rid(r) for r in record]
     return [ref._rid(record)]
+
+
+def _model_records(ref: Any, record: Any, rids: list[str], model: Any, index: Callable[[str], _RefIndex]
+                   ) -> list[str]:
+    """The records of ``rids`` that hold the model's graph inputs (a session dump has vision, prefill and decode
+    records; a part's model replays on its own): the first of them by default, every one with ``"all"``. A
+    record named explicitly must hold them (``UsageError`` naming the first missing input)."""
+    inits = {i.name for i in model.graph.initializer}
+    dims = {i.name: [d.dim_value if d.HasField("dim_value") else 0 for d in i.type.tensor_type.shape.dim]
+            for i in model.graph.input if i.name not in inits}
+    inputs = list(dims)
+
+    def fits(shape: tuple[int, ...], want: list[int]) -> bool:  # static dims agree (0: dynamic)
+        if len(shape) != len(want):
+            return all(want) and math.prod(shape) == math.prod(want)
+        return all(w in (0, d) for d, w in zip(shape, want, strict=True))
+
+    def missing(rid: str) -> str | None:
+        idx = index(rid)
+        for x in inputs:
+            src = idx.source(x)
+            if src is None:
+                return x
+            if not fits(tuple(src.entry.shape), dims[x]):
+                return f"{x} of shape {list(dims[x])} (it holds {list(src.entry.shape)})"
+        return None
+
+    if record is None or record == "all":
+        fit = [r for r in rids if missing(r) is None]
+        if not fit:
+            where = {v: k for k, v in ref.record_keys().items()}
+            raise UsageError(f"no record holds the model's inputs ({', '.join(inputs[:4])}): checked "
+                             f"{len(rids)} record(s), e.g. {where.get(rids[0], rids[0])} lacks "
+                             f"{missing(rids[0])}", getattr(ref, "path", None))
+        return fit if record == "all" else fit[:1]
+    for r in rids:
+        if (m := missing(r)) is not None:
+            raise UsageError(f"record {r!r} does not hold the model's input {m} (is it a record of another "
+                             "part?)", getattr(ref, "path", None))
+    return rids
 
 
 def _sq(a: np.ndarray, b: np.ndarray | float) -> float:
@@ -658,20 +690,27 @@ def replay(
         raise UsageError(f"unknown attribution {attribution!r} ({', '.join(ATTRIBUTIONS)})")
     t_start = time.perf_counter()
     ref = reference if hasattr(reference, "entries") else open_dump(reference)
-    rids = _records(ref, record)
     model = load_model(qdq_model)
+    aliases = lineage_aliases(model)
+    shapes = value_shapes(model)
+    indexes: dict[str, _RefIndex] = {}
+
+    def index(rid: str) -> _RefIndex:
+        if rid not in indexes:
+            p, t, trid = _pairs_for(cumulative, rid)
+            indexes[rid] = _RefIndex(ref, rid, p, aliases, t, trid, shapes)
+        return indexes[rid]
+
+    rids = _model_records(ref, record, _records(ref, record), model, index)
     units = replay_units(model)
     if budget_sqnr_db is None:
-        budget_sqnr_db = intro_budget(model)
+        budget_sqnr_db = intro_budget(model, str(Path(qdq_model).parent))
     if nodes is not None:
         wanted = set(nodes)
         units = [u for u in units if u.node in wanted or u.output in wanted]
         if not units:
             raise UsageError(f"none of the requested nodes {sorted(wanted)[:5]} is a QDQ node unit")
-    aliases = lineage_aliases(model)
-    shapes = value_shapes(model)
-    pairs, test, test_rid0 = _pairs_for(cumulative, rids[0])
-    idx0 = _RefIndex(ref, rids[0], pairs, aliases, test, test_rid0, shapes)
+    idx0 = index(rids[0])
     runnable: list[Unit] = []
     skipped: dict[str, str] = {}
     for u in units:
@@ -682,6 +721,12 @@ def replay(
                                f"{missing[0]!r}" + (f" ({why})" if why else " (not in the reference, not aligned)"))
         else:
             runnable.append(u)
+    for rid in rids[1:]:  # every further record must hold what the first one gave the runnable units
+        idx = index(rid)
+        gap = next((x for u in runnable for x in [*u.inputs, u.output] if idx.source(x) is None), None)
+        if gap is not None:
+            raise UsageError(f"record {rid!r} lacks {gap!r}, which record {rids[0]!r} holds: replay the records "
+                             "one at a time (--record)", getattr(ref, "path", None))
     # batches bounded by reference-input bytes
     batches: list[list[Unit]] = []
     cur: list[Unit] = []
@@ -701,10 +746,7 @@ def replay(
 
     on_cpu = runner_factory is None
     do_check = (not on_cpu) if selfcheck is None else bool(selfcheck)
-    indexes = {rids[0]: idx0}
-    for rid in rids[1:]:
-        p, t, trid = _pairs_for(cumulative, rid)
-        indexes[rid] = _RefIndex(ref, rid, p, aliases, t, trid, shapes)
+    indexes = {rid: index(rid) for rid in rids}
     accs: dict[str, _Acc] = {}
     jobs: dict[str, Any] = {}
     backend = None
@@ -784,7 +826,8 @@ def replay(
         over = [g for g in groups(table) if any(sortable(r.get("intro_sqnr_db")) < budget for r in g.rows)]
         if over:
             lifted = measure_lift(qdq_model, ref, rids[0], over, float_model=float_model)
-    spread = spread_by_weight(float_model if float_model is not None else model)
+    spread = (spread_by_weight(float_model) if float_model is not None
+              else spread_by_weight(model, str(Path(qdq_model).parent)))
     recs = []
     for rid in rids:
         rr = ref.records.set_index("rid").loc[rid]
@@ -822,6 +865,7 @@ def _cpu_factory(path: str) -> Any:
     return make_runner("onnx", path, optimization="disable")
 
 
+@one_blas_thread
 def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
     """Replay one batch of units over every record (the shadow model and the backend model: one session each per
     feed signature, reused across records)."""
@@ -830,7 +874,7 @@ def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
     factory = ctx.runner_factory or _cpu_factory
     cpu_factory = _cpu_factory
     arrays = constant_arrays(model, {x for u in batch for q in [u.out_q, *u.in_q] if q is not None
-                                     for x in q.input[1:]})
+                                     for x in q.input[1:]}, str(ctx.path.parent))
     out_scale: dict[str, float | None] = {}
     for u in batch:
         qp = quant_params(u.out_q, arrays) if u.out_q is not None else None
@@ -844,8 +888,9 @@ def _replay_batch(ctx: _Context, batch: list[Unit]) -> _BatchResult:
     sessions = 0
     keys = list(range(len(batch)))
     on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.moves_integers(arrays)]
-    shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
-    bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
+    shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu, base_dir=str(ctx.path.parent))
+    bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend,
+                                        base_dir=str(ctx.path.parent))
                      if on_backend else (None, {}))
     pool = _Sessions(folder, qdq_model)
     try:
@@ -1049,10 +1094,11 @@ def _cum_rows(cumulative: Any, ref: Any, rid: str) -> dict[str, Any]:
     return {r["test_name"]: r for r in sel.to_dict("records")}
 
 
-def activation_bits(model: Any) -> int:
-    """The most common activation bitwidth of a QDQ model (8 when it has none)."""
+def activation_bits(model: Any, base_dir: str = "") -> int:
+    """The most common activation bitwidth of a QDQ model (8 when it has none; external data read from
+    ``base_dir``, the model's folder)."""
     quantizers = [n for _, n in activation_quantizers(model)]
-    arrays = constant_arrays(model, {x for n in quantizers for x in n.input[1:3] if x})
+    arrays = constant_arrays(model, {x for n in quantizers for x in n.input[1:3] if x}, base_dir)
     bits: dict[int, int] = {}
     for n in quantizers:
         qp = quant_params(n, arrays)
@@ -1061,10 +1107,10 @@ def activation_bits(model: Any) -> int:
     return max(bits, key=lambda b: (bits[b], -b)) if bits else 8
 
 
-def intro_budget(model: Any) -> float:
+def intro_budget(model: Any, base_dir: str = "") -> float:
     """The default introduced-SQNR budget for a QDQ model: by its activation bitwidth
-    (``defaults.INTRO_BUDGET_DB``)."""
-    return defaults.INTRO_BUDGET_DB.get(activation_bits(model), defaults.DIVERGENCE_SQNR_DB)
+    (``defaults.INTRO_BUDGET_DB``; external data read from ``base_dir``)."""
+    return defaults.INTRO_BUDGET_DB.get(activation_bits(model, base_dir), defaults.DIVERGENCE_SQNR_DB)
 
 
 @dataclass

@@ -102,9 +102,10 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
         drop=True)
 
 
-def spread_by_weight(model: Any) -> dict[str, float]:
-    """``{weight float name: spread}`` of the per-tensor weights of a model."""
-    t = weight_spreads(model)
+def spread_by_weight(model: Any, base_dir: str = "") -> dict[str, float]:
+    """``{weight float name: spread}`` of the per-tensor weights of a model (a path, or a loaded model whose
+    external data lives in ``base_dir``)."""
+    t = weight_spreads(model, base_dir)
     return {r["weight"]: float(r["spread"]) for r in t.to_dict("records") if not r["per_channel"]}
 
 

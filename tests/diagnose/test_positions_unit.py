@@ -179,3 +179,11 @@ def test_fractional_positions_flow_through_the_direct_check(tmp_path):
     assert f.evidence["offset"] == 1.5 and f.evidence["cause"] == "rope_delta_dropped"
     assert "off by +1.5 from step 1" in f.message
     assert json.loads(json.dumps(f.to_dict()))["evidence"]["observed"] == {"1": 7, "2": 8, "3": 9}
+    # ... and through the report a user opens: the fractional offset, unrounded, escaped into the HTML
+    from ivq_debug.cli.common import run
+    from ivq_debug.cli.main import _main as ivq_main
+
+    html = tmp_path / "r.html"
+    assert run("ivq", ivq_main, ["report", str(ref), str(test), "-o", str(html)]) == 0
+    page = html.read_text()
+    assert "position_id_offset" in page and "off by +1.5 from step 1" in page

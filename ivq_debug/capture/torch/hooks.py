@@ -3,11 +3,13 @@
 Outputs are flattened from tensors, tuples, lists, dicts and ``ModelOutput`` objects with per-index keys
 (``name[0]``, ``name.logits``); caches and the ``hidden_states`` / ``attentions`` fields of ModelOutputs (copies
 of other modules' outputs) are skipped; a module called several times in one record is keyed
-``name#k`` from its second call. Pass-through modules (Dropout, Identity, …) are skipped by default.
+``name#k`` from its second call. Pass-through modules (Dropout, Identity, …) are skipped by default, and so is
+an output that is the very tensor object of an output already captured in the record (``docs/dump-format.md``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,7 +18,7 @@ from ivq_debug.capture.base import Selection
 #: module classes skipped by default: they return their input (or a copy of it) at inference time
 PASS_THROUGH = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten")
 #: ModelOutput fields skipped by default: copies of tensors other modules already produced
-AUX_KEYS = ("hidden_states", "attentions", "cross_attentions", "past_key_values", "cache", "deepstack_features")
+AUX_KEYS = ("hidden_states", "attentions", "cross_attentions", "past_key_values", "cache")
 
 
 def default_selection(include: Sequence[str] = ("*",), exclude: Sequence[str] = ()) -> Selection:
@@ -66,8 +68,10 @@ class TorchCapture:
         selection: module filter (default: every module except pass-through ones). Patterns match the
             module path; ``op_types`` match the class name.
         leaves_only: hook only modules without children.
-        dedupe: skip an output that is the very same tensor object as the previous captured output
-            (pass-through containers such as an ``mlp`` returning its ``down_proj`` output).
+        dedupe: skip an output that is the very same tensor object as an output already captured in the record:
+            a pass-through container (an ``mlp`` returning its ``down_proj`` output) or a ``ModelOutput`` field
+            aliasing a child's output (Qwen3-VL's ``visual.last_hidden_state`` *is* the last block's output, produced
+            before the merger: kept, it would be aligned with the merger's own same-shaped tensor).
     """
 
     backend = "torch"
@@ -90,7 +94,9 @@ class TorchCapture:
         self.dedupe = dedupe
         self._handles: list[Any] = []
         self._calls: dict[tuple[str | None, str], int] = {}
-        self._last: tuple[Any, str | None] | None = None
+        self._seen: dict[int, weakref.ref] = {}  # id -> the tensor captured in the current record
+        self._seen_record: Any = None
+        self.aliases = 0
         self.captured = 0
 
     def modules(self) -> list[tuple[str, Any]]:
@@ -130,10 +136,15 @@ class TorchCapture:
             k = self._calls.get((rid, name), 0)
             self._calls[(rid, name)] = k + 1
             base = name if k == 0 else f"{name}#{k}"
+            if rid != self._seen_record:
+                self._seen, self._seen_record = {}, rid
             for key, t in flatten_outputs(base, output):
-                if self.dedupe and self._last is not None and self._last[0] is t and self._last[1] == rid:
-                    continue
-                self._last = (t, rid)
+                if self.dedupe:
+                    ref = self._seen.get(id(t))
+                    if ref is not None and ref() is t:
+                        self.aliases += 1
+                        continue
+                    self._seen[id(t)] = weakref.ref(t)
                 self.writer.add_tensor(key, t, op_type=mtype, scope=name)
                 self.captured += 1
 
