@@ -82,6 +82,18 @@ def _check_selection(proto: Any, src: Path, op_types: Sequence[str] | None, node
         raise UsageError(f"--exclude-nodes: no node named {', '.join(repr(n) for n in missing[:5])} in the model", src)
 
 
+def _constant_weights(proto: Any) -> list[str]:
+    """A warning when MatMul / Conv / Gemm weights are ``Constant`` nodes: ``quantize_dynamic`` quantizes
+    initializer weights only, so those ops stay float in the output (as in any run of ORT's quantizer)."""
+    consts = {n.output[0] for n in proto.graph.node if n.op_type == "Constant" and n.output}
+    hit = [n.name or n.output[0] for n in proto.graph.node
+           if n.op_type in ("MatMul", "Conv", "Gemm") and len(n.input) > 1 and n.input[1] in consts]
+    if not hit:
+        return []
+    return [f"{len(hit)} MatMul/Conv/Gemm weight(s) are Constant nodes, which quantize_dynamic leaves in float "
+            f"(e.g. {', '.join(hit[:3])}); store them as initializers to quantize them"]
+
+
 def quantize_dynamic_model(
     model_path: str | os.PathLike,
     output_path: str | os.PathLike,
@@ -125,6 +137,7 @@ def quantize_dynamic_model(
     if is_qdq_model(proto) or any(n.op_type in (*INTEGER_OPS, "DynamicQuantizeLinear") for n in proto.graph.node):
         raise UsageError("the model is already quantized (give the float model)", src)
     _check_selection(proto, src, op_types, nodes_to_exclude)
+    constant_weights = _constant_weights(proto)
     big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
     del proto
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,5 +166,6 @@ def quantize_dynamic_model(
         reduce_range=reduce_range, integer_ops={k: ops[k] for k in INTEGER_OPS if ops[k]},
         dynamic_quantizers=ops["DynamicQuantizeLinear"],
         float_left={k: ops[k] for k in ("MatMul", "Conv", "Gemm") if ops[k]},
-        seconds=round(time.perf_counter() - t0, 3), external_data=externals, warnings=warnings,
+        seconds=round(time.perf_counter() - t0, 3), external_data=externals,
+        warnings=[*constant_weights, *warnings],
     )

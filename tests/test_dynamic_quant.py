@@ -128,3 +128,24 @@ def test_replay_against_a_dynamic_reference_runs(work: dict[str, Path], tmp_path
 
     units = json.loads((tmp_path / "r.json").read_text())["units"]
     assert units and all(u["intro_status"] == "identical" for u in units)  # same platform: each unit is exact
+
+
+def test_constant_node_weights_are_named_not_silently_left_float(tmp_path: Path) -> None:
+    """ORT's quantize_dynamic quantizes initializer weights only: a MatMul whose weight is a Constant node stays
+    float, and the result says so (the initializer one is quantized)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((16, 16)).astype(np.float32) for _ in range(2))
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["w_const"], value=numpy_helper.from_array(w2, "w_const")),
+         helper.make_node("MatMul", ["x", "w_init"], ["h"], name="mm_init"),
+         helper.make_node("MatMul", ["h", "w_const"], ["y"], name="mm_const")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [numpy_helper.from_array(w1, "w_init")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    r = quantize_dynamic_model(src, tmp_path / "q.onnx")
+    assert r.float_left == {"MatMul": 1} and sum(r.integer_ops.values()) == 1
+    assert any("1 MatMul/Conv/Gemm weight(s) are Constant nodes" in w and "mm_const" in w for w in r.warnings)
