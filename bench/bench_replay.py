@@ -7,16 +7,19 @@ of the float model and of the QDQ model (CPU-QDQ), and ``ivq diagnose`` (compare
 every unit of the first under both attributions + the patterns' output share) against the user's float model. It
 prints the ratio ``diagnose / capture(QDQ)``.
 
-``workers``: the same model and dumps, ``ivq diagnose --no-lift`` (compare + replay of the first record) in this
-process's loop, then as jobs on ``--executor local --workers 1``, ``--workers 2`` and ``--executor ray`` (a local
-Ray cluster started for the run, its start-up included), each in its own process: wall time, replay time, and the
-check that every JSON document equals the in-process one but for its wall time and session count (issue 15).
+``workers``: the same model and dumps (or, with ``--model scale``, the scale benchmark's InternVL2-2B-shaped
+model of ``bench/bench_scale.py`` at ``--scale S``, quantized a8w8 on its input), ``ivq diagnose --no-lift``
+(compare + replay of the first record) in this process's loop, then as jobs on each ``--executor`` (``local`` with
+``--workers N``, repeatable: ``--workers 1 --workers 2``; ``ray``: a local Ray cluster started for the run, its
+start-up included), each in its own process: wall time, replay time, and the check that every JSON document equals
+the in-process one but for its wall time and session count (issue 15); exit 1 when one differs.
 
 ``x2``: the 4-block ViT of ``tests/support/vit.py`` whose x² encodings are set by outlier channels: the headline
 pattern under ``local`` and ``iso``, the worst SQNR of each, and the output share of lifting each (CPU-QDQ).
 
     python bench/bench_replay.py speed [--workdir DIR] [--layers 12] [--images 4]
-    python bench/bench_replay.py workers [--workdir DIR] [--layers 12] [--images 4]
+    python bench/bench_replay.py workers [--workdir DIR] [--layers 12] [--images 4] [--executor local|ray ...]
+                                         [--workers N ...] [--model vit|scale] [--scale S]
     python bench/bench_replay.py x2 [--workdir DIR]
 """
 
@@ -76,13 +79,37 @@ def speed(wd: Path, layers: int, images: int) -> dict:
             "ratio": round(t_diag / t_cap, 2), "load": load_avg()}
 
 
-def workers(wd: Path, layers: int, images: int) -> dict:
-    fm, q, inputs = _vit(wd, layers, images)
+def _scale_model(wd: Path, scale: str) -> tuple[Path, Path, list]:
+    """The scale benchmark's model (``bench_scale.py``'s build step, in its own process), its a8w8 QDQ model
+    (``ivq quantize``, calibrated on the benchmark's input) and the ``--inputs`` arguments."""
+    from bench_scale import _self_cmd, config_for_scale
+
+    wd.mkdir(parents=True, exist_ok=True)
+    fm, inputs = wd / "ref.onnx", wd / "inputs.npz"
+    if not fm.exists():
+        from dataclasses import asdict
+
+        m = run_measured(_self_cmd("build", {"config": asdict(config_for_scale(scale)), "dir": str(wd)}),
+                         log=wd / "logs" / "build")
+        if not m.ok:
+            raise SystemExit(f"build failed: {m.why()}")
+    q = wd / "ref.qdq.onnx"
+    if not q.exists():
+        _ivq(wd, "quantize", "quantize", fm, "-o", q, "--calibration", inputs, "--preset", "a8w8")
+    return fm, q, ["--inputs", inputs]
+
+
+def workers(wd: Path, fm: Path, q: Path, inputs: list, executors: list[str], pool_sizes: list[int],
+            capture_args: list[str]) -> dict:
     if not (wd / "test.h5").exists():
-        _ivq(wd, "capture-float", "capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force")
-        _ivq(wd, "capture-qdq", "capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force")
-    runs = {"in-process": [], "local-1": ["--executor", "local", "--workers", "1"],
-            "local-2": ["--executor", "local", "--workers", "2"], "ray": ["--executor", "ray"]}
+        _ivq(wd, "capture-float", "capture", "onnx", fm, *inputs, "-o", wd / "ref.h5", "--force", *capture_args)
+        _ivq(wd, "capture-qdq", "capture", "onnx", q, *inputs, "-o", wd / "test.h5", "--force", *capture_args)
+    runs: dict[str, list[str]] = {"in-process": []}
+    for ex in executors:
+        if ex == "local":
+            runs.update({f"local-{n}": ["--executor", "local", "--workers", str(n)] for n in pool_sizes})
+        else:
+            runs[ex] = ["--executor", ex]
     out: dict = {"load_before": load_avg()}
     docs = {}
     for name, extra in runs.items():
@@ -129,12 +156,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="/tmp/ivq-bench-replay")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--images", type=int, default=4, help="evaluation images captured (the replay uses the first)")
+    p.add_argument("--executor", action="append", choices=["local", "ray"], default=None,
+                   help="workers: the executors to run besides the in-process loop (repeatable; default both)")
+    p.add_argument("--workers", action="append", type=int, default=None, metavar="N",
+                   help="workers: the local pool sizes (repeatable; default 1 and 2)")
+    p.add_argument("--model", choices=["vit", "scale"], default="vit",
+                   help="workers: the ViT-S (default) or the scale benchmark's model")
+    p.add_argument("--scale", default="1", help="--model scale: bench_scale.py's --scale")
     a = p.parse_args(argv)
     wd = Path(a.workdir) / a.what
-    res = (speed(wd, a.layers, a.images) if a.what == "speed" else workers(wd, a.layers, a.images)
-           if a.what == "workers" else x2(wd))
+    if a.what == "speed":
+        res = speed(wd, a.layers, a.images)
+    elif a.what == "workers":
+        if a.model == "scale":
+            wd = wd / f"scale-{a.scale}"
+            fm, q, inputs = _scale_model(wd, a.scale)
+            capture_args = ["--max-outputs-per-run", "64"]  # bounded memory (docs/scale.md)
+        else:
+            fm, q, inputs = _vit(wd, a.layers, a.images)
+            capture_args = []
+        res = workers(wd, fm, q, inputs, a.executor or ["local", "ray"], a.workers or [1, 2], capture_args)
+        res["model"] = f"scale {a.scale}" if a.model == "scale" else f"ViT-S {a.layers} blocks"
+    else:
+        res = x2(wd)
     print(json.dumps(res, indent=1))
-    return 0
+    return 0 if all(res.get("identical", {}).values()) else 1
 
 
 if __name__ == "__main__":

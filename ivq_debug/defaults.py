@@ -183,3 +183,15 @@ VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand",
 #: SNR (dB) of the reference values fake-quantized with the test encoding, above its lowest bin
 RESOLUTION_WARN_DB = 20.0
 RESOLUTION_ERROR_DB = 10.0
+
+#: ``ivq calib-stats``: histogram bins per tensor, on fixed edges ``linspace(min, nextafter(max), BINS + 1)`` from
+#: the range pass (every job of the statistics pass uses the same edges, so the shards' histograms add exactly);
+#: percentiles read from it are within one bin, (max - min) / 256, of the exact ones
+CALIB_BINS = 256
+#: ... calibration samples per job: 200 samples make 20 jobs (each job's shard holds one state per tensor)
+CALIB_SAMPLES_PER_JOB = 10
+#: ... the share of a tensor's calibration values inside its encoding's range below which coverage fails (exit 1);
+#: an encoding made by min/max calibration on the same set covers 1.0
+CALIB_MIN_COVERAGE = 0.99
+#: ... the percentiles reported per tensor (read from the histogram)
+CALIB_PERCENTILES = (0.1, 1.0, 50.0, 99.0, 99.9)

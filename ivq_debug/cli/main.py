@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "replay a device session's ONNX parts on ORT CPU: its inputs, the model's positions, its tokens"),
     "quantize": ("ivq_debug.cli.cmd_quantize", "quantize an ONNX model: QDQ for QNN, or dynamic INT8 for ORT CPU"),
     "diagnose": ("ivq_debug.cli.cmd_diagnose", "introduced vs inherited error: replay QDQ units on reference inputs"),
+    "calib-stats": ("ivq_debug.cli.cmd_calib_stats",
+                    "per-tensor statistics and encoding coverage over a calibration set, as resumable jobs"),
     "tune": ("ivq_debug.cli.cmd_tune", "suggest quantization overrides and verify them (QNN HTP or ORT CPU-QDQ)"),
     "report": ("ivq_debug.cli.cmd_report", "write the HTML report and exports (Perfetto, Model Explorer, JUnit)"),
 }

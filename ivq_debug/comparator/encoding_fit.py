@@ -128,6 +128,29 @@ class EncodingAccumulator:
         self.s2 += _sum_sq(inf)
         self.noise += _sum_sq(d)
 
+    #: the sums and counts :meth:`merge` adds (the encoding fields must agree)
+    _SUMS = ("n", "clipped", "clip_sq", "sig_sq", "n_inf", "s1", "s2", "noise")
+    _ENCODING = ("lo", "hi", "step", "zp", "qmin", "qmax")
+
+    def merge(self, other: EncodingAccumulator) -> EncodingAccumulator:
+        """Add the values another accumulator saw against the same encoding (else ``ValueError``): counts
+        exactly, the float64 sums up to the order of their additions (shards of a calibration set)."""
+        if any(getattr(self, f) != getattr(other, f) for f in self._ENCODING):
+            raise ValueError("cannot merge encoding fits of different encodings")
+        for f in self._SUMS:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        return self
+
+    def state(self) -> dict[str, Any]:
+        """Plain JSON values (a shard's); floats round-trip exactly through ``json``."""
+        return {f: getattr(self, f) for f in self._ENCODING + self._SUMS}
+
+    @classmethod
+    def from_state(cls, doc: dict[str, Any]) -> EncodingAccumulator:
+        """The accumulator of :meth:`state` (``KeyError`` / ``TypeError`` / ``ValueError`` on a bad document)."""
+        ints = ("qmin", "qmax", "n", "clipped", "n_inf")
+        return cls(**{f: (int(doc[f]) if f in ints else float(doc[f])) for f in cls._ENCODING + cls._SUMS})
+
     def result(self) -> dict[str, Any]:
         """``clipped_fraction``, ``grid_snr_db``, ``step`` and the encoding range."""
         out: dict[str, Any] = {"clipped_fraction": None, "clip_snr_db": None, "grid_snr_db": None,

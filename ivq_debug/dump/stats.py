@@ -31,7 +31,7 @@ class StatsAccumulator:
     increasing array of ``B + 1`` edges) also ``hist``: ``B + 2`` counts, bin 0 below ``edges[0]``, bin ``k``
     holding ``edges[k-1] <= x < edges[k]``, the last at or above ``edges[-1]``. :meth:`merge` adds a shard's."""
 
-    __slots__ = ("count", "edges", "hist", "max", "min", "nonfinite", "sum", "sumsq")
+    __slots__ = ("_linear", "count", "edges", "hist", "max", "min", "nonfinite", "sum", "sumsq")
 
     def __init__(self, edges: np.ndarray | None = None) -> None:
         self.count = 0
@@ -45,6 +45,14 @@ class StatsAccumulator:
                                        or not bool(np.all(np.diff(self.edges) > 0))):
             raise ValueError("histogram edges must be a 1-D increasing array of at least two values")
         self.hist = None if self.edges is None else np.zeros(self.edges.size + 1, dtype=np.int64)
+        #: evenly spaced edges (``np.linspace``): ``(first edge, 1 / width, edges padded with -inf / +inf)``, the
+        #: bins found by arithmetic and checked against the edges (:meth:`_bins`)
+        self._linear: tuple[float, float, np.ndarray] | None = None
+        e = self.edges
+        if e is not None and e.size > 2 and np.array_equal(e, np.linspace(e[0], e[-1], e.size)):
+            inv = (e.size - 1) / float(e[-1] - e[0])
+            if math.isfinite(inv) and inv > 0:
+                self._linear = (float(e[0]), inv, np.concatenate(([-math.inf], e, [math.inf])))
 
     def merge(self, other: StatsAccumulator) -> StatsAccumulator:
         """Add the values another accumulator saw (the same histogram edges, else ``ValueError``)."""
@@ -110,8 +118,27 @@ class StatsAccumulator:
         x64 = x.astype(np.float64, copy=False)
         self.sumsq += float(np.einsum("i,i->", x64.reshape(-1), x64.reshape(-1)))
         if self.hist is not None:
-            self.hist += np.bincount(np.searchsorted(self.edges, x64.reshape(-1), side="right"),
-                                     minlength=self.hist.size)
+            self.hist += np.bincount(self._bins(x64.reshape(-1)), minlength=self.hist.size)
+
+    def _bins(self, x: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(edges, x, side="right")`` (the number of edges at or below each value) for finite
+        float64 values. On evenly spaced edges: the bin from ``(x - first) / width``, corrected by one where
+        rounding put a value next to an edge on the wrong side, then checked against the edges themselves (the
+        binary search for a block where the check fails): the same bins, about 4x faster (``ivq calib-stats``)."""
+        if self._linear is None:
+            return np.searchsorted(self.edges, x, side="right")
+        lo, inv, ext = self._linear
+        g = np.subtract(x, lo)
+        g *= inv
+        np.floor(g, out=g)
+        np.clip(g, -1, ext.size - 3, out=g)
+        b = g.astype(np.intp)
+        b += 1  # ext[b] = edges[b - 1] <= x < edges[b] = ext[b + 1] when the guess is right
+        b -= x < ext[b]
+        b += x >= ext[b + 1]
+        if not bool(np.all((ext[b] <= x) & (x < ext[b + 1]))):
+            return np.searchsorted(self.edges, x, side="right")
+        return b
 
     def result(self) -> dict[str, Any]:
         """The statistics as a dict (``None`` where undefined, e.g. no finite value); ``hist`` with edges."""

@@ -32,11 +32,14 @@ IVQ_DIFF = "from ivq_debug.cli.diff import main\nmain(sys.argv[2:])"
 def test_core_commands_run_without_any_extra(tmp_path: Path) -> None:
     build_mlp(tmp_path / "m.onnx")
     np.savez(tmp_path / "x.npz", **mlp_input())
+    (tmp_path / "cal").mkdir()
+    np.savez(tmp_path / "cal" / "x.npz", **mlp_input())
     script = (IVQ.replace("main(sys.argv[2:])", "") +
               "import subprocess\n"
               "for argv in (['quantize', 'm.onnx', '-o', 'q.onnx', '--dynamic'],\n"
               "             ['capture', 'onnx', 'q.onnx', '--inputs', 'x.npz', '-o', 'q.h5', '--optimization', 'all'],\n"
-              "             ['ls', 'q.h5'], ['ls', 'q.h5', '--records'], ['show', 'q.h5', 'y']):\n"
+              "             ['ls', 'q.h5'], ['ls', 'q.h5', '--records'], ['show', 'q.h5', 'y'],\n"
+              "             ['calib-stats', 'm.onnx', '--calibration', 'cal', '-o', 's.json']):\n"
               "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, (argv, e.code)\n"
               "bad = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if sys.modules.get(m) is not None]\n"
               "assert not bad, bad\nprint('core ok')")

@@ -81,3 +81,18 @@ def test_error_sums_behind_sqnr_merge_to_one_pass() -> None:
     assert 38 < a["sqnr_db"] < 60 and merged_h.counts.tolist() == one_h.counts.tolist()
     with pytest.raises(ValueError, match="different bins"):
         merged_h.merge(ErrorHistogram(scale * 2))
+
+
+@pytest.mark.parametrize("lo, hi, n", [(-3.0, 5.0, 257), (0.0, 1e-300, 9), (-1e300, 1e300, 257), (1.0, 1.0 + 1e-12, 65),
+                                       (-4.0, 4.0, 33)])
+def test_evenly_spaced_edges_give_the_binary_search_bins(lo: float, hi: float, n: int) -> None:
+    """The arithmetic bins of evenly spaced edges equal ``np.searchsorted``'s, values on and next to every edge
+    included (``calib_stats`` fixes its edges with ``np.linspace``)."""
+    edges = np.unique(np.linspace(lo, np.nextafter(hi, np.inf), n))
+    rng = np.random.default_rng(n)
+    x = np.concatenate([rng.uniform(lo, hi, 20000), edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf),
+                        [lo - 1.0, hi + 1.0, -1e308, 1e308]])
+    acc = StatsAccumulator(edges)
+    assert acc._linear is not None
+    acc.update(x)
+    assert acc.hist.tolist() == np.bincount(np.searchsorted(edges, x, side="right"), minlength=edges.size + 1).tolist()
