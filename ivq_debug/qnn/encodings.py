@@ -40,6 +40,7 @@ import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.sites import constant_arrays
 from ivq_debug.qnn.names import NameMap
 from ivq_debug.util import atomic_write_text, load_json
 from ivq_debug.util import check_schema as _check_schema
@@ -1009,27 +1010,23 @@ def write_encodings(
     return atomic_write_text(path, json.dumps(doc, indent=2) + "\n", overwrite=overwrite)
 
 
-def encodings_from_qdq_model(model: Any) -> EncodingSet:
+def encodings_from_qdq_model(model: Any, base_dir: str | os.PathLike = "") -> EncodingSet:
     """The encodings a QDQ model uses, keyed by the *float* model's tensor names.
 
     Activations: each activation ``QuantizeLinear`` (name = its input without ``_QuantizeLinear_Input``).
     Parameters: each ``DequantizeLinear`` of an initializer (name = the initializer without
     ``_quantized``); per-channel ones keep their ``axis``. Symmetry is read from the zero points (0 for
     signed storage, ``2^(bw-1)`` for unsigned). This is what overrides for the float model must hold to
-    reproduce the quantization (see :func:`to_ort_overrides`).
+    reproduce the quantization (see :func:`to_ort_overrides`). ``model``: a path (external data read from its
+    folder) or a loaded model (external data read from ``base_dir``); only the scales and zero points are read.
     """
-    from onnx import numpy_helper
-
-
+    if not hasattr(model, "graph") and not base_dir:
+        base_dir = Path(model).parent
     m = load_model(model)
-    arrs: dict[str, np.ndarray] = {}
-    for i in m.graph.initializer:
-        arrs[i.name] = numpy_helper.to_array(i)
-    for n in m.graph.node:
-        if n.op_type == "Constant" and n.output:
-            for a in n.attribute:
-                if a.name == "value":
-                    arrs[n.output[0]] = numpy_helper.to_array(a.t)
+    names = {x for n in m.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") for x in n.input[1:3] if x}
+    arrs = constant_arrays(m, names, str(base_dir))
+    consts = {i.name for i in m.graph.initializer} | {n.output[0] for n in m.graph.node
+                                                      if n.op_type == "Constant" and n.output}
     out = EncodingSet(format="qdq")
 
     def enc_of(n: Any) -> Encoding | None:
@@ -1055,14 +1052,14 @@ def encodings_from_qdq_model(model: Any) -> EncodingSet:
                         signed=signed, axis=axis)
 
     for n in m.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input and n.input[0] not in arrs:
+        if n.op_type == "QuantizeLinear" and n.input and n.input[0] not in consts:
             name = n.input[0]
             if name.endswith("_QuantizeLinear_Input"):
                 name = name[: -len("_QuantizeLinear_Input")]
             e = enc_of(n)
             if e is not None:
                 out.activations.setdefault(name, e)
-        elif n.op_type == "DequantizeLinear" and n.input and n.input[0] in arrs:
+        elif n.op_type == "DequantizeLinear" and n.input and n.input[0] in consts:
             name = n.input[0]
             if name.endswith("_quantized"):
                 name = name[: -len("_quantized")]

@@ -139,7 +139,7 @@ class TaskMetric:
 def quantized_activations(tuner: Tuner, before: Trial) -> list[tuple[str, str | None, str | None]]:
     """``(tensor, producing node, op type)`` of every activation the baseline quantizes, graph inputs first, then
     in the topological order of the model the trials quantize."""
-    encs = encodings_from_qdq_model(load_model(before.qdq_model)).activations
+    encs = encodings_from_qdq_model(before.qdq_model).activations
     src = load_model(tuner.source())
     order: dict[str, tuple[int, str | None, str | None]] = {i.name: (-1, None, None) for i in src.graph.input}
     for i, n in enumerate(src.graph.node):
@@ -409,7 +409,7 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
     acts = [a for a in quantized_activations(tuner, before)
             if not tensors or any(fnmatch.fnmatchcase(a[0], g) for g in tensors)]
     gs = block_groups(acts, groups) if isinstance(groups, int) else list(groups)
-    encs = encodings_from_qdq_model(load_model(before.qdq_model)).activations
+    encs = encodings_from_qdq_model(before.qdq_model).activations
     root = Path(tuner.workdir).resolve() / "sweep"
     shards = Path(shards) if shards is not None else root / "shards"
     meta = _meta(tuner)

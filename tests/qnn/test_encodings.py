@@ -269,3 +269,15 @@ def test_qdq_model_encodings_match_its_initializers() -> None:
     assert set(real.activations) >= {"input.1", "logits", "/mlp/act/Gelu_output_0"}
     assert real.params["conv1.bias"].bitwidth == 32 and real.params["conv1.bias"].signed
     assert onnx.load(MODEL).graph.node  # model readable
+
+
+def test_encodings_of_an_external_data_model_from_any_folder(tmp_path: Path, monkeypatch) -> None:
+    """Scales and zero points stored as external data are read from the model's folder, whatever the working
+    directory (``ivq calib-stats --encodings`` on a model with a ``.data`` file used to fail outside its folder)."""
+    ext = tmp_path / "m" / "ext.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(str(MODEL)), str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.onnx.data", size_threshold=0)
+    monkeypatch.chdir(tmp_path)
+    got, want = encodings_from_qdq_model(ext), _real()
+    assert got.activations == want.activations and got.params == want.params and len(want.activations) > 10
