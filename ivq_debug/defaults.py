@@ -195,3 +195,9 @@ CALIB_SAMPLES_PER_JOB = 10
 CALIB_MIN_COVERAGE = 0.99
 #: ... the percentiles reported per tensor (read from the histogram)
 CALIB_PERCENTILES = (0.1, 1.0, 50.0, 99.0, 99.9)
+
+#: a CPU capture (``OrtRunner``) whose exposed tensors of one record would take more than this many bytes runs in
+#: consecutive subgraphs of about this size each (``capture_runs`` in the dump's backend info says so), unless the
+#: caller chose ``max_outputs_per_run`` / ``partition=False``; estimated from ONNX shape inference at 4 bytes per
+#: element (an InternVL2-2B image prefill exposes ~5 GiB: 5-6 runs)
+CAPTURE_RUN_BYTES = 1 << 30

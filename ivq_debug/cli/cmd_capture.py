@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="do not capture outputs of data-movement ops (Reshape, Transpose, ...): copies of their input")
     p.add_argument("--max-outputs-per-run", type=int, default=None, metavar="N",
                    help="capture in groups of at most N tensors (bounds memory); on the CPU EP each group is a "
-                        "consecutive subgraph, so the capture still costs one forward")
+                        "consecutive subgraph, so the capture still costs one forward (default on the CPU EP: "
+                        "groups of about 1 GiB when a record's tensors would take more)")
     p.add_argument("--whole-model-runs", action="store_true",
                    help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],

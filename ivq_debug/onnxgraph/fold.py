@@ -38,7 +38,9 @@ def constant_nodes(nodes: Any, constants: set[str]) -> tuple[set[int], set[str]]
     return idx, values
 
 
-def _static_shapes(model: Any) -> dict[str, list[int]]:
+def static_shapes(model: Any) -> dict[str, list[int]]:
+    """``{value name: dims}`` of every value ONNX shape inference (with data propagation) gives a static shape;
+    empty when inference fails."""
     import onnx
 
     try:
@@ -105,7 +107,7 @@ def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
                 const[init.name] = numpy_helper.to_array(init)
             except Exception:
                 pass
-    shapes = _static_shapes(model)
+    shapes = static_shapes(model)
     keep = []
     folded: dict[str, np.ndarray] = {}
     n_folded = 0

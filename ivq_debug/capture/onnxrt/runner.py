@@ -18,6 +18,7 @@ factory owns how one session is made and what it records.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import weakref
@@ -29,12 +30,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ivq_debug import defaults
 from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.optimized import graph_kernels, optimized_model
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
 from ivq_debug.capture.onnxrt.platform import platform_info
 from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
+from ivq_debug.onnxgraph.fold import static_shapes
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
 
@@ -198,7 +201,13 @@ class OrtRunner(Closing):
         if (selection is not None and self.optimization != "disable"
                 and getattr(self.factory, "knows_optimized_graph", False)):  # (a plain run exposes nothing)
             optimized = self._optimized_graph()
+        auto = None
+        if max_outputs_per_run is None and partition is not False:
+            auto = self._auto_group_size()
+            self.max_outputs_per_run = auto["per_run"] if auto else None
         self.plan = self._partition_plan(partition)
+        if auto and self.plan is None:  # a graph that cannot be cut runs whole: never N whole-model runs unasked
+            self.max_outputs_per_run, auto = None, None
         self.info: dict[str, Any] = self.base_info()
         if fixed:
             self.info["fixed_dims"] = fixed
@@ -207,6 +216,24 @@ class OrtRunner(Closing):
         if len(self.groups()) > 1:
             self.info["capture_runs"] = {"mode": "partitioned" if self.plan else "whole-model",
                                          "runs": len(self.plan) if self.plan else len(self.groups())}
+            if auto:
+                self.info["capture_runs"]["auto"] = auto
+
+    def _auto_group_size(self) -> dict[str, Any] | None:
+        """The memory bound the caller did not set: tensors per run so that one run's exposed outputs stay near
+        ``defaults.CAPTURE_RUN_BYTES`` (shape inference, 4 bytes per element; tensors of unknown shape count at
+        the mean), or None when they fit, the shapes are unknown or the backend cannot run subgraphs."""
+        if not (self.sites and self.factory.can_partition and self.optimization == "disable"):
+            return None
+        shapes = static_shapes(self.model)
+        sizes = [4 * math.prod(shapes[s.output]) for s in self.sites if s.output in shapes]
+        if not sizes:
+            return None
+        total = sum(sizes) * len(self.sites) / len(sizes)
+        if total <= defaults.CAPTURE_RUN_BYTES:
+            return None
+        per = max(1, int(len(self.sites) * defaults.CAPTURE_RUN_BYTES / total))
+        return {"per_run": per, "estimated_bytes": int(total), "limit_bytes": defaults.CAPTURE_RUN_BYTES}
 
     def _optimized_graph(self) -> dict[str, Any]:
         """Keep only the sites whose tensor the optimized graph still computes; the kernels as run."""

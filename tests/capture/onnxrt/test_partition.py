@@ -240,3 +240,31 @@ def test_failed_derived_graph_write_leaves_nothing_in_the_model_folder(tmp_path:
         r.run({"x": x}, w)
     assert sorted(p.name for p in ext.iterdir()) == ["tiny.data", "tiny.onnx"]
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_large_records_are_captured_in_bounded_runs_by_default(tmp_path: Path, monkeypatch) -> None:
+    """Without ``max_outputs_per_run``, a capture whose exposed tensors of one record exceed
+    ``defaults.CAPTURE_RUN_BYTES`` (here lowered to a quarter of the tiny model's) runs in partitioned pieces of
+    about that size, bit-identical to one whole run; a choice of the caller (a group size, ``partition=False``)
+    and a graph that cannot be cut (no N whole-model runs unasked) keep their single run."""
+    from ivq_debug import defaults
+    from ivq_debug.onnxgraph.fold import static_shapes
+
+    _m, x, path = tiny.build(tmp_path)
+    whole = capture(path, {"x": x}, tmp_path / "whole.h5")
+    assert "capture_runs" not in whole.info  # the default limit (1 GiB) is far above the tiny model's record
+    shapes = static_shapes(load_model(path))
+    need = sum(4 * int(np.prod(shapes[s.output])) for s in whole.sites)
+    monkeypatch.setattr(defaults, "CAPTURE_RUN_BYTES", need // 4)
+    r = capture(path, {"x": x}, tmp_path / "auto.h5")
+    runs = r.info["capture_runs"]
+    assert runs["mode"] == "partitioned" and runs["auto"]["estimated_bytes"] == need
+    assert 4 <= runs["runs"] <= 6 and runs["auto"]["per_run"] == len(r.sites) // 4
+    assert assert_same_dump(tmp_path / "whole.h5", tmp_path / "auto.h5") == len(r.sites) + 1
+    assert "capture_runs" not in capture(path, {"x": x}, tmp_path / "off.h5", partition=False).info
+    assert capture(path, {"x": x}, tmp_path / "own.h5", max_outputs_per_run=3).info["capture_runs"]["runs"] == \
+        -(-len(r.sites) // 3)
+    feeds = {"x": np.arange(-3, 3, dtype=np.float32).reshape(2, 3), "cond": np.array(True)}
+    monkeypatch.setattr(defaults, "CAPTURE_RUN_BYTES", 8)
+    cf = capture(_if_model(tmp_path / "if.onnx"), feeds, tmp_path / "if.h5")
+    assert cf.plan is None and "capture_runs" not in cf.info
