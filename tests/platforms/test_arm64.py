@@ -86,7 +86,8 @@ def arm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _timed("pip install (emulated)", [ROOT_SH, "run", "pip", "install", "--disable-pip-version-check", "-q",
                                       "--no-deps", "--force-reinstall", wheel])
     # the core requirements are all the root has, and they suffice (what `pip check` says, in a tenth of its time)
-    r = _timed("requirements check (emulated)", [ROOT_SH, "run", "python", "-c", CHECK])
+    # -I: the installed metadata only (a stray ivq_debug.egg-info in the working directory would shadow it)
+    r = _timed("requirements check (emulated)", [ROOT_SH, "run", "python", "-I", "-c", CHECK])
     assert r.stdout.split() == ["ok", "aarch64"], r.stdout
     return root
 
