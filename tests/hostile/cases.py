@@ -1169,6 +1169,14 @@ def _special_slots() -> dict[str, Callable[[Workspace, str], list[str]]]:
             ws.copy("x.npz")
         return ["tune", a["model"], "--calibration", a["calib"], "--inputs", a["inputs"], "-o", "wd"]
 
+    def cstats(ws: Workspace, **over: str) -> list[str]:
+        a = {"model": "model.onnx", "calib": "x.npz", "enc": "model.qdq.onnx"}
+        a.update(over)
+        for k, name in (("model", "model.onnx"), ("calib", "x.npz"), ("enc", "model.qdq.onnx")):
+            if k not in over:
+                ws.copy(name)
+        return ["calib-stats", a["model"], "--calibration", a["calib"], "--encodings", a["enc"], "-o", "s.json"]
+
     return {
         "ls-dump": lambda ws, s: ["ls", s],
         "show-dump": lambda ws, s: ["show", s, T],
@@ -1193,6 +1201,9 @@ def _special_slots() -> dict[str, Callable[[Workspace, str], list[str]]]:
         "tune-model": lambda ws, s: tune(ws, model=s),
         "tune-calibration": lambda ws, s: tune(ws, calib=s),
         "tune-inputs": lambda ws, s: tune(ws, inputs=s),
+        "calib-stats-model": lambda ws, s: cstats(ws, model=s),
+        "calib-stats-calibration": lambda ws, s: cstats(ws, calib=s),
+        "calib-stats-encodings": lambda ws, s: cstats(ws, enc=s),
     }
 
 
@@ -1200,7 +1211,8 @@ def _special_cases() -> list[Case]:
     out = []
     for slot, argv in _special_slots().items():
         for kind in SPECIAL_KINDS:
-            if kind == "dir" and slot in ("ingest-output-dir", "quantize-calibration", "tune-calibration"):
+            if kind == "dir" and slot in ("ingest-output-dir", "quantize-calibration", "tune-calibration",
+                                          "calib-stats-calibration"):
                 continue  # folders are valid there
             if kind == "devzero" and not slot.startswith(("diff-map", "diff-baseline", "quantize-overrides",
                                                           "ingest-graph", "ingest-profiling", "capture-inputs",
