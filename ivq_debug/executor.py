@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -243,6 +244,18 @@ class LocalExecutor:
         alone: set[str] = set()  # jobs lost with a broken pool: rerun in a pool of their own
 
         def results() -> Iterator[None]:
+            # the workers are forked: garbage the parent holds (ONNX Runtime sessions of earlier work among it) is
+            # collected here, where it was made, and the rest frozen, so a worker's collector never runs an
+            # inherited object's destructor (an ORT session's thread pool dies in pthread_cond_destroy in a fork:
+            # a worker hung there in a test run); unfrozen when the pool is done
+            gc.collect()
+            gc.freeze()
+            try:
+                yield from _results()
+            finally:
+                gc.unfreeze()
+
+        def _results() -> Iterator[None]:
             queue = list(todo)
             while queue:
                 # a worker killed mid-run breaks the whole pool, and which job's worker died is unknown: the jobs
