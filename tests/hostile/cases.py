@@ -1150,12 +1150,12 @@ def _special_slots() -> dict[str, Callable[[Workspace, str], list[str]]]:
         argv = ["ingest", "qnn-net-run", a["out"], "--graph", a["graph"], "--model", a["model"], "-o", "o.h5"]
         return argv + (["--profiling", a["profiling"]] if "profiling" in a else [])
 
+    def slots(ws: Workspace, corpus_files: dict[str, str], over: dict[str, str]) -> dict[str, str]:
+        """Each slot's path: the hostile file where given, else a copy of the corpus file of that name."""
+        return {k: over[k] if k in over else ws.copy(name) for k, name in corpus_files.items()}
+
     def q(ws: Workspace, **over: str) -> list[str]:
-        a = {"model": "model.onnx", "calib": "x.npz", "ov": "ort.json"}
-        a.update(over)
-        for k, name in (("model", "model.onnx"), ("calib", "x.npz"), ("ov", "ort.json")):
-            if k not in over:
-                ws.copy(name)
+        a = slots(ws, {"model": "model.onnx", "calib": "x.npz", "ov": "ort.json"}, over)
         return ["quantize", a["model"], "--calibration", a["calib"], "-o", "q.onnx", "--overrides", a["ov"]]
 
     def tune(ws: Workspace, **over: str) -> list[str]:
@@ -1170,11 +1170,7 @@ def _special_slots() -> dict[str, Callable[[Workspace, str], list[str]]]:
         return ["tune", a["model"], "--calibration", a["calib"], "--inputs", a["inputs"], "-o", "wd"]
 
     def cstats(ws: Workspace, **over: str) -> list[str]:
-        a = {"model": "model.onnx", "calib": "x.npz", "enc": "model.qdq.onnx"}
-        a.update(over)
-        for k, name in (("model", "model.onnx"), ("calib", "x.npz"), ("enc", "model.qdq.onnx")):
-            if k not in over:
-                ws.copy(name)
+        a = slots(ws, {"model": "model.onnx", "calib": "x.npz", "enc": "model.qdq.onnx"}, over)
         return ["calib-stats", a["model"], "--calibration", a["calib"], "--encodings", a["enc"], "-o", "s.json"]
 
     return {
