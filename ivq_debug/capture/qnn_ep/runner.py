@@ -52,7 +52,7 @@ from ivq_debug.capture.qnn_ep.session import (
 from ivq_debug.console import note, phase, warn
 from ivq_debug.errors import CaptureError, UsageError, one_line
 from ivq_debug.onnxgraph.sites import TensorSite
-from ivq_debug.qnn.profiling import join_tensors, read_qnn_ep_csv
+from ivq_debug.qnn.profiling import join_tensors, profiling_table, read_qnn_ep_csv
 
 
 class _TimedSession:
@@ -392,6 +392,7 @@ class QnnHtpRunner(Closing):
         self._plan_exposure(defaults.QNN_CHANNELS_LAST_EXPOSURE if channels_last is None else channels_last)
         self.qnn.main_profile = "capture" if self.ort.sites else "plain"
         self._cache_said = False
+        self._parts: dict[str, None] = {}  # the parts of the records this runner captured (profiling table name)
         if fast_compile:
             self.ort.info["fast_compile"] = {**defaults.QNN_FAST_COMPILE_OPTIONS, "note": (
                 "QNN's faster, less optimized finalization: the model's output can differ by a quantization "
@@ -823,7 +824,13 @@ class QnnHtpRunner(Closing):
             table["onnx_source_ops"] = [ops if ops or not is_op else src.get(str(q), [])
                                         for ops, is_op, q in zip(table["onnx_source_ops"], table["is_op"],
                                                                  table["qnn_name"], strict=True)]
-        writer.add_table("profiling", join_tensors(table, self.model))
+        # one table per part when this runner ran one part (a VLM's vision, prefill and decode runners each have
+        # their own profile); a runner that ran records of several parts writes the plain ``profiling`` table
+        key = getattr(writer, "current_key", None)
+        if key is not None:
+            self._parts.setdefault(key[1])
+        part = next(iter(self._parts)) if len(self._parts) == 1 else None
+        writer.add_table(profiling_table(part), join_tensors(table, self.model))
 
     def close(self) -> None:
         """Release the sessions."""
