@@ -33,7 +33,7 @@ import numpy as np
 from ivq_debug import __version__, defaults
 from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
 from ivq_debug.dump.stats import sample_indices
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import UsageError, one_line
 from ivq_debug.report import threeway as threeway_report
 from ivq_debug.report.charts import (
     NODATA_COLOR,
@@ -73,6 +73,8 @@ HEATMAP_MAX_COLS = 240
 HEATMAP_MAX_ROWS = 64
 MAX_CHARTS = 12
 MAX_NAMES = 300
+#: name lists up to this long are shown open; longer ones are folded
+NAMES_OPEN = 20
 #: (colour, dash) of the chart series, in order: no two alike, and none the budget line's red dashes
 SERIES_STYLES = (("#2457a6", ""), ("#e07b00", "7 3"), ("#2a9d8f", "2 2"), ("#9c3fb8", "9 3 2 3"),
                  ("#6b8e23", "4 4"), ("#8c564b", "1 3"), ("#4c6a92", "12 4"), ("#d45087", "3 2 1 2"),
@@ -136,6 +138,15 @@ def _labeled(extra: Any) -> list[Labeled]:
     else:
         items = [(x[0], x[1]) if isinstance(x, tuple) else (None, x) for x in extra]
     return [Labeled(lab or comparison_label(c), c) for lab, c in items]
+
+
+def short_labels(labels: Sequence[str], limit: int = 34) -> dict[str, str]:
+    """Comparison labels for column heads: the words before the parenthesis (``quantization (fp32 → CPU-QDQ
+    a8w8)`` → ``quantization``), at most ``limit`` characters cut at a word; a label whose short form another
+    label shares stays whole (the full label always goes in the title)."""
+    short = {lab: one_line(lab.split(" (", 1)[0].strip() or lab, limit) for lab in labels}
+    counts = Counter(short.values())
+    return {lab: sh if counts[sh] == 1 else lab for lab, sh in short.items()}
 
 
 def comparison_label(cmp: Any) -> str:
@@ -227,14 +238,23 @@ EVIDENCE_INLINE = 6
 EVIDENCE_ROWS = 50
 
 
+#: words of evidence keys written as a reader expects them
+_WORDS = {"db": "dB", "sqnr": "SQNR", "snr": "SNR", "lsb": "LSB", "kl": "KL", "l2": "L2", "rel": "rel.", "enc": "encoding",
+          "pct": "%", "ids": "ids", "id": "id"}
+
+
 def _label(key: Any) -> str:
-    """An evidence key as a label: ``mean_rel_err`` → ``mean rel err``."""
-    return str(key).replace("_", " ")
+    """An evidence key as a label: ``mean_rel_err`` → ``mean rel. err``, ``grid_snr_db`` → ``grid SNR dB``."""
+    return " ".join(_WORDS.get(w.lower(), w) for w in str(key).split("_") if w)
 
 
 def _is_name(v: Any) -> bool:
     """A tensor / node name (it has a path separator) rather than a word."""
     return isinstance(v, str) and "/" in v and " " not in v
+
+
+def _key_span(k: Any) -> str:
+    return f'<span class="ev-k">{esc(_label(k))}</span>'
 
 
 def _scalar(ctx: _Ctx, v: Any, rec: Any = None) -> str:
@@ -256,10 +276,18 @@ def _value(ctx: _Ctx, v: Any, rec: Any = None, depth: int = 0) -> str:
     """An evidence value as HTML: a mapping as labelled values, a list inline when short and folded into
     ``<details>`` when long, a list of records as a small table (issue 32: no raw JSON or Python reprs)."""
     if isinstance(v, Mapping):
+        if set(v) == {"sample", "part", "step"}:  # a record
+            try:
+                return esc(_rec_label((int(v["sample"]), v["part"], int(v["step"])), True))
+            except (TypeError, ValueError):
+                pass
         if depth >= 2:
             return esc(json.dumps(json_safe(v), default=str)[:200])
-        items = [f'<span class="ev-kv"><span class="ev-k">{esc(_label(k))}</span> {_value(ctx, x, rec, depth + 1)}'
-                 "</span>" for k, x in v.items()]
+        items = [f'<span class="ev-kv">{_scalar(ctx, k, rec) if _is_name(k) else _key_span(k)} '
+                 f"{_value(ctx, x, rec, depth + 1)}</span>" for k, x in v.items()]
+        if len(items) > EVIDENCE_INLINE:
+            return (f"<details><summary>{len(items)} entries</summary><div class=\"ev-list\">"
+                    + "".join(f"<div>{i}</div>" for i in items[:MAX_NAMES]) + "</div></details>")
         return " ".join(items) or DASH
     if isinstance(v, list | tuple):
         if not v:
@@ -271,7 +299,7 @@ def _value(ctx: _Ctx, v: Any, rec: Any = None, depth: int = 0) -> str:
                            + "</tr>" for x in v[:EVIDENCE_ROWS])
             more = f'<p class="note">First {EVIDENCE_ROWS} of {len(v)}.</p>' if len(v) > EVIDENCE_ROWS else ""
             table = f'<table class="data ev-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
-            return table if len(v) <= 3 else f"<details><summary>{len(v)} entries</summary>{table}</details>"
+            return table if len(v) <= 8 else f"<details><summary>{len(v)} entries</summary>{table}</details>"
         cells = [_value(ctx, x, rec, depth + 1) for x in v[:MAX_NAMES]]
         if len(v) <= EVIDENCE_INLINE and not any(_is_name(x) for x in v[3:]):
             return ", ".join(cells)
@@ -431,7 +459,8 @@ def _summary(ctx: _Ctx) -> str:
     # several comparisons side by side
     if ctx.extras:
         comps = [Labeled(ctx.label, cmp), *ctx.extras]
-        head = "".join(f"<th>{esc(c.label)}</th>" for c in comps)
+        short = short_labels([c.label for c in comps])
+        head = "".join(f'<th title="{esc(c.label)}">{esc(short[c.label])}</th>' for c in comps)
         rows = []
 
         def line(name: str, cells: list[str]) -> None:
@@ -448,7 +477,7 @@ def _summary(ctx: _Ctx) -> str:
         for c in comps:
             f = c.cmp.first_divergence
             fds.append("<td>–</td>" if f is None else
-                       f"<td><code>{esc(f['ref_name'])}</code> "
+                       f"<td class=\"name\"><code>{esc(f['ref_name'])}</code> "
                        f"({esc(_rec_label((f['sample'], f['part'], f['step']), ctx.multi_sample))}, "
                        f"{esc(fmt(f.get('sqnr_db')))} dB)</td>")
         line("first divergence", fds)
@@ -759,8 +788,9 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
              "precision</th>",
              '<th data-sort="num" title="SQNR of this comparison; the status shows when a metric is undefined">'
              "SQNR dB</th>"]
-    heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(lab)}</th>'
-              for lab in v.extra_labels]
+    short = short_labels([ctx.label, *v.extra_labels])
+    heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(short[lab])}'
+              "</th>" for lab in v.extra_labels]
     tw = getattr(ctx.cmp, "three_way", None)
     if tw is not None:
         heads += ['<th class="wrap" data-sort="num" title="rel-L2 error vs the reference of this comparison divided '
@@ -1103,10 +1133,10 @@ def _unmatched(ctx: _Ctx) -> str:
             out.append(f"<h3>{esc(lab)}</h3>")
         out.append(f"<p>reference only: <b>{um['ref']['count']}</b> · test only: <b>{um['test']['count']}</b> · "
                    f"unmatched fraction {esc(fmt(um.get('fraction'), 3))}</p>")
-        out.append(f"<details{' open' if um['ref']['count'] else ''}><summary>reference only "
-                   f"({um['ref']['count']})</summary>{_names_list(um['ref']['names'])}</details>")
-        out.append(f"<details{' open' if um['test']['count'] else ''}><summary>test only "
-                   f"({um['test']['count']})</summary>{_names_list(um['test']['names'])}</details>")
+        for side, what in (("ref", "reference only"), ("test", "test only")):
+            n = um[side]["count"]
+            out.append(f"<details{' open' if 0 < n <= NAMES_OPEN else ''}><summary>{what} ({n})</summary>"
+                       f"{_names_list(um[side]['names'])}</details>")
         recs = um.get("ref_records", []) + um.get("test_records", [])
         if recs:
             out.append(f"<p>unmatched records: reference {esc(um.get('ref_records'))}, test "

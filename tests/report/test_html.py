@@ -69,8 +69,8 @@ def test_sections_and_joined_columns(comparisons: dict[str, Any], pipeline: dict
     page = _render(comparisons)
     for sid in ("findings", "summary", "depth", "heatmap", "layers", "drilldown", "unmatched", "provenance"):
         assert f'id="{sid}"' in page, sid
-    for label in comparisons["extras"]:
-        assert f"SQNR {html.escape(label)}" in page
+    for label in comparisons["extras"]:  # a short head ("SQNR quantization"), the full label in its title
+        assert f'title="SQNR of the same tensor in {html.escape(label)}">SQNR {label.split(" (")[0]}<' in page
     assert "introduced SQNR" in page and "inherited" in page
     assert "Comparisons side by side" in page
     if "htp" in pipeline:

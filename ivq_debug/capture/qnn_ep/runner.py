@@ -546,8 +546,8 @@ class QnnHtpRunner(Closing):
         ort = self.ort
         request = {"sites": [s.output for s in ort.sites], "max_outputs_per_run": ort.max_outputs_per_run,
                    "channels_last": sorted(ort.exposed_as), "fixed_dims": ort.info.get("fixed_dims")}
-        return exposure_material(cache_material(self.model_path, self.qnn.config, ort.session_options(), self.model),
-                                 request)
+        cfg = self.qnn.config.with_changes(profiling_level=None)  # runtime-only (and its CSV is per session)
+        return exposure_material(cache_material(self.model_path, cfg, ort.session_options(), self.model), request)
 
     def _recall_exposure(self) -> tuple[dict[str, Any], ExposureMemory | None] | None:
         """Apply the remembered search for this model and request, if any; returns (key material, memory), or

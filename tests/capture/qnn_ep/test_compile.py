@@ -265,7 +265,8 @@ def test_exposure_search_is_remembered_next_to_the_contexts(qnn_models: dict[str
     monkeypatch.delenv("IVQ_NO_PROGRESS", raising=False)
     feeds = models.block_feeds(FEED_SEED)[0]
     cache = tmp_path / "cache"
-    first = _runner(qnn_models["block.a8w8"], qnn_cache=cache)
+    first = _runner(qnn_models["block.a8w8"], qnn_cache=cache, profiling_level="detailed",  # as the demo captures
+                    profiling_path=tmp_path / "p.csv")
     capfd.readouterr()
     capture(first, [feeds], tmp_path / "first.h5", progress=None)
     err1 = capfd.readouterr().err
