@@ -56,8 +56,10 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.console import track
+from ivq_debug.diagnose.accumulation import Accumulation, explain_accumulation
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs, unit_value
+from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
@@ -629,6 +631,24 @@ class _Acc:
         return a
 
 
+def replay_records(qdq_model: str | os.PathLike | Any, reference: Any, record: Any = None) -> list[tuple[int, str, int]]:
+    """The keys ``(sample, part, step)`` of the records :func:`replay` replays for ``record`` (default: the first
+    record holding the model's inputs, e.g. the vision record for a session dump's vision part; ``"all"``: every
+    such record), so a caller can restrict the cumulative comparison to them before replaying."""
+    ref = reference if hasattr(reference, "entries") else open_dump(reference)
+    model = qdq_model if hasattr(qdq_model, "graph") else load_model(qdq_model)
+    aliases, shapes = lineage_aliases(model), value_shapes(model)
+    indexes: dict[str, _RefIndex] = {}
+
+    def index(rid: str) -> _RefIndex:
+        if rid not in indexes:
+            indexes[rid] = _RefIndex(ref, rid, {}, aliases, None, None, shapes)
+        return indexes[rid]
+
+    key_of = {rid: key for key, rid in ref.record_keys().items()}
+    return [key_of[r] for r in _model_records(ref, record, _records(ref, record), model, index)]
+
+
 def replay(
     qdq_model: str | os.PathLike,
     reference: Any,
@@ -832,10 +852,18 @@ def replay(
     for rid in rids:
         rr = ref.records.set_index("rid").loc[rid]
         recs.append({"sample": int(rr["sample"]), "part": rr["part"], "step": int(rr["step"])})
+    accumulation = None
+    if cumulative is not None:  # nothing over budget but the output: where the error accumulates
+        inits = {i.name for i in model.graph.initializer}
+        accumulation = explain_accumulation(
+            table, float(budget_sqnr_db), recs[0], attribution=attribution, cumulative=_cum_rows(cumulative, ref, rids[0]),
+            model_inputs=[i.name for i in model.graph.input if i.name not in inits],
+            model_outputs=[o.name for o in model.graph.output], unit_inputs={u.output: u.inputs for u in runnable},
+            findings=resolution_collapse(cumulative) + saturation(cumulative))
     return ReplayResult(table, float(budget_sqnr_db), list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
                         seconds=round(time.perf_counter() - t_start, 3), model_path=str(qdq_model), lift=lifted,
-                        spread=spread, jobs=jobs)
+                        spread=spread, jobs=jobs, accumulation=accumulation)
 
 
 
@@ -1134,6 +1162,9 @@ class ReplayResult:
     spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
     #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
     jobs: dict[str, Any] = field(default_factory=dict)
+    #: when no unit breaks the budget but the part's output does: where the error accumulates
+    #: (:func:`~ivq_debug.diagnose.accumulation.explain_accumulation`; needs ``cumulative``)
+    accumulation: Accumulation | None = None
 
     def column(self, attribution: str | None = None) -> str:
         """The SQNR column of an attribution (default: the ranking one)."""
@@ -1167,7 +1198,8 @@ class ReplayResult:
     def findings(self) -> list[Finding]:
         """The headline (worst introducer's pattern) first, then other patterns and the self-check
         (:mod:`ivq_debug.diagnose.patterns`)."""
-        return replay_findings(self, self.spread)
+        out = replay_findings(self, self.spread)
+        return ([self.accumulation.finding()] if self.accumulation is not None else []) + out
 
     def to_json(self) -> dict[str, Any]:
         """The ``ivq-replay/2`` document: record(s), backend, budget, attribution, every unit, skipped units with
@@ -1177,5 +1209,6 @@ class ReplayResult:
             "budget_sqnr_db": self.budget_sqnr_db, "attribution": self.attribution,
             "units": self.table.to_dict(orient="records"), "skipped": self.skipped_reasons,
             "approximate": self.approximate, "sessions": self.sessions, "seconds": self.seconds,
+            "accumulation": self.accumulation.to_dict() if self.accumulation is not None else None,
             "findings": [f.to_dict() for f in self.findings()],
         })
