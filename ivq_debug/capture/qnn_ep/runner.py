@@ -51,6 +51,7 @@ from ivq_debug.capture.qnn_ep.session import (
 )
 from ivq_debug.console import note, phase, warn
 from ivq_debug.errors import CaptureError, UsageError, one_line
+from ivq_debug.onnxgraph.load import Model
 from ivq_debug.onnxgraph.sites import TensorSite
 from ivq_debug.qnn.profiling import join_tensors, profiling_table, read_qnn_ep_csv
 
@@ -337,7 +338,7 @@ class QnnHtpRunner(Closing):
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike | Model,
         *,
         selection: Selection | None = None,
         exposure: str = "auto",
@@ -547,7 +548,10 @@ class QnnHtpRunner(Closing):
         request = {"sites": [s.output for s in ort.sites], "max_outputs_per_run": ort.max_outputs_per_run,
                    "channels_last": sorted(ort.exposed_as), "fixed_dims": ort.info.get("fixed_dims")}
         cfg = self.qnn.config.with_changes(profiling_level=None)  # runtime-only (and its CSV is per session)
-        return exposure_material(cache_material(self.model_path, cfg, ort.session_options(), self.model), request)
+        src = ort.source  # the model file when the graph is the file's, else the graph's bytes (in memory, dims fixed)
+        graph = (str(src.path) if src.path is not None and ort.model is src.proto
+                 else ort.model.SerializeToString())
+        return exposure_material(cache_material(graph, cfg, ort.session_options(), ort.model), request)
 
     def _recall_exposure(self) -> tuple[dict[str, Any], ExposureMemory | None] | None:
         """Apply the remembered search for this model and request, if any; returns (key material, memory), or
