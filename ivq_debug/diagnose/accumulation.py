@@ -10,7 +10,9 @@ from figures the replay and the cumulative comparison already hold:
 - **where it crosses**: the first unit in execution order whose cumulative SQNR falls below the budget, and the
   units closest to the budget under the ranking attribution;
 - **the inputs** that arrive with error (a decode step's past keys / values from the backend's earlier steps,
-  the prefill's image features from the vision part), by their SQNR in the comparison;
+  the prefill's image features from the vision part), by their SQNR in the comparison (for a QDQ model the
+  tensor of an input's name is its quantized value, so its own quantization counts; the sentence names the
+  inputs below the budget);
 - **the ``iso`` outliers**: units within the budget on their own quantized inputs (``local``) but far below it
   when their inputs are re-quantized (``iso``): an input encoding that is too coarse for this consumer (an
   attention Softmax reading 8-bit masked scores at 1.9 dB);
