@@ -571,13 +571,11 @@ class QnnHtpRunner(Closing):
             ort.exposed_as.pop(o, None)
         ort.sites = self._ordered(ort.sites)
         ort.info.update(unexposable=list(self.unexposable), exposed_tensors=len(ort.sites),
-                        exposure_memory={"probes_saved": mem.probes, "seconds_saved": mem.seconds})
+                        exposure_memory={"unexposable": len(gone), "probes_saved": mem.probes,
+                                         "seconds_saved": mem.seconds})
         if "channels_last_exposure" in ort.info:
             ort.info["channels_last_exposure"] = len(ort.exposed_as)
-        note(f"not exposing {len(gone)} tensor(s) QNN HTP refuses to expose, as found by an earlier capture of "
-             f"this model ({mem.probes} probe compile(s) not repeated; {cache.root}): "
-             f"{_names(mem.unexposable, 3)}")
-        return material, mem
+        return material, mem  # said with the cache line after the first capture run (:meth:`_say_cache`)
 
     def _remember_exposure(self, recalled: tuple[dict[str, Any], ExposureMemory | None] | None,
                            plan0: set[str], seconds: float) -> None:
@@ -790,9 +788,12 @@ class QnnHtpRunner(Closing):
             return
         self._cache_said = True
         hits, misses = cc["hits"], cc["misses"]
+        mem = self.ort.info.get("exposure_memory")
+        left = (f"; {mem['unexposable']} tensor(s) QNN refuses to expose left out as an earlier capture found "
+                f"({mem['probes_saved']} probe compile(s) not repeated)") if mem else ""
         if hits:
             note(f"QNN context cache hit: {len(hits)} of {len(hits) + len(misses)} QNN HTP session(s) loaded instead "
-                 f"of compiled ({cc['compile_seconds_saved']:.1f} s of compile saved; {cc['root']})")
+                 f"of compiled ({cc['compile_seconds_saved']:.1f} s of compile saved; {cc['root']}){left}")
         elif misses:
             note(f"QNN context cache: compiled {len(misses)} session(s) and stored them in {cc['root']}; the next "
                  f"capture of this model loads them")

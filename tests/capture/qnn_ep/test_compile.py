@@ -280,8 +280,11 @@ def test_exposure_search_is_remembered_next_to_the_contexts(qnn_models: dict[str
     err2 = capfd.readouterr().err
     assert second._probes.used == 0 and second.info["unexposable"] == first.info["unexposable"]
     assert second.info["exposure_memory"]["probes_saved"] == first._probes.used
-    assert "refused" not in err2 and "warning" not in err2 and "earlier capture of this model" in " ".join(err2.split())
-    assert len([ln for ln in err2.splitlines() if "QNN" in ln]) <= 2  # the memory note and the cache hit note
+    one = " ".join(err2.split())
+    assert "refused" not in err2 and "warning" not in err2 and "QNN context cache hit" in one
+    assert "1 tensor(s) QNN refuses to expose left out as an earlier capture found" in one
+    # one message (the console may wrap it): the cache hit and the memory
+    assert len([ln for ln in err2.splitlines() if ln.startswith(("QNN", "warning", "not exposing"))]) == 1
     assert second.info["context_cache"]["misses"] == []  # every session loaded: nothing compiled at all
     with open_dump(tmp_path / "first.h5") as a, open_dump(tmp_path / "second.h5") as b:
         assert _raw(a) == _raw(b)
