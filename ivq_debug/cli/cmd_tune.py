@@ -16,7 +16,7 @@ from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.console import console, results, status
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, RunError, UsageError
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
@@ -30,7 +30,7 @@ from ivq_debug.tune.sweep import (
     suggestion_groups,
     sweep,
 )
-from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, load_task_metric, verify
+from ivq_debug.tune.verify import CHECKPOINT, MAX_CANDIDATES, Tuner, greedy, load_task_metric, verify
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds, check_outputs
 
@@ -48,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"])
     p.add_argument("--backend", default="qnn", choices=["qnn", "cpu"],
                    help="verify on QNN HTP (emulated on x86_64; default) or ORT CPU-QDQ")
+    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
+                   help="qnn: ORT graph optimization level of every HTP session (as ivq capture qnn; 'all' folds "
+                        "Shape -> Reshape chains HTP refuses); recorded in each trial")
+    p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
+    p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
+    p.add_argument("--fast-compile", action="store_true",
+                   help="qnn: QNN's faster, less optimized finalization (recorded)")
     p.add_argument("--per-channel", action="store_true", help="quantizer knob: per-channel weights in every trial")
     p.add_argument("--calibrate-method", default="minmax", choices=sorted(CALIBRATE_METHODS),
                    help="quantizer knob: the calibration method of every trial")
@@ -114,8 +121,10 @@ def execute(args: argparse.Namespace) -> int:
     try:
         return _tune(args, wd, calibration, feeds, metric, executor)
     except BaseException:
-        if args.sweep and any((wd / "trials" / "sweep" / "shards").glob("*.json")):
-            raise  # an interrupted sweep keeps its shards: a rerun with --resume does only the rest
+        # an interrupted or failed run keeps what it finished (the checkpoint, the trials, a sweep's shards):
+        # `--resume` continues from there; only a run that finished nothing removes the folders it created
+        if (wd / "trials" / CHECKPOINT).exists() or any((wd / "trials" / "sweep" / "shards").glob("*.json")):
+            raise
         if missing:  # the folders this run created, nothing else
             shutil.rmtree(missing[-1], ignore_errors=True)
         raise
@@ -126,9 +135,12 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     kw: dict[str, Any] = {"calibrate_method": args.calibrate_method}
     if args.per_channel:
         kw["per_channel"] = True
+    session = {k: v for k, v in (("soc_model", args.soc_model), ("htp_arch", args.htp_arch),
+                                 ("fast_compile", args.fast_compile or None)) if v is not None}
     tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
-                  output_metric=metric, resume=args.resume)
+                  output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
+                  qnn_session=session)
     if not args.reference and not (args.resume and tuner.reference.exists()):
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
             capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
@@ -137,8 +149,8 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     where = "QNN HTP" if args.backend == "qnn" else "ORT CPU-QDQ"
     with status(f"baseline: quantize, capture on {where}, compare"):
         before = tuner.trial("before", [])
-    if before.error:
-        raise UsageError(f"the baseline trial failed: {before.error}")
+    if before.error:  # the whole reason: the refusal is what the user has to act on
+        raise RunError(f"the baseline trial failed on {where} (optimization {args.optimization}): {before.error}")
     if args.sweep:
         return _sweep(args, con, tuner, before, executor, where, wd)
     sug = _suggestions(args, tuner, before)
@@ -180,7 +192,7 @@ def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any) -> list[An
             rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
                         float_model=tuner.source(), progress=False)
     return suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
-                   per_channel=args.per_channel)
+                   per_channel=args.per_channel, preset=args.preset, backend=tuner.target)
 
 
 def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, executor: Any, where: str,
@@ -255,6 +267,7 @@ def _print(con: Any, rep: Any, where: str) -> None:
     for _, r in rep.end_to_end.iterrows():
         t.add_row(escape(r["what"]), fmt_num(r["before"]), fmt_num(r["after"]), fmt_num(r["change"]))
     con.print(t)
+    _print_check(con, rep, where)
     if not rep.recommended:
         return
     t2 = Table(title=f"changed layers ({len(rep.after.suggestions)})", title_justify="left", header_style="bold")
@@ -264,3 +277,23 @@ def _print(con: Any, rep: Any, where: str) -> None:
         t2.add_row(escape(r["tensor"]), r["action"], fmt_num(r["sqnr_before"]), fmt_num(r["sqnr_after"]),
                    fmt_num(r["gain_db"]))
     con.print(t2)
+
+
+def _print_check(con: Any, rep: Any, where: str) -> None:
+    """The per-sample spread and, when the trials ran on CPU-QDQ, the recommended set measured on HTP."""
+    for side in ("before", "after"):
+        for w, v in getattr(rep, side).samples.items():
+            if v.get("n", 0) > 1:
+                con.print(f"{side}: {escape(w)} over {v['n']} evaluation samples: mean {v['mean']:.2f} dB, worst "
+                          f"sample {v['worst']:.2f} dB ({where})")
+    chk = rep.target_check or {}
+    if chk.get("same_as_trials") or not chk:
+        return
+    if not chk.get("checked"):
+        con.print(f"[yellow]not checked on QNN HTP[/yellow]: {escape(chk.get('reason', ''))}")
+        return
+    for w, f in (chk.get("watch") or {}).items():
+        (cb, ca), (hb, ha) = f["cpu"], f["htp"]
+        con.print(f"{escape(w)}: CPU-QDQ {fmt_num(cb)} -> {fmt_num(ca)} dB; QNN HTP {fmt_num(hb)} -> {fmt_num(ha)} dB")
+    if chk.get("error"):
+        con.print(f"[red]QNN HTP[/red]: {escape(chk['error'])}")
