@@ -12,6 +12,7 @@ import pytest
 
 from tests.diagnose.test_weight_spread import build_conv
 from tests.support.cli import ivq_cli
+from tests.tune.test_deliver import reproduces
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +51,21 @@ def test_tune_knobs_on_cpu(user, tmp_path: Path) -> None:
     e2e = _e2e(rep)
     assert e2e["sqnr_db y"]["change"] > 20  # measured: 8.3 -> 43.2 dB on CPU-QDQ
     assert e2e["task neg_mse"]["after"] > e2e["task neg_mse"]["before"]  # the user's metric scored every trial
+    # what is delivered re-applies to the model that was verified (every recommendation of this test)
+    reproduces(user["conv"], user["cal"], tmp_path / "all", tmp_path, "--preset", "a16w8", "--calibrate-method",
+               "percentile")
 
     code, only2 = _tune(user, tmp_path / "w2", "--tensors", "2.*")
     assert code == 0 and [(o["tensor"], o["action"]) for o in only2["overrides"]] == [("2.weight", "w16")]
     # the calibration method reaches the quantizer: the same model, another baseline
     assert _e2e(only2)["sqnr_db y"]["before"] != e2e["sqnr_db y"]["before"]
+    reproduces(user["conv"], user["cal"], tmp_path / "w2", tmp_path, "--preset", "a16w8")
 
     code, pc = _tune(user, tmp_path / "pc", "--per-channel")
     assert code == 0 and pc["recommended"]
     assert _e2e(pc)["model bytes"]["before"] > e2e["model bytes"]["before"]  # per-channel scales in the baseline
     assert {o["action"] for o in pc["overrides"]} == {"w16"}  # weights already per channel: 16-bit is the step
+    reproduces(user["conv"], user["cal"], tmp_path / "pc", tmp_path, "--preset", "a16w8", "--per-channel")
 
 
 def test_bad_task_metric_is_one_line(user, tmp_path: Path, capsys) -> None:
