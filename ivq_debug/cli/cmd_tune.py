@@ -13,7 +13,7 @@ from rich.table import Table
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import comma_list, escape, fmt_num, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
-from ivq_debug.console import console, results, status
+from ivq_debug.console import console, results, status, warn
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, RunError, UsageError
@@ -30,7 +30,15 @@ from ivq_debug.tune.sweep import (
     suggestion_groups,
     sweep,
 )
-from ivq_debug.tune.verify import CHECKPOINT, MAX_CANDIDATES, Tuner, greedy, load_task_metric, verify
+from ivq_debug.tune.verify import (
+    CHECKPOINT,
+    MAX_CANDIDATES,
+    Tuner,
+    evaluation_split,
+    greedy,
+    load_task_metric,
+    verify,
+)
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds, check_outputs
 
@@ -135,12 +143,15 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     kw: dict[str, Any] = {"calibrate_method": args.calibrate_method}
     if args.per_channel:
         kw["per_channel"] = True
+    calibration, feeds, evaluation = evaluation_split(calibration, feeds)
+    if evaluation["warning"]:
+        warn(evaluation["warning"])
     session = {k: v for k, v in (("soc_model", args.soc_model), ("htp_arch", args.htp_arch),
                                  ("fast_compile", args.fast_compile or None)) if v is not None}
     tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
                   output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
-                  qnn_session=session)
+                  qnn_session=session, evaluation=evaluation)
     if not args.reference and not (args.resume and tuner.reference.exists()):
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
             capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
@@ -169,7 +180,7 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     path = md = None
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
-    write_json(rep.to_dict(), str(wd / "tune.json"), overwrite=True)
+    write_json(rep.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
     _print(con, rep, where)
     if not rep.recommended:
         con.print(f"[bold red]no override set recommended[/bold red]: each of the {len(rep.refused)} candidate "
@@ -215,7 +226,7 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
     path = md = None
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
-    write_json(res.to_dict(), str(wd / "tune.json"), overwrite=True)
+    write_json(res.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
     out = results()
     t = Table(title=f"sweep: {len(res.groups)} group(s) x {', '.join(res.precisions)} on {where} (gain per "
                     f"relative {'cycles' if res.cost_basis == 'cycles' else 'model bytes'})",

@@ -312,6 +312,8 @@ class Tuner:
     target: str = "qnn"
     optimization: str = "disable"
     qnn_session: dict[str, Any] = field(default_factory=dict)
+    #: how the evaluation set was made (:func:`evaluation_split`), reported in ``tune.json``
+    evaluation: dict[str, Any] = field(default_factory=dict)
     _calibrated: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
     _digests: dict[str, str] = field(default_factory=dict, repr=False)
     _ranges: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
@@ -610,6 +612,41 @@ def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], dump: Path, float_m
 
 
 _CONFLICT = re.compile(r"Desired producer quant_type for (.+?) doesn't match existing type")
+
+
+# ---------------------------------------------------------------------------------------------- evaluation set
+#: with one evaluation sample, hold out this share of the calibration samples (at least one) for evaluation
+HOLDOUT_SHARE = 0.25
+#: the fewest calibration samples a held-out split is made from
+HOLDOUT_MIN_CALIBRATION = 4
+
+
+def evaluation_split(calibration: Sequence[dict[str, np.ndarray]], feeds: Sequence[dict[str, np.ndarray]]
+                     ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], dict[str, Any]]:
+    """The evaluation set a tune verifies on: every evaluation input; with only one, the last
+    :data:`HOLDOUT_SHARE` of the calibration samples are held out (no longer calibrated on) and evaluated too.
+
+    Returns (calibration samples to quantize with, evaluation feeds, a description with ``warning``): the first
+    ``calibration_samples`` of the calibration data stay, so ``ivq quantize --max-samples N`` reproduces a
+    delivered model. With one input and fewer than :data:`HOLDOUT_MIN_CALIBRATION` calibration samples nothing is
+    held out and the warning says the figures come from one sample.
+    """
+    cal, ev = list(calibration), list(feeds)
+    info: dict[str, Any] = {"inputs": len(ev), "held_out": 0, "calibration_samples": len(cal), "warning": None}
+    if len(ev) == 1:
+        if len(cal) >= HOLDOUT_MIN_CALIBRATION:
+            k = max(1, int(len(cal) * HOLDOUT_SHARE))
+            ev += cal[len(cal) - k:]
+            cal = cal[: len(cal) - k]
+            info |= {"held_out": k, "calibration_samples": len(cal),
+                     "warning": f"one evaluation input: the last {k} of {len(calibration)} calibration samples are "
+                                f"held out and evaluated too (trials calibrate on the first {len(cal)}; `ivq quantize "
+                                f"--max-samples {len(cal)}` reproduces the delivered model)"}
+        else:
+            info["warning"] = (f"one evaluation input and {len(cal)} calibration sample(s), too few to hold any "
+                               "out: every figure comes from one sample, which flatters (give more --inputs)")
+    info["samples"] = len(ev)
+    return cal, ev, info
 
 
 # ---------------------------------------------------------------------------------------------- verify

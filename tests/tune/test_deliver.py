@@ -36,6 +36,9 @@ def reproduces(model: Path, cal: Path, wd: Path, tmp: Path, *knobs: str) -> dict
     rep = json.loads((wd / "tune.json").read_text())
     verified = Path(rep["after"]["qdq_model"])
     out = tmp / f"requant-{wd.name}.onnx"
+    ev = rep["evaluation"]
+    if ev["held_out"]:  # the tune calibrated on the first N samples (the rest held out for evaluation)
+        knobs = (*knobs, "--max-samples", str(ev["calibration_samples"]))
     assert ivq_cli("quantize", model, "--calibration", cal, "--overrides", wd / "overrides.json", "-o", out,
                    *knobs) == 0
     a, b = encodings_from_qdq_model(load_model(verified)), encodings_from_qdq_model(load_model(out))
