@@ -61,12 +61,78 @@ def departure(row: dict[str, Any], k: float) -> float | None:
     return by if by is not None and by > k else None
 
 
+def _bits(cmp: Any) -> dict[tuple[tuple[int, str, int], str], int]:
+    """The bitwidth of each pair's test encoding, keyed ``(record, ref_name)``."""
+    out = {}
+    for p in cmp.alignment.pairs:
+        enc = p.test.encoding
+        if isinstance(enc, dict) and isinstance(enc.get("bitwidth"), int | float):
+            out[(tuple(p.ref.record), p.ref.name)] = int(enc["bitwidth"])
+    return out
+
+
+def lsb8(lsb_rmse: Any, bits: int | None) -> float | None:
+    """``lsb_rmse`` in 8-bit steps (a ``bits``-bit step is 2^(8 - bits) of an 8-bit one); None when undefined."""
+    v = _num(lsb_rmse)
+    return None if v is None or bits is None else v * 2.0 ** (8 - bits)
+
+
+def backend_check_findings(cmp: Any) -> list[Finding]:
+    """The default backend check (``cmp.backend_check``: REF is the CPU-QDQ capture of the QDQ model TEST ran):
+    per part, the first tensor in execution order whose rmse against CPU-QDQ exceeds ``lsb_rmse`` 8-bit steps and
+    whose SQNR against it is below ``max_sqnr_db`` (``defaults.BACKEND_CHECK_*``); later parts downstream of a
+    departure are warnings."""
+    chk = cmp.backend_check
+    t = cmp.table
+    if t is None or not len(t):
+        return []
+    bits = _bits(cmp)
+    budget, floor = float(chk["lsb_rmse"]), float(chk["max_sqnr_db"])
+    out: list[Finding] = []
+    upstream: tuple[str, str] | None = None
+    for part in sorted(set(t["part"]), key=lambda p: PART_ORDER.get(p, 3)):
+        rows = t[t["part"] == part].sort_values(["sample", "step", "order"], kind="stable").to_dict("records")
+        hits = []
+        for r in rows:
+            steps = lsb8(r.get("lsb_rmse"), bits.get(((int(r["sample"]), part, int(r["step"])), r["ref_name"])))
+            sq = _num(r.get("sqnr_db"))
+            if steps is not None and steps > budget and sq is not None and sq < floor:
+                hits.append((r, steps))
+        if not hits:
+            continue
+        first, steps = hits[0]
+        worst = max(hits, key=lambda h: h[1])
+        sev, down = "error", ""
+        if upstream is not None:
+            sev = "warning"
+            down = f"; downstream of the {upstream[0]} part's departure at {upstream[1]} (its inputs carry it)"
+        out.append(Finding(
+            "backend_divergence", sev,
+            f"the backend departs from the CPU-QDQ run of the same QDQ model at {first['ref_name']} ({part}): "
+            f"{steps:.3g} 8-bit steps rms (limit {budget:g}), SQNR {_num(first['sqnr_db']):.3g} dB against CPU-QDQ"
+            + down,
+            where={"record": {"sample": int(first["sample"]), "part": part, "step": int(first["step"])},
+                   "tensor": first["ref_name"], "part": part, "order": int(first["order"])},
+            evidence={"lsb_rmse_8bit": steps, "lsb_rmse": _num(first.get("lsb_rmse")),
+                      "sqnr_db": _num(first.get("sqnr_db")), "limit_lsb_rmse_8bit": budget, "max_sqnr_db": floor,
+                      "departing_tensors": len(hits), "tensors": len(rows),
+                      "worst": {"tensor": worst[0]["ref_name"], "lsb_rmse_8bit": worst[1]},
+                      "reference": str(cmp.ref.path)},
+            suggestion="the CPU-QDQ run of the same QDQ model does not compute this: compare this op's precision, "
+                       "encoding and partition on the backend (ivq diagnose --backend qnn replays it alone)",
+        ))
+        if upstream is None:
+            upstream = (part, first["ref_name"])
+    return out
+
+
 def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
-    """Findings for the layers where the backend departs from CPU-QDQ (module docstring); none without an
-    expected dump."""
+    """Findings for the layers where the backend departs from CPU-QDQ (module docstring): from the three-way
+    ratios with an expected dump, else from the default backend check when REF is itself the CPU-QDQ run
+    (:func:`backend_check_findings`); none otherwise."""
     tw = getattr(cmp, "three_way", None)
     if tw is None:
-        return []
+        return backend_check_findings(cmp) if getattr(cmp, "backend_check", None) else []
     k = float(k if k is not None else getattr(tw, "k", None) or defaults.BACKEND_DIVERGENCE_K)
     layers = tw.layers()
     if layers.empty:
