@@ -17,11 +17,18 @@ One finding per part, at its first departing layer in execution order (where the
 later layers inherit it), severity ``error`` from ``defaults.BACKEND_DIVERGENCE_ERROR_RATIO`` on, else
 ``warning``. A part whose inputs carry an earlier part's departure (a prefill after a departing vision part)
 is reported as downstream of it, at most a warning.
+
+Without an expected dump, when REF is itself the CPU-QDQ capture of the QDQ model TEST ran (``cmp.backend_check``,
+set by :func:`ivq_debug.api.compare` when nothing is declared), the same finding comes from the default backend
+check (:func:`backend_check_findings`): TEST should compute what REF holds up to a backend's rounding, so a tensor
+departs when its rmse against REF exceeds ``defaults.BACKEND_CHECK_LSB_RMSE`` steps of an 8-bit grid and its SQNR
+against REF is below ``defaults.BACKEND_CHECK_MAX_SQNR_DB`` (measurements beside the defaults).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ivq_debug import defaults
@@ -77,6 +84,37 @@ def lsb8(lsb_rmse: Any, bits: int | None) -> float | None:
     return None if v is None or bits is None else v * 2.0 ** (8 - bits)
 
 
+#: what every backend_divergence finding suggests
+SUGGESTION = ("the CPU-QDQ run of the same QDQ model does not show this error: compare this op's precision, encoding "
+              "and partition on the backend (ivq diagnose --backend qnn replays it alone)")
+Hit = tuple[dict[str, Any], float]
+
+
+def _per_part(table: Any, sort: list[str], depart: Callable[[dict[str, Any]], float | None],
+              make: Callable[[str, list[dict[str, Any]], list[Hit], str], Finding | None]) -> list[Finding]:
+    """One finding per part (pipeline order) at its first departing row: ``depart(row)`` is the amount a row departs
+    by (None: it does not), ``make(part, rows, hits, downstream)`` builds the finding; a part after a departing one
+    gets ``downstream`` text and at most a warning (its inputs carry the earlier departure)."""
+    out: list[Finding] = []
+    upstream: tuple[str, str] | None = None
+    for part in sorted(set(table["part"]), key=lambda p: PART_ORDER.get(p, 3)):
+        rows = table[table["part"] == part].sort_values(sort, kind="stable").to_dict("records")
+        hits = [(r, x) for r in rows for x in [depart(r)] if x is not None]
+        if not hits:
+            continue
+        down = "" if upstream is None else (f"; downstream of the {upstream[0]} part's departure at {upstream[1]} "
+                                            "(its inputs carry it)")
+        f = make(part, rows, hits, down)
+        if f is None:
+            continue
+        if down:
+            f.severity = "warning"
+        out.append(f)
+        if upstream is None:
+            upstream = (part, hits[0][0]["ref_name"])
+    return out
+
+
 def backend_check_findings(cmp: Any) -> list[Finding]:
     """The default backend check (``cmp.backend_check``: REF is the CPU-QDQ capture of the QDQ model TEST ran):
     per part, the first tensor in execution order whose rmse against CPU-QDQ exceeds ``lsb_rmse`` 8-bit steps and
@@ -88,26 +126,16 @@ def backend_check_findings(cmp: Any) -> list[Finding]:
         return []
     bits = _bits(cmp)
     budget, floor = float(chk["lsb_rmse"]), float(chk["max_sqnr_db"])
-    out: list[Finding] = []
-    upstream: tuple[str, str] | None = None
-    for part in sorted(set(t["part"]), key=lambda p: PART_ORDER.get(p, 3)):
-        rows = t[t["part"] == part].sort_values(["sample", "step", "order"], kind="stable").to_dict("records")
-        hits = []
-        for r in rows:
-            steps = lsb8(r.get("lsb_rmse"), bits.get(((int(r["sample"]), part, int(r["step"])), r["ref_name"])))
-            sq = _num(r.get("sqnr_db"))
-            if steps is not None and steps > budget and sq is not None and sq < floor:
-                hits.append((r, steps))
-        if not hits:
-            continue
-        first, steps = hits[0]
-        worst = max(hits, key=lambda h: h[1])
-        sev, down = "error", ""
-        if upstream is not None:
-            sev = "warning"
-            down = f"; downstream of the {upstream[0]} part's departure at {upstream[1]} (its inputs carry it)"
-        out.append(Finding(
-            "backend_divergence", sev,
+
+    def depart(r: dict[str, Any]) -> float | None:
+        steps = lsb8(r.get("lsb_rmse"), bits.get(((int(r["sample"]), r["part"], int(r["step"])), r["ref_name"])))
+        sq = _num(r.get("sqnr_db"))
+        return steps if steps is not None and steps > budget and sq is not None and sq < floor else None
+
+    def make(part: str, rows: list[dict[str, Any]], hits: list[Hit], down: str) -> Finding:
+        (first, steps), worst = hits[0], max(hits, key=lambda h: h[1])
+        return Finding(
+            "backend_divergence", "error",
             f"the backend departs from the CPU-QDQ run of the same QDQ model at {first['ref_name']} ({part}): "
             f"{steps:.3g} 8-bit steps rms (limit {budget:g}), SQNR {_num(first['sqnr_db']):.3g} dB against CPU-QDQ"
             + down,
@@ -118,12 +146,9 @@ def backend_check_findings(cmp: Any) -> list[Finding]:
                       "departing_tensors": len(hits), "tensors": len(rows),
                       "worst": {"tensor": worst[0]["ref_name"], "lsb_rmse_8bit": worst[1]},
                       "reference": str(cmp.ref.path)},
-            suggestion="the CPU-QDQ run of the same QDQ model does not compute this: compare this op's precision, "
-                       "encoding and partition on the backend (ivq diagnose --backend qnn replays it alone)",
-        ))
-        if upstream is None:
-            upstream = (part, first["ref_name"])
-    return out
+            suggestion=SUGGESTION)
+
+    return _per_part(t, ["sample", "step", "order"], depart, make)
 
 
 def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
@@ -137,25 +162,13 @@ def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
     layers = tw.layers()
     if layers.empty:
         return []
-    out: list[Finding] = []
-    upstream: tuple[str, str] | None = None
-    parts = sorted(set(layers["part"]), key=lambda p: PART_ORDER.get(p, 3))
-    for part in parts:
-        rows = [r for r in layers[layers["part"] == part].sort_values("order", kind="stable").to_dict("records")]
-        hits = [(r, x) for r in rows for x in [departure(r, k)] if x is not None]
-        if not hits:
-            continue
-        first, x = hits[0]
-        worst = max(hits, key=lambda h: h[1])
-        sev = "error" if x >= defaults.BACKEND_DIVERGENCE_ERROR_RATIO else "warning"
-        down = ""
-        if upstream is not None:
-            sev = "warning"
-            down = f"; downstream of the {upstream[0]} part's departure at {upstream[1]} (its inputs carry it)"
+
+    def make(part: str, rows: list[dict[str, Any]], hits: list[Hit], down: str) -> Finding:
+        (first, x), worst = hits[0], max(hits, key=lambda h: h[1])
         s, p, st = (first["worst"] or "0/?/0").split("/")
         bc = _num(first.get("bc"))
-        out.append(Finding(
-            "backend_divergence", sev,
+        return Finding(
+            "backend_divergence", "error" if x >= defaults.BACKEND_DIVERGENCE_ERROR_RATIO else "warning",
             f"the backend departs from what quantization explains at {first['ref_name']} ({part}): error vs fp32 "
             f"{_ratio_text(first)} CPU-QDQ's"
             + (f", error-shape overlap (Bhattacharyya) {bc:.2f}" if bc is not None else "") + down,
@@ -169,12 +182,9 @@ def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
                       "departing_layers": len(hits), "layers": len(rows),
                       "worst": {"tensor": worst[0]["ref_name"], "ratio": worst[1]},
                       "expected": str(tw.expected.path)},
-            suggestion="the CPU-QDQ run of the same QDQ model does not show this error: compare this op's precision, "
-                       "encoding and partition on the backend (ivq diagnose --backend qnn replays it alone)",
-        ))
-        if upstream is None:
-            upstream = (part, first["ref_name"])
-    return out
+            suggestion=SUGGESTION)
+
+    return _per_part(layers, ["order"], lambda r: departure(r, k), make)
 
 
 def _ratio_text(r: dict[str, Any]) -> str:
