@@ -145,14 +145,14 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     if args.per_channel:
         kw["per_channel"] = True
     calibration, feeds, evaluation = evaluation_split(calibration, feeds)
-    if evaluation["warning"]:
-        warn(evaluation["warning"])
     session = {k: v for k, v in (("soc_model", args.soc_model), ("htp_arch", args.htp_arch),
                                  ("fast_compile", args.fast_compile or None)) if v is not None}
     tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
                   output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
-                  qnn_session=session, evaluation=evaluation)
+                  qnn_session=session, evaluation=evaluation)  # a resumed run's checkpoint is checked here
+    if evaluation["warning"]:
+        warn(evaluation["warning"])
     if not args.reference and not (args.resume and tuner.reference.exists()):
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
             capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
