@@ -56,9 +56,11 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.console import track
+from ivq_debug.diagnose.effect import replay_effects
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.graphs import constant_values, copy_node, typed_inputs, unit_value
-from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
+from ivq_debug.diagnose.patterns import replay_findings
+from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, remedies_for
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError, one_line
@@ -668,8 +670,10 @@ def replay(
         selfcheck: run the self-check (default: on a non-CPU backend with a test dump in ``cumulative``).
         float_model: the float model the QDQ model was made from: its float weights are lifted when measuring
             a weight pattern's output share, and its per-channel weight spreads choose the weight fix.
-        lift: measure the output-error share of the groups over budget (:func:`~ivq_debug.diagnose.patterns.
-            measure_lift`, one CPU run on the first record).
+        lift: measure the effect on the output of the worst groups and units over budget: counterfactual runs of
+            the whole model with each put back to float, on the replay's backend over the replayed records
+            (:mod:`~ivq_debug.diagnose.effect`; jobs on ``executor``, kept in ``shards``); the headline is
+            ranked by it.
         batch_bytes: maximum reference-input bytes per replay batch.
         executor: run the batches as jobs (:mod:`ivq_debug.executor`: a :class:`~ivq_debug.executor.
             LocalExecutor` process pool, a :class:`~ivq_debug.executor.RayExecutor`); default: in this process.
@@ -820,12 +824,11 @@ def replay(
     table = pd.DataFrame(rows, columns=COLUMNS).sort_values("order", kind="stable").reset_index(drop=True)
     for c in FLOAT_COLUMNS:
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
-    lifted: dict[str, Any] = {}
-    if lift and len(table):
-        budget = float(budget_sqnr_db)
-        over = [g for g in groups(table) if any(sortable(r.get("intro_sqnr_db")) < budget for r in g.rows)]
-        if over:
-            lifted = measure_lift(qdq_model, ref, rids[0], over, float_model=float_model)
+    # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py
+    evidence, effects, lifted = replay_effects(
+        model, Path(qdq_model), ref, rids, table, float(budget_sqnr_db),
+        read=lambda t: idx0.read(t) if idx0.source(t) is not None else None, float_model=float_model,
+        runner_factory=runner_factory, executor=executor, shards=shards, measure=lift, progress=progress)
     spread = (spread_by_weight(float_model) if float_model is not None
               else spread_by_weight(model, str(Path(qdq_model).parent)))
     recs = []
@@ -835,7 +838,7 @@ def replay(
     return ReplayResult(table, float(budget_sqnr_db), list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
                         seconds=round(time.perf_counter() - t_start, 3), model_path=str(qdq_model), lift=lifted,
-                        spread=spread, jobs=jobs)
+                        spread=spread, jobs=jobs, evidence=evidence, effects=effects)
 
 
 
@@ -1130,7 +1133,11 @@ class ReplayResult:
     sessions: int = 0
     seconds: float = 0.0
     model_path: str | None = None
-    lift: dict[str, Any] = field(default_factory=dict)  # pattern key -> output share (patterns.measure_lift)
+    lift: dict[str, Any] = field(default_factory=dict)  # pattern key -> its effect (effect.measure_effects)
+    #: the unit evidence the remedies read (units over budget, :func:`~ivq_debug.diagnose.remedy.unit_evidence`)
+    evidence: dict[str, UnitEvidence] = field(default_factory=dict)
+    #: the counterfactual runs (:func:`~ivq_debug.diagnose.effect.measure_effects`): base, targets, runs, seconds
+    effects: dict[str, Any] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
     #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
     jobs: dict[str, Any] = field(default_factory=dict)
@@ -1164,10 +1171,16 @@ class ReplayResult:
         t = self.table
         return list(t.loc[t["approximate"].astype(bool), "tensor"]) if len(t) else []
 
+    def remedies(self, node: str) -> list[Remedy]:
+        """The fixes by cause of one unit over budget (:func:`~ivq_debug.diagnose.remedy.remedies_for`; empty for a
+        unit within budget)."""
+        ev = self.evidence.get(node)
+        return remedies_for(ev) if ev is not None else []
+
     def findings(self) -> list[Finding]:
         """The headline (worst introducer's pattern) first, then other patterns and the self-check
         (:mod:`ivq_debug.diagnose.patterns`)."""
-        return replay_findings(self, self.spread)
+        return replay_findings(self)
 
     def to_json(self) -> dict[str, Any]:
         """The ``ivq-replay/2`` document: record(s), backend, budget, attribution, every unit, skipped units with
@@ -1178,4 +1191,6 @@ class ReplayResult:
             "units": self.table.to_dict(orient="records"), "skipped": self.skipped_reasons,
             "approximate": self.approximate, "sessions": self.sessions, "seconds": self.seconds,
             "findings": [f.to_dict() for f in self.findings()],
+            "effects": self.effects,
+            "remedies": {n: [r.to_dict() for r in self.remedies(n)] for n in self.evidence},
         })
