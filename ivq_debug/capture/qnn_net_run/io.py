@@ -333,6 +333,26 @@ def _result_dirs(d: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+#: more missing ``Result_<i>`` folders than this is a stray folder name, not lost runs (an index is a number
+#: from a file name: ``Result_99999999999999999999999`` must not size a loop)
+MAX_RESULT_GAPS = 10_000
+
+
+def _result_gaps(rds: list[tuple[int, Path]]) -> list[int]:
+    """The indices missing from sorted ``(index, folder)`` pairs, counted from the folders present before any
+    is listed; more than :data:`MAX_RESULT_GAPS` is an :class:`InputError` naming the highest folder."""
+    missing = rds[-1][0] + 1 - len(rds)
+    if missing > MAX_RESULT_GAPS:
+        raise InputError(f"Result folders are numbered up to Result_{rds[-1][0]} but only {len(rds)} exist "
+                         f"({missing} missing: a stray folder?)", rds[-1][1])
+    gaps: list[int] = []
+    prev = -1
+    for i, _ in rds:
+        gaps.extend(range(prev + 1, i))
+        prev = i
+    return gaps
+
+
 def _layout(output_dir: Path, graphs: dict[str, QnnGraph]) -> dict[str, list[tuple[int, Path]]]:
     """graph name → its Result folders (handles the ``<graph>/Result_<i>`` level)."""
     if _RESULT_RE.match(output_dir.name):
@@ -440,7 +460,7 @@ def ingest_output(
         order = g.order()
         prod = g.producers()
         per_result: dict[int, dict[str, dict[str, Path]]] = {}
-        for j in sorted(set(range(rds[-1][0] + 1)) - {i for i, _ in rds}) if rds[0][1] != out else ():
+        for j in _result_gaps(rds) if rds[0][1] != out else ():
             ing.problems.append(IngestProblem(  # one Result_<i> per input_list line: a gap is lost data
                 "missing_file", str(rds[0][1].parent / f"Result_{j}"), f"missing folder Result_{j} (graph {gname!r})"))
         refused = set()
