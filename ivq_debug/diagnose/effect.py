@@ -338,6 +338,12 @@ def _over(rows: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
     return [r for r in rows if sortable(r.get("intro_sqnr_db")) < budget or r.get("intro_status") == "non_finite"]
 
 
+def is_copy(row: dict[str, Any], copies: dict[str, list[str]]) -> bool:
+    """A data-movement unit whose output shares its encoding with another tensor (its producer's): its error is
+    that encoding's, charged to the producer (``iso`` repeats it); never a target nor a candidate of its own."""
+    return row.get("op_type") in defaults.VIEW_OPS and len(copies.get(str(row["tensor"]), [])) > 1
+
+
 def unit_target(row: dict[str, Any], copies: dict[str, list[str]]) -> tuple[list[str], list[str]]:
     """What putting one unit back to float lifts: its output and every tensor sharing that encoding, and its
     weights (bias included)."""
@@ -372,7 +378,7 @@ def replay_effects(model: Any, model_path: Path, ref: Any, rids: list[str], tabl
     if not over:
         return {}, {}, {}
     copies = shared_encodings(model, base_dir)
-    finite = [r for r in rows if sortable(r.get("intro_sqnr_db")) < float("inf")]
+    finite = [r for r in rows if sortable(r.get("intro_sqnr_db")) < float("inf") and not is_copy(r, copies)]
     top = sorted(finite, key=lambda r: sortable(r.get("intro_sqnr_db")))[:EFFECT_UNITS] if measure else []
     nodes = list(dict.fromkeys([r["node"] for r in over] + [r["node"] for r in top]))
     chosen = [r for r in rows if r["node"] in set(nodes)]
@@ -384,7 +390,7 @@ def replay_effects(model: Any, model_path: Path, ref: Any, rids: list[str], tabl
         return evidence, {}, {}
     targets: list[Target] = []
     all_groups = groups(table)
-    gs = [g for g in all_groups if _over(g.rows, budget)][:EFFECT_GROUPS]
+    gs = [g for g in all_groups if [r for r in _over(g.rows, budget) if not is_copy(r, copies)]][:EFFECT_GROUPS]
     fix_units: dict[str, list[str]] = {}
     for g in gs:
         ts: list[str] = []

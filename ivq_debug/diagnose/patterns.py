@@ -164,7 +164,13 @@ def replay_findings(res: Any) -> list[Finding]:
             return [r for r in g.rows if sortable(r.get("intro_sqnr_db")) < budget or r.get("intro_status") == "non_finite"]
 
         fix_units = (getattr(res, "effects", None) or {}).get("groups") or {}
-        cands = [g for g in gs if over_of(g) or g.key in fix_units]
+        evidence = getattr(res, "evidence", None) or {}
+
+        def copies_only(g: Group) -> bool:  # data-movement units repeating their producer's encoding (iso)
+            return all(r["op_type"] in defaults.VIEW_OPS and r["node"] in evidence and evidence[r["node"]].copies
+                       for r in over_of(g))
+
+        cands = [g for g in gs if (over_of(g) and not copies_only(g)) or g.key in fix_units]
         # the headline: the largest measured effect on the output; groups not measured follow by introduced error
         cands.sort(key=lambda g: (0, -lifted[g.key]["share"], -lifted[g.key]["gain_db"]) if g.key in lifted
                    else (1, 0.0, 0.0))

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 
-from tests.support.vit import scale_weight
+from tests.support.vit import scale_activation, scale_weight
 
 D, H, T = 32, 64, 8
 #: the activation fault's tensor, its producer and its Reshape copy; the weight fault's node and weight
@@ -65,18 +65,6 @@ def sample(seed: int) -> dict[str, np.ndarray]:
     return {"x": np.random.RandomState(seed).randn(1, T, D).astype(np.float32)}
 
 
-def scale_shared(src: Path, dst: Path, tensor: str, factor: float) -> Path:
-    """Multiply the scale initializer of ``tensor``'s QuantizeLinear (shared with every Q/DQ reading it) by
-    ``factor``."""
-    m = onnx.load(str(src))
-    q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
-    init = next(i for i in m.graph.initializer if i.name == q.input[1])
-    v = nh.to_array(init)
-    init.CopyFrom(nh.from_array((v * factor).astype(v.dtype), init.name))
-    onnx.save(m, str(dst))
-    return dst
-
-
 def models(d: Path) -> dict[str, Path]:
     """The float model, its clean a8w8 QDQ model (ORT's QNN flow), the gate-only fault (``gate``: the fault-free
     baseline of the others), ``act`` and ``weight`` (each with the gate fault too), and the float reference of
@@ -86,8 +74,9 @@ def models(d: Path) -> dict[str, Path]:
 
     out: dict[str, Path] = {"float": build(d / "block.onnx")}
     out["qdq"] = quantize_for_qnn(out["float"], d / "block.qdq.onnx", [sample(100 + i) for i in range(8)]).model_path
-    out["gate"] = scale_shared(out["qdq"], d / "block.gate.qdq.onnx", GATE_TENSOR, 0.05)
-    out["act"] = scale_shared(out["gate"], d / "block.act.qdq.onnx", FC1_TENSOR, 0.05)
+    out["gate"], out["act"] = d / "block.gate.qdq.onnx", d / "block.act.qdq.onnx"
+    scale_activation(out["qdq"], out["gate"], GATE_TENSOR, 0.05)  # one scale initializer: the copy's too
+    scale_activation(out["gate"], out["act"], FC1_TENSOR, 0.05)
     scale_weight(out["gate"], d / "block.weight.qdq.onnx", FC2_WEIGHT, 4.0)
     out["weight"] = d / "block.weight.qdq.onnx"
     out["ref"] = capture(make_runner("onnx", out["float"], selection=Selection()), [sample(7), sample(8)],
