@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.diagnose.graphs import temp_model, typed_inputs
+from ivq_debug.diagnose.graphs import typed_inputs
 from ivq_debug.diagnose.patterns import groups, sortable
 from ivq_debug.dump import open_dump
+from ivq_debug.errors import UsageError
 from ivq_debug.executor import Executor, Job, LocalExecutor, job_key, versions
 from ivq_debug.metrics import dot
 from ivq_debug.onnxgraph.intake import load_float_model
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import Model, load
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, floors_at_zero, quant_params
 from ivq_debug.util import sha256_file
 
@@ -76,18 +77,20 @@ def _is(node: Any, op: str) -> bool:
     return node is not None and node.op_type == op and node.domain in QDQ_DOMAINS
 
 
-def shared_encodings(model: Any, base_dir: str = "") -> dict[str, list[str]]:
-    """``{float tensor: every float tensor sharing its encoding}``: tensors joined by a data-movement op
-    (``defaults.VIEW_OPS``) whose input and output are quantized with the same scale and zero point (values), in
-    graph order. Tensors with no copy are left out."""
-    nodes = list(model.graph.node)
+def shared_encodings(model: Any) -> dict[str, list[str]]:
+    """``{float tensor: every float tensor sharing its encoding}`` of a QDQ model (a path, proto or
+    :class:`~ivq_debug.onnxgraph.load.Model`): tensors joined by a data-movement op (``defaults.VIEW_OPS``) whose
+    input and output are quantized with the same scale and zero point (values), in graph order. Tensors with no
+    copy are left out."""
+    m = load(model)
+    nodes = list(m.proto.graph.node)
     producer = {o: n for n in nodes for o in n.output if o}
     consumers: dict[str, list[Any]] = {}
     for n in nodes:
         for x in n.input:
             consumers.setdefault(x, []).append(n)
     qs = [n for n in nodes if _is(n, "QuantizeLinear")]
-    arrays = constant_arrays(model, {x for q in qs for x in q.input[1:3] if x}, base_dir)
+    arrays = m.arrays({x for q in qs for x in q.input[1:3] if x})
 
     def sig(q: Any) -> tuple[Any, ...] | None:
         qp = quant_params(q, arrays)
@@ -131,18 +134,15 @@ def shared_encodings(model: Any, base_dir: str = "") -> dict[str, list[str]]:
     return out
 
 
-def float_weights(qdq_model: Any, float_model: str | os.PathLike | None, names: set[str],
-                  base_dir: str = "") -> dict[str, np.ndarray]:
-    """Float values of the weights ``names``: the float model's initializers, else the QDQ model's own float
-    initializers of the same name (a weight the graph quantizes itself)."""
+def float_weights(qdq: Model, fmodel: Model | None, names: set[str]) -> dict[str, np.ndarray]:
+    """Float values of the weights ``names``: the float model's initializers (or ``Constant`` nodes), else the
+    QDQ model's own float initializers of the same name (a weight the graph quantizes itself)."""
     out: dict[str, np.ndarray] = {}
-    if float_model is not None:
-        fm = load_float_model(float_model)
-        out.update(constant_arrays(fm, set(names), str(Path(float_model).parent)))
+    if fmodel is not None:
+        out.update(constant_arrays(load_float_model(fmodel), set(names), fmodel.base_dir))
     rest = {n for n in names if n not in out}
     if rest:
-        own = constant_arrays(qdq_model, rest, base_dir)
-        out.update({k: v for k, v in own.items() if v.dtype.kind == "f"})
+        out.update({k: v for k, v in qdq.arrays(rest).items() if v.dtype.kind == "f"})
     return out
 
 
@@ -187,30 +187,29 @@ def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], b
     return m
 
 
-def _cpu_factory(path: str) -> Any:
-    from ivq_debug.capture.base import make_runner
+def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weights: list[str],
+                fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
+    its runner in memory)."""
+    from ivq_debug.diagnose.batch import cpu_runner
 
-    return make_runner("onnx", path, optimization="disable")
-
-
-def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
-                float_model: str | None, runner_factory: Callable[[str], Any] | None) -> dict[str, Any]:
-    """One counterfactual run over the records: the output noise and signal powers."""
     t0 = time.perf_counter()
-    model = load_model(model_path)
-    base_dir = str(Path(model_path).resolve().parent)
-    ref = open_dump(ref_path)
-    floats = float_weights(model, float_model, set(weights), base_dir) if weights else {}
-    m = lifted_model(model, set(tensors), floats, base_dir) if (tensors or floats) else model
+    model = qdq.proto
+    floats = float_weights(qdq, fmodel, set(weights)) if weights else {}
+    m = lifted_model(model, set(tensors), floats, qdq.base_dir) if (tensors or floats) else None
+    if m is None:
+        import onnx
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
     inits = {i.name for i in model.graph.initializer}
     g_in = [i.name for i in model.graph.input if i.name not in inits]
     g_out = [o.name for o in model.graph.output]
-    factory = runner_factory or _cpu_factory
+    factory = runner_factory or cpu_runner
     noise = signal = 0.0
     outputs: list[str] = []
     backend = ""
     runner = None
-    path_cm = None
     try:
         for rid in rids:
             ins = {e.name: e for e in ref.tensors(rid, kind="input")}
@@ -218,9 +217,7 @@ def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[s
             feeds = {n: ref.read(ins[n]) for n in g_in}
             if runner is None:
                 typed_inputs(m, feeds)
-                path_cm = temp_model(m, base_dir, "effect")
-                path = path_cm.__enter__()
-                runner = factory(path)
+                runner = factory(qdq.derive(m))
                 backend = getattr(runner, "backend", "")
             got = runner.run(feeds)
             for o in g_out:
@@ -238,11 +235,16 @@ def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[s
     finally:
         if runner is not None and hasattr(runner, "close"):
             runner.close()
-        if path_cm is not None:
-            path_cm.__exit__(None, None, None)
     return {"noise": noise, "signal": signal, "outputs": outputs, "weights_lifted": sorted(floats),
             "unreached": sorted(set(weights) - set(floats)), "backend": backend,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
+                float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """One counterfactual run as a job (a worker reads the models from their files)."""
+    return _effect_run(load(model_path), open_dump(ref_path), rids, tensors, weights,
+                       load(float_model) if float_model else None, runner_factory)
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -253,16 +255,23 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def measure_effects(qdq_model: str | os.PathLike, ref: Any, rids: list[str], targets: list[Target], *,
-                    float_model: str | os.PathLike | None = None, runner_factory: Callable[[str], Any] | None = None,
+def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Target], *,
+                    float_model: Any = None, runner_factory: Callable[[Any], Any] | None = None,
                     executor: Executor | None = None, shards: str | os.PathLike | None = None,
                     progress: bool = False) -> dict[str, Any]:
     """The effect of each target (module docstring): ``{"base": {...}, "targets": {key: {...}}, "runs": n,
-    "seconds": s}``; empty when the reference lacks the model's inputs or outputs for the records."""
-    from ivq_debug.diagnose.replay import describe_factory
+    "resumed": n, "seconds": s}``; empty when the reference lacks the model's inputs or outputs for the records.
+
+    ``qdq_model`` / ``float_model``: paths or :class:`~ivq_debug.onnxgraph.load.Model` objects. Models read from
+    files run as jobs on ``executor`` (default: in this process) with their shards in ``shards``; a model built
+    in memory runs in this process, unkept.
+    """
+    from ivq_debug.diagnose.jobs import describe_factory
 
     t0 = time.perf_counter()
-    model = load_model(qdq_model)
+    qdq = load(qdq_model)
+    fmodel = load(float_model) if float_model is not None else None
+    model = qdq.proto
     inits = {i.name for i in model.graph.initializer}
     g_in = [i.name for i in model.graph.input if i.name not in inits]
     g_out = [o.name for o in model.graph.output]
@@ -271,48 +280,63 @@ def measure_effects(qdq_model: str | os.PathLike, ref: Any, rids: list[str], tar
         outs = {e.name for e in ref.tensors(rid)} | names
         if any(n not in names for n in g_in) or not any(n in outs for n in g_out):
             return {}
-    try:
-        backend = describe_factory(runner_factory)
-    except Exception:
-        backend = repr(runner_factory)
-    ref_path = str(Path(ref.path).resolve())
-    meta = {"model_sha256": sha256_file(qdq_model), "reference_sha256": sha256_file(ref_path),
-            "float_sha256": sha256_file(float_model) if float_model is not None else None, "records": list(rids),
-            "backend": backend, "versions": versions()}
-    kw = {"model_path": str(Path(qdq_model).resolve()), "ref_path": ref_path, "rids": list(rids),
-          "float_model": str(Path(float_model).resolve()) if float_model is not None else None,
-          "runner_factory": runner_factory}
-    jobs: dict[str, Job] = {}
-    key_of: dict[str, str] = {}
-    for t in [Target("base", [], []), *targets]:
-        tensors, weights = sorted(set(t.tensors)), sorted(set(t.weights))
-        k = job_key(kind="effect/1", tensors=tensors, weights=weights, **meta)
-        key_of[t.key] = k
-        jobs.setdefault(k, Job(k, _effect_job, kw | {"tensors": tensors, "weights": weights}, meta))
-    tmp = None
-    if shards is None:
-        tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
-    try:
-        ex = executor or LocalExecutor(1)
-        report = ex.run(list(jobs.values()), shards, "effect on the output", progress=progress)
-        report.raise_failures()
-        docs = {k: report.load(k)["result"] for k in jobs}
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    base = docs[key_of["base"]]
+    todo = [Target("base", [], []), *targets]
+    spec = {t.key: (sorted(set(t.tensors)), sorted(set(t.weights))) for t in todo}
+    files = qdq.path is not None and (fmodel is None or fmodel.path is not None)
+    resumed = 0
+    if files:
+        try:
+            backend = describe_factory(runner_factory)
+        except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
+            backend = repr(runner_factory)
+        ref_path = str(Path(ref.path).resolve())
+        meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": sha256_file(ref_path),
+                "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
+                "backend": backend, "versions": versions()}
+        kw = {"model_path": str(qdq.path.resolve()), "ref_path": ref_path, "rids": list(rids),
+              "float_model": str(fmodel.path.resolve()) if fmodel is not None else None,
+              "runner_factory": runner_factory}
+        jobs: dict[str, Job] = {}
+        key_of: dict[str, str] = {}
+        for key, (tensors, weights) in spec.items():
+            k = job_key(kind="effect/1", tensors=tensors, weights=weights, **meta)
+            key_of[key] = k
+            jobs.setdefault(k, Job(k, _effect_job, kw | {"tensors": tensors, "weights": weights}, meta))
+        tmp = None
+        if shards is None:
+            tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
+        try:
+            report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
+                                                        progress=progress)
+            report.raise_failures()
+            by_job = {k: report.load(k)["result"] for k in jobs}
+            resumed = len(report.skipped)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        docs = {key: by_job[key_of[key]] for key in spec}
+        runs = len(jobs)
+    else:
+        memo: dict[tuple[Any, ...], dict[str, Any]] = {}
+        docs = {}
+        for key, (tensors, weights) in spec.items():
+            mk = (tuple(tensors), tuple(weights))
+            if mk not in memo:
+                memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
+            docs[key] = memo[mk]
+        runs = len(memo)
+    base = docs["base"]
     pb, sig = float(base["noise"]), float(base["signal"])
     out: dict[str, Any] = {"base": {"noise": pb, "signal": sig, "sqnr_db": _sqnr(sig, pb), "outputs": base["outputs"],
                                     "backend": base["backend"]},
-                           "targets": {}, "runs": len(jobs), "resumed": len(report.skipped),
-                           "seconds": round(time.perf_counter() - t0, 3),
-                           "run_seconds": round(sum(float(d.get("seconds") or 0.0) for d in docs.values()), 3)}
+                           "targets": {}, "runs": runs, "resumed": resumed,
+                           "seconds": round(time.perf_counter() - t0, 3)}
     for t in targets:
-        d = docs[key_of[t.key]]
+        d = docs[t.key]
         pl = float(d["noise"])
         share = (1.0 - pl / pb) if pb > 0 else 0.0
         out["targets"][t.key] = {
-            "tensors": sorted(set(t.tensors)), "weights_lifted": d["weights_lifted"], "unreached": d["unreached"],
+            "tensors": spec[t.key][0], "weights_lifted": d["weights_lifted"], "unreached": d["unreached"],
             "noise": pl, "sqnr_db": _sqnr(sig, pl), "gain_db": _sqnr(sig, pl) - _sqnr(sig, pb), "change": share,
             "share": max(share, 0.0)}
     return out
@@ -351,8 +375,8 @@ def unit_target(row: dict[str, Any], copies: dict[str, list[str]]) -> tuple[list
     return list(dict.fromkeys([t, *copies.get(t, [])])), [w for w in str(row.get("weights") or "").split(",") if w]
 
 
-def replay_effects(model: Any, model_path: Path, ref: Any, rids: list[str], table: Any, budget: float, *,
-                   read: Callable[[str], np.ndarray | None], float_model: str | os.PathLike | None = None,
+def replay_effects(model: Model, ref: Any, rids: list[str], table: Any, budget: float, *,
+                   read: Callable[[str], np.ndarray | None], float_model: Model | None = None,
                    runner_factory: Callable[[str], Any] | None = None, executor: Executor | None = None,
                    shards: str | os.PathLike | None = None, measure: bool = True, progress: bool = False
                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -366,9 +390,8 @@ def replay_effects(model: Any, model_path: Path, ref: Any, rids: list[str], tabl
     ``effect_gain_db`` columns to ``table`` (NaN for units not measured alone).
     """
     from ivq_debug.diagnose.remedy import unit_evidence
-    from ivq_debug.diagnose.replay import activation_bits
+    from ivq_debug.diagnose.units import activation_bits
 
-    base_dir = str(model_path.resolve().parent)
     table["effect_share"] = np.nan
     table["effect_gain_db"] = np.nan
     if not len(table):
@@ -377,15 +400,15 @@ def replay_effects(model: Any, model_path: Path, ref: Any, rids: list[str], tabl
     over = _over(rows, budget)
     if not over:
         return {}, {}, {}
-    copies = shared_encodings(model, base_dir)
+    copies = shared_encodings(model)
     finite = [r for r in rows if sortable(r.get("intro_sqnr_db")) < float("inf") and not is_copy(r, copies)]
     top = sorted(finite, key=lambda r: sortable(r.get("intro_sqnr_db")))[:EFFECT_UNITS] if measure else []
     nodes = list(dict.fromkeys([r["node"] for r in over] + [r["node"] for r in top]))
     chosen = [r for r in rows if r["node"] in set(nodes)]
     weights = {w for r in chosen for w in str(r.get("weights") or "").split(",") if w}
-    fw = float_weights(model, float_model, weights, base_dir) if float_model is not None else {}
-    evidence = unit_evidence(model, table, read, budget, nodes=nodes, base_dir=base_dir, float_weights=fw,
-                             copies=copies, activation_bits=activation_bits(model, base_dir))
+    fw = float_weights(model, float_model, weights) if float_model is not None else {}
+    evidence = unit_evidence(model.proto, table, read, budget, nodes=nodes, base_dir=model.base_dir, float_weights=fw,
+                             copies=copies, activation_bits=activation_bits(model))
     if not measure:
         return evidence, {}, {}
     targets: list[Target] = []
@@ -404,7 +427,7 @@ def replay_effects(model: Any, model_path: Path, ref: Any, rids: list[str], tabl
     for r in top:
         a, b = unit_target(r, copies)
         targets.append(Target(f"unit:{r['node']}", a, b))
-    effects = measure_effects(model_path, ref, rids, targets, float_model=float_model, runner_factory=runner_factory,
+    effects = measure_effects(model, ref, rids, targets, float_model=float_model, runner_factory=runner_factory,
                               executor=executor, shards=shards, progress=progress)
     if not effects:
         return evidence, {}, {}
