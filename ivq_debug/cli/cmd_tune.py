@@ -8,15 +8,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import comma_list, escape, fmt_num, write_json
+from ivq_debug.cli.common import comma_list, escape, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
-from ivq_debug.console import console, results, status
+from ivq_debug.cli.render import Col, TableData, emit, resolve_format
+from ivq_debug.console import results, status
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError, require_extra
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
@@ -94,6 +93,8 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("--sweep and --greedy are two searches: choose one")
     if not args.sweep and (args.executor or args.workers is not None or args.ray_address):
         raise UsageError("--executor, --workers and --ray-address are for --sweep")
+    if args.backend == "qnn":  # before any work: exit 5 naming the extra, not a failed baseline trial
+        require_extra("onnxruntime_qnn", "`ivq tune --backend qnn` (the default; --backend cpu verifies on ORT CPU-QDQ)")
     executor = executor_from_args(args, implied=True) if args.sweep else None
     metric = load_task_metric(args.task_metric) if args.task_metric else None
     if metric is not None and args.sweep:
@@ -133,7 +134,7 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
             capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
                     overwrite=True, progress=None)
-    con = console()
+    con = results()  # the results (tables, verdict lines) go to stdout
     where = "QNN HTP" if args.backend == "qnn" else "ORT CPU-QDQ"
     with status(f"baseline: quantize, capture on {where}, compare"):
         before = tuner.trial("before", [])
@@ -205,18 +206,14 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
         path, md = _write_overrides(args, tuner, rep, wd)
     write_json(res.to_dict(), str(wd / "tune.json"), overwrite=True)
     out = results()
-    t = Table(title=f"sweep: {len(res.groups)} group(s) x {', '.join(res.precisions)} on {where} (gain per "
-                    f"relative {'cycles' if res.cost_basis == 'cycles' else 'model bytes'})",
-              title_justify="left", header_style="bold")
-    cols = [("group", "group"), ("precision", "precision"), ("overrides", "tensors"), ("SQNR dB", "sqnr_db"),
-            ("gain dB", "gain_db"), ("cost", "cost"), ("gain/cost", "efficiency"), ("rank", "rank"),
-            ("status", "status")]
-    for head, _ in cols:
-        t.add_column(head, justify="left" if head in ("group", "precision", "status") else "right",
-                     overflow="fold")
-    for _, r in res.table.iterrows():
-        t.add_row(*(escape(r[k]) if k in ("group", "precision", "status") else fmt_num(r[k]) for _, k in cols))
-    out.print(t)
+    num = ("tensors", "sqnr_db", "gain_db", "cost", "efficiency", "rank")
+    cols = [Col(head, key, "num" if key in num else "text", drop={"cost": 3, "efficiency": 2, "tensors": 1}.get(key, 0))
+            for head, key in (("group", "group"), ("precision", "precision"), ("overrides", "tensors"),
+                              ("SQNR dB", "sqnr_db"), ("gain dB", "gain_db"), ("cost", "cost"),
+                              ("gain/cost", "efficiency"), ("rank", "rank"), ("status", "status"))]
+    emit(out, [TableData(f"sweep: {len(res.groups)} group(s) x {', '.join(res.precisions)} on {where} (gain per "
+                         f"relative {'cycles' if res.cost_basis == 'cycles' else 'model bytes'})", cols,
+                         res.table.to_dict("records"))], resolve_format(None, out))
     j = res.jobs
     out.print(f"{j['total']} job(s) on {j['executor']}: {j['run']} run, {j['resumed']} resumed from shards, "
               f"{len(j['retried'])} retried; shards in {escape(j['shards'])}")
@@ -246,21 +243,18 @@ def _budget(con: Any, rep: Any, budget: float | None) -> int:
 
 
 def _print(con: Any, rep: Any, where: str) -> None:
+    """The refused candidates, the end-to-end table and the changed layers, on stdout (the results)."""
+    out = results()
     for r in rep.refused:
-        con.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
+        out.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
                   f"{escape(r['reason'])} on {where}")
-    t = Table(title=f"end to end ({where})", title_justify="left", header_style="bold")
-    for c in ("what", "before", "after", "change"):
-        t.add_column(c, justify="left" if c == "what" else "right")
-    for _, r in rep.end_to_end.iterrows():
-        t.add_row(escape(r["what"]), fmt_num(r["before"]), fmt_num(r["after"]), fmt_num(r["change"]))
-    con.print(t)
-    if not rep.recommended:
-        return
-    t2 = Table(title=f"changed layers ({len(rep.after.suggestions)})", title_justify="left", header_style="bold")
-    for c in ("tensor", "action", "SQNR before", "after", "gain dB"):
-        t2.add_column(c, justify="left" if c in ("tensor", "action") else "right", overflow="fold")
-    for _, r in rep.changed.head(20).iterrows():
-        t2.add_row(escape(r["tensor"]), r["action"], fmt_num(r["sqnr_before"]), fmt_num(r["sqnr_after"]),
-                   fmt_num(r["gain_db"]))
-    con.print(t2)
+    tables = [TableData(f"end to end ({where})", [Col("what", "what", "name"), Col("before", "before", "num"),
+                                                    Col("after", "after", "num"), Col("change", "change", "num")],
+                        rep.end_to_end.to_dict("records"))]
+    if rep.recommended:
+        tables.append(TableData(
+            f"changed layers ({len(rep.after.suggestions)})",
+            [Col("tensor", "tensor", "name"), Col("action", "action", drop=1), Col("SQNR before", "sqnr_before", "num"),
+             Col("after", "sqnr_after", "num", drop=2), Col("gain dB", "gain_db", "num")],
+            rep.changed.head(20).to_dict("records")))
+    emit(out, tables, resolve_format(None, out))
