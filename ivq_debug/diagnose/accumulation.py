@@ -30,17 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivq_debug.diagnose.findings import Finding
+from ivq_debug.util import as_float
 
 #: entries listed per category (outputs, inputs, iso outliers, units, related findings)
 TOP = 5
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
+_num = as_float
 
 
 def _db(v: Any) -> str:
