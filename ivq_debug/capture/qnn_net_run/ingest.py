@@ -12,7 +12,7 @@ sizes, unknown names) are collected: the dump is then marked incomplete with the
 ``strict=True``, the first one is raised as a one-line ``InputError``.
 
 With only the ONNX graph (:func:`capture_net_run_model`, :func:`capture_session`): names, dtypes and shapes
-come from the graph (:func:`~ivq_debug.capture.qnn_net_run.io.read_net_run_folder`), the inputs of
+come from the graph (:func:`~ivq_debug.capture.qnn_net_run.folders.read_net_run_folder`), the inputs of
 ``input_list.txt`` become the record inputs, and every problem is a one-line ``InputError`` (nothing is
 written). A *session* puts a device's vision, prefill and decode folders of one or more samples into one dump.
 """
@@ -29,15 +29,9 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.capture.base import model_facts
-from ivq_debug.capture.qnn_net_run.io import (
-    GraphIO,
-    Ingest,
-    IngestProblem,
-    NetRunCall,
-    NetRunFolder,
-    ingest_output,
-    read_net_run_folder,
-)
+from ivq_debug.capture.qnn_net_run.folders import NetRunCall, NetRunFolder, read_net_run_folder
+from ivq_debug.capture.qnn_net_run.outputs import Ingest, IngestProblem, ingest_output
+from ivq_debug.capture.qnn_net_run.shapes import GraphIO
 from ivq_debug.dump.writer import DumpWriter, check_writable
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap
@@ -104,7 +98,7 @@ def write_ingest(
     sample: int = 0,
     parts: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[int, str, int]], int]:
-    """Stream an :class:`~ivq_debug.capture.qnn_net_run.io.Ingest` into an open ``DumpWriter``.
+    """Stream an :class:`~ivq_debug.capture.qnn_net_run.outputs.Ingest` into an open ``DumpWriter``.
 
     Returns ``(records, tensor count)``. Fatal problems already in ``ing`` and float/native disagreements
     found while reading are passed to ``writer.mark_incomplete`` / recorded under ``/meta``.
@@ -619,7 +613,7 @@ def capture_net_run_model(
 
     ``Result_<i>`` (with line ``i`` of ``input_list.txt`` as its inputs, when the folder has one) becomes
     record ``(i, part, 0)``, or ``(0, part, first_step + i)`` with ``as_steps`` (decode calls; ``first_step``
-    >= 1). See :func:`~ivq_debug.capture.qnn_net_run.io.read_net_run_folder` for what is read and checked.
+    >= 1). See :func:`~ivq_debug.capture.qnn_net_run.folders.read_net_run_folder` for what is read and checked.
 
     Raises:
         UsageError: the dump exists, an unknown part, a decode record at step 0.

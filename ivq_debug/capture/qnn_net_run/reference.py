@@ -35,7 +35,7 @@ import numpy as np
 
 from ivq_debug.capture.base import Selection, capture, make_runner, model_facts
 from ivq_debug.capture.qnn_net_run.ingest import LOGITS, find_part_model, load_config, token_of
-from ivq_debug.capture.qnn_net_run.io import GraphIO
+from ivq_debug.capture.qnn_net_run.shapes import GraphIO
 from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from ivq_debug.capture.qnn_net_run.folders import parse_input_list
 from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
-from ivq_debug.capture.qnn_net_run.io import parse_input_list
 from ivq_debug.cli.common import run
 from ivq_debug.cli.main import _main as ivq_main
 from ivq_debug.dump import DumpWriter, open_dump
