@@ -9,7 +9,7 @@ byte sizes, the graph and the model config (:mod:`~ivq_debug.capture.qnn_net_run
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,16 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.capture.qnn_net_run.outputs import result_dirs
-from ivq_debug.capture.qnn_net_run.shapes import GraphIO, GraphTensor, SizedFile, resolve_dims
-from ivq_debug.errors import InputError
+from ivq_debug.capture.qnn_net_run.shapes import (
+    GraphIO,
+    GraphTensor,
+    OpenAxis,
+    SizedFile,
+    UnresolvedAxes,
+    config_sizes,
+    solve_call,
+)
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap, qnn_sanitize
 from ivq_debug.util import file_in_folder_problem, is_inside, read_input_text
 
@@ -129,7 +137,8 @@ class PlannedTensor:
     def load(self) -> np.ndarray:
         """The values, cast to the graph's dtype."""
         a = np.fromfile(self.path, dtype=self.file_dtype.newbyteorder("<")).astype(self.file_dtype)
-        return cast_values(a.reshape(self.shape), self.tensor.dtype, self.path, self.name)
+        a = a.reshape(self.shape)
+        return a if self.tensor.dtype is None else cast_values(a, self.tensor.dtype, self.path, self.name)
 
 
 @dataclass
@@ -142,6 +151,7 @@ class NetRunCall:
     inputs: list[PlannedTensor]
     outputs: list[PlannedTensor]
     dims: dict[str, int]
+    not_fed: list[str] = field(default_factory=list)
 
     def input(self, name: str) -> PlannedTensor | None:
         """The planned input of that ONNX name."""
@@ -162,6 +172,7 @@ class NetRunFolder:
     graph: GraphIO
     calls: list[NetRunCall]
     unmatched: list[dict[str, str]] = field(default_factory=list)
+    not_fed: list[str] = field(default_factory=list)
 
     def mapping(self) -> list[dict[str, Any]]:
         """Every file with the ONNX tensor it was read as (JSON-ready)."""
@@ -231,13 +242,19 @@ def _input_path(tok: InputToken, base: Path, lst: Path, line: int, allow_outside
     return cand
 
 
-def _map_line(ln: InputLine, graph: GraphIO, names: NameMap, lst: Path) -> list[tuple[GraphTensor, InputToken]]:
+def _map_line(ln: InputLine, graph: GraphIO, names: NameMap, lst: Path, missing: Sequence[str] = ()
+              ) -> list[tuple[GraphTensor, InputToken]]:
+    """The graph inputs a line feeds. Named tokens may leave inputs out (the device did not feed them); bare
+    paths go in graph-input order, the inputs named in ``missing`` skipped."""
     want = graph.inputs
-    if len(ln.tokens) != len(want):
-        raise InputError(f"line {ln.line}: {len(ln.tokens)} token(s) for the {len(want)} input(s) of "
-                         f"{graph.name} ({', '.join(t.name for t in want)})", lst)
     if ln.tokens[0].name is None:
-        return list(zip(want, ln.tokens, strict=True))
+        fed = [t for t in want if t.name not in set(missing)]
+        if len(ln.tokens) != len(fed):
+            hint = "" if missing or len(ln.tokens) > len(want) else \
+                " (an input the device did not feed: --missing-input NAME, or name:=path tokens)"
+            raise InputError(f"line {ln.line}: {len(ln.tokens)} token(s) for the {len(fed)} input(s) of "
+                             f"{graph.name} ({', '.join(t.name for t in fed)}){hint}", lst)
+        return list(zip(fed, ln.tokens, strict=True))
     by_name = {t.name: t for t in want}
     out: dict[str, tuple[GraphTensor, InputToken]] = {}
     for tok in ln.tokens:
@@ -250,7 +267,7 @@ def _map_line(ln: InputLine, graph: GraphIO, names: NameMap, lst: Path) -> list[
         if m.onnx_name in out:
             raise InputError(f"line {ln.line}: two tokens for input {m.onnx_name!r}", lst)
         out[m.onnx_name] = (by_name[m.onnx_name], tok)
-    return [out[t.name] for t in want]
+    return [out[t.name] for t in want if t.name in out]
 
 
 def _result_files(rdir: Path, names: NameMap, graph: GraphIO, out: Path, allow_outside: bool = False
@@ -277,17 +294,18 @@ def _result_files(rdir: Path, names: NameMap, graph: GraphIO, out: Path, allow_o
                     hit = (m.onnx_name, kind)
                     break
                 if m.ambiguous:
-                    unmatched.append({"file": str(f), "reason": f"matches several tensors {list(m.candidates)}"})
+                    unmatched.append({"file": str(f), "reason": f"name: matches several tensors {list(m.candidates)}"})
                     hit = ("", "")
                     break
             if hit:
                 break
         if hit is None:
-            unmatched.append({"file": str(f), "reason": f"no tensor of {graph.name} is named {stem!r}"})
+            unmatched.append({"file": str(f), "reason": f"name: no tensor of {graph.name} is named {stem!r} "
+                                                        "(nor its QNN-sanitized form)"})
         elif hit[0]:
             slot = found.setdefault(hit[0], {})
             if hit[1] in slot:
-                unmatched.append({"file": str(f), "reason": f"second {hit[1]} file for {hit[0]!r} "
+                unmatched.append({"file": str(f), "reason": f"name: second {hit[1]} file for {hit[0]!r} "
                                                             f"(kept {slot[hit[1]][0].name})"})
             else:
                 slot[hit[1]] = (f, stem[: -len(_NATIVE)] if hit[1] == "native" else stem)
@@ -304,20 +322,25 @@ def read_net_run_folder(
     dims: Mapping[str, int] | None = None,
     require_inputs: bool = False,
     graph: GraphIO | None = None,
+    missing_inputs: Sequence[str] = (),
+    config: Mapping[str, Any] | None = None,
 ) -> NetRunFolder:
     """Inventory a qnn-net-run run folder with names, dtypes and shapes from the ONNX graph it ran.
 
     Inputs: the ``input_list.txt`` (:func:`parse_input_list`) line ``i`` is ``Result_<i>``; token names are
-    mapped back from their sanitized form to the graph inputs; relative paths resolve against the input
-    list's folder, absolute ones as given or, when they do not exist here (a device path), re-rooted at the
-    folder; a path that leaves the folder is refused unless ``allow_outside_inputs``. Input files are
-    float32 (qnn-net-run's default) or, with ``native_inputs``, in the graph's dtypes.
+    mapped back from their sanitized form to the graph inputs; an input no ``name:=path`` token names (or one of
+    ``missing_inputs`` with bare paths) was not fed by the device and is listed in ``not_fed``; relative paths
+    resolve against the input list's folder, absolute ones as given or, when they do not exist here (a device
+    path), re-rooted at the folder; a path that leaves the folder is refused unless ``allow_outside_inputs``.
+    Input files are float32 (qnn-net-run's default) or, with ``native_inputs``, in the graph's dtypes.
     Outputs: ``Result_<i>/<name>.raw`` (float32) or ``<name>_native.raw`` (the graph's dtype) of every graph
-    output (required) and of typed intermediates (``--debug`` runs; optional); files no tensor claims are
-    listed in ``unmatched``. Dynamic axes are resolved per inference from the byte sizes (:func:`resolve_dims`,
-    ``dims`` pins names).
+    output (required) and of every intermediate (``--debug`` runs; optional, shaped by shape inference when
+    the graph has no ``value_info``); files no tensor claims are listed in ``unmatched`` with the reason
+    (``name:``, ``dtype:`` or ``shape:``). Dynamic axes are solved per inference
+    (:func:`~ivq_debug.capture.qnn_net_run.shapes.solve_call`; ``dims`` pins names, ``config`` gives sizes).
 
     Raises:
+        UnresolvedAxes: axes no fact decides, every one of every inference listed with its candidates.
         InputError: one line naming the file: no Result folders, a missing Result index or raw file, a bad
             input-list line, a path outside the folder, a size the graph does not allow.
     """
@@ -328,6 +351,10 @@ def read_net_run_folder(
     if idx != list(range(len(idx))):
         gap = next(i for i in range(len(idx) + 1) if i not in idx)
         raise InputError(f"Result folders are not numbered 0..{len(idx) - 1}: Result_{gap} is missing", out)
+    unknown = sorted(set(missing_inputs) - {t.name for t in graph.inputs})
+    if unknown:
+        raise UsageError(f"--missing-input {', '.join(unknown)}: not an input of {graph.name} "
+                         f"({', '.join(t.name for t in graph.inputs)})")
     lines: list[InputLine] | None = None
     if lst is not None:
         lines = parse_input_list(lst)
@@ -335,51 +362,102 @@ def read_net_run_folder(
             raise InputError(f"{len(lines)} inference line(s) but {len(results)} Result folder(s) in {out}", lst)
     elif require_inputs:
         raise InputError("no input_list.txt here (the device's inputs are needed)", run)
-    in_names, out_names = graph.input_names(), graph.output_names()
     nf = NetRunFolder(run, out, lst, graph, [])
-    in_dtype = (lambda t: t.dtype) if native_inputs else (lambda t: np.dtype(np.float32))
+    ctx = _Reading(run, out, lst, graph, native_inputs, allow_outside_inputs, dict(dims or {}),
+                   config_sizes(config), tuple(missing_inputs))
+    open_axes = []
     for i, rdir in results:
-        if not allow_outside_inputs and not is_inside(rdir, out):
-            raise InputError(f"Result folder is a symlink leaving {str(out)!r} (--allow-outside-inputs reads it)", rdir)
-        sized: list[SizedFile] = []
-        planned_in: list[tuple[GraphTensor, str, Path, np.dtype]] = []
-        if lines is not None:
+        call, axes = ctx.call(i, rdir, lines[i] if lines is not None else None, nf)
+        nf.calls.append(call)
+        open_axes += axes
+    if open_axes:
+        raise UnresolvedAxes(open_axes)
+    for c in nf.calls[1:]:  # a device feeds the same inputs every call: a line leaving one out is a broken line
+        if c.not_fed != nf.calls[0].not_fed:
+            a, b = nf.calls[0], c
+            gone = sorted(set(b.not_fed) - set(a.not_fed)) or sorted(set(a.not_fed) - set(b.not_fed))
+            first, other = (b, a) if set(b.not_fed) - set(a.not_fed) else (a, b)
             assert lst is not None
-            ln = lines[i]
-            for t, tok in _map_line(ln, graph, in_names, lst):
-                p = _input_path(tok, run, lst, ln.line, allow_outside_inputs)
-                dt = in_dtype(t)
-                planned_in.append((t, tok.name or qnn_sanitize(t.name), p, dt))
-                sized.append(SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
-        found, unmatched = _result_files(rdir, out_names, graph, out, allow_outside_inputs)
+            raise InputError(f"line {first.line}: no token for input(s) {', '.join(gone)}, which line {other.line} "
+                             "feeds (every line of a run feeds the same inputs)", lst)
+    nf.not_fed = list(nf.calls[0].not_fed) if nf.calls else []
+    return nf
+
+
+@dataclass
+class _Reading:
+    """What every inference of one folder is read with."""
+
+    run: Path
+    out: Path
+    lst: Path | None
+    graph: GraphIO
+    native_inputs: bool
+    allow_outside: bool
+    pins: dict[str, int]
+    sizes: dict[str, int]
+    missing: tuple[str, ...]
+
+    def _sized(self, t: GraphTensor, p: Path, dt: np.dtype) -> SizedFile:
+        return SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name)
+
+    def _inputs(self, ln: InputLine) -> tuple[list[tuple[GraphTensor, str, Path, np.dtype]], list[str]]:
+        assert self.lst is not None
+        planned = []
+        for t, tok in _map_line(ln, self.graph, self.graph.input_names(), self.lst, self.missing):
+            p = _input_path(tok, self.run, self.lst, ln.line, self.allow_outside)
+            dt = t.dtype if self.native_inputs and t.dtype is not None else np.dtype(np.float32)
+            planned.append((t, tok.name or qnn_sanitize(t.name), p, dt))
+        fed = {t.name for t, *_ in planned}
+        return planned, [t.name for t in self.graph.inputs if t.name not in fed]
+
+    def _outputs(self, i: int, rdir: Path, nf: NetRunFolder
+                 ) -> tuple[list[tuple[GraphTensor, str, Path, np.dtype]], list[tuple[GraphTensor, str, Path, np.dtype]]]:
+        """(graph outputs, intermediates) of a Result folder: (tensor, stem, file, file dtype)."""
+        found, unmatched = _result_files(rdir, self.graph.output_names(), self.graph, self.out, self.allow_outside)
         nf.unmatched += unmatched
-        planned_out: list[tuple[GraphTensor, str, Path, np.dtype]] = []
-        optional: list[SizedFile] = []
-        for t in graph.outputs:
+        outs, values = [], []
+        for t in self.graph.outputs:
             files = found.get(t.name)
             if not files:
                 raise InputError(f"missing raw file for graph output {t.name!r} (Result_{i})",
                                  rdir / f"{qnn_sanitize(t.name)}.raw")
-            kind = "float" if "float" in files else "native"
-            p, stem = files[kind]
-            dt = np.dtype(np.float32) if kind == "float" else t.dtype
-            planned_out.append((t, stem, p, dt))
-            sized.append(SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
+            outs.append(self._pick(t, files))
         for name, files in found.items():
-            if name in graph.values:
-                t = graph.values[name]
-                kind = "float" if "float" in files else "native"
-                p, stem = files[kind]
-                dt = np.dtype(np.float32) if kind == "float" else t.dtype
-                planned_out.append((t, stem, p, dt))
-                optional.append(SizedFile(p, t, dt.itemsize, p.stat().st_size, dt.name))
-            elif name not in {t.name for t in graph.outputs}:  # a graph input written back as an output file
-                nf.unmatched.append({"file": str(files[next(iter(files))][0]), "reason": f"{name!r} is a graph input"})
-        shapes, bind, unresolved = resolve_dims(sized, dims, optional)
-        for p in unresolved:
-            nf.unmatched.append({"file": str(p), "reason": "its shape cannot be told from the graph and its size"})
-        ins = [PlannedTensor(t.name, q, p, dt, shapes[p], t) for t, q, p, dt in planned_in]
-        outs = [PlannedTensor(t.name, q, p, dt, shapes[p], t) for t, q, p, dt in planned_out if p in shapes]
-        outs.sort(key=lambda pt: (pt.tensor.kind == "output", pt.tensor.order))
-        nf.calls.append(NetRunCall(i, lines[i].line if lines is not None else None, rdir, ins, outs, bind))
-    return nf
+            if name in self.graph.values:
+                t = self.graph.values[name]
+                if "float" not in files and t.dtype is None:
+                    nf.unmatched.append({"file": str(files["native"][0]), "reason": f"dtype: the graph gives no "
+                                         f"element type for {name!r}, so its native file cannot be read"})
+                    continue
+                values.append(self._pick(t, files))
+            elif name not in {t.name for t in self.graph.outputs}:  # a graph input written back as an output file
+                nf.unmatched.append({"file": str(files[next(iter(files))][0]), "reason": f"name: {name!r} is a "
+                                     "graph input"})
+        return outs, values
+
+    @staticmethod
+    def _pick(t: GraphTensor, files: dict[str, tuple[Path, str]]) -> tuple[GraphTensor, str, Path, np.dtype]:
+        kind = "float" if "float" in files else "native"
+        p, stem = files[kind]
+        dt = np.dtype(np.float32) if kind == "float" or t.dtype is None else t.dtype
+        return t, stem, p, dt
+
+    def call(self, i: int, rdir: Path, ln: InputLine | None, nf: NetRunFolder) -> tuple[NetRunCall, list[OpenAxis]]:
+        """One inference planned (files shaped), and the axes its solve left open."""
+        if not self.allow_outside and not is_inside(rdir, self.out):
+            raise InputError(f"Result folder is a symlink leaving {str(self.out)!r} (--allow-outside-inputs reads it)",
+                             rdir)
+        planned_in, not_fed = self._inputs(ln) if ln is not None else ([], [])
+        outs, values = self._outputs(i, rdir, nf)
+        required = [self._sized(t, p, dt) for t, _q, p, dt in planned_in + outs]
+        optional = [self._sized(t, p, dt) for t, _q, p, dt in values]
+        sol = solve_call(self.graph, required, optional, self.pins, self.sizes)
+        for p, why in sol.skipped.items():
+            nf.unmatched.append({"file": str(p), "reason": why})
+        shape = sol.shapes.get
+        ins = [PlannedTensor(t.name, q, p, dt, shape(p, ()), t) for t, q, p, dt in planned_in]
+        planned = [PlannedTensor(t.name, q, p, dt, shape(p, ()), t) for t, q, p, dt in outs + values
+                   if p in sol.shapes or t.kind == "output"]
+        planned.sort(key=lambda pt: (pt.tensor.kind == "output", pt.tensor.order))
+        return NetRunCall(i, ln.line if ln is not None else None, rdir, ins, planned, sol.dims, not_fed), sol.open_axes
