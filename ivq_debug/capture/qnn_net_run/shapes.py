@@ -11,8 +11,8 @@ export saved without ``value_info`` still names and shapes every ``--debug`` fil
    after its producer (``Concatpresent.1.key_dim_0``, ``MatMullogits_dim_0``) takes the inferred value, and
    the inferred symbols tie axes of different tensors together;
 3. sibling tensors: one axis name is one value across the inference's files;
-4. the model config's sizes (``head_dim``, ``num_key_value_heads``, ...), only for a file whose size leaves
-   several axes open, and only when exactly one assignment of those sizes fits.
+4. the model config's sizes by tensor role, when 1-3 leave a file with several axes open: a KV-cache tensor
+   ``[B, num_key_value_heads, S, head_dim]``, ``logits [..., vocab_size]`` (:func:`config_axes`).
 
 Steps 1-3 repeat until nothing changes (a value an output fixes can open the inference of the rest). Axes still
 open are returned, each with the candidate values the byte sizes allow: the caller asks for ``--dim`` pins for
@@ -22,6 +22,7 @@ all of them in one error (:class:`UnresolvedAxes`).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,24 +345,37 @@ def _effective_dims(f: SizedFile, inferred: Mapping[str, Any], axes: _Axes) -> t
     return decl
 
 
-def _config_fit(f: SizedFile, dims: Sequence[int | str], axes: _Axes, sizes: Mapping[str, int]) -> bool:
-    """Bind a file's open axes from config sizes when exactly one assignment of them fits its size."""
-    import itertools
+_KV = re.compile(r"(?:^|[._/])(past|present)[^/]*[._](key|value)s?$")
 
-    if not sizes or f.nbytes % f.itemsize:
-        return False
+
+def config_axes(name: str, rank: int, sizes: Mapping[str, int]) -> dict[int, tuple[int, str]]:
+    """Axes an HF config fixes by the tensor's role: a KV-cache tensor ``[B, H_kv, S, head_dim]`` (``past*`` /
+    ``present*`` key or value), ``logits [..., vocab_size]``. ``{axis: (value, config key)}``."""
+    out: dict[int, tuple[int, str]] = {}
+    if rank == 4 and _KV.search(name):
+        for j, key in ((1, "num_key_value_heads"), (3, "head_dim")):
+            if key in sizes:
+                out[j] = (sizes[key], key)
+    elif name.split("/")[-1] == "logits" and rank >= 1 and "vocab_size" in sizes:
+        out[rank - 1] = (sizes["vocab_size"], "vocab_size")
+    return out
+
+
+def _config_fit(f: SizedFile, dims: Sequence[int | str], axes: _Axes, sizes: Mapping[str, int]) -> bool:
+    """Bind the open axes the config fixes by the tensor's role (:func:`config_axes`) when the size agrees."""
     fixed, unknown = _open(dims, axes)
-    if not unknown or len(unknown) > 3 or fixed == 0:
+    if not unknown or f.nbytes % f.itemsize:
         return False
-    rest = f.nbytes // f.itemsize
-    vals = sorted(set(sizes.values()))
-    fits = {combo for combo in itertools.product(vals, repeat=len(unknown))
-            if fixed * int(np.prod([v ** p for v, p in zip(combo, unknown.values(), strict=True)])) == rest}
-    if len(fits) != 1:
+    total = f.nbytes // f.itemsize
+    hits = {j: v for j, v in config_axes(f.tensor.name, len(dims), sizes).items()
+            if isinstance(dims[j], str) and axes.get(dims[j]) is None}
+    if not hits:
         return False
-    (combo,) = fits
-    for sym, v in zip(unknown, combo, strict=True):
-        axes.bind(sym, v, f"config {next(k for k, x in sizes.items() if x == v)}")
+    prod = int(np.prod([v for v, _ in hits.values()]))
+    if total % (fixed * prod):
+        return False
+    for j, (v, key) in hits.items():
+        axes.bind(dims[j], v, f"config {key}")  # type: ignore[arg-type]
     return True
 
 

@@ -204,6 +204,7 @@ def test_ambiguous_axes_name_the_file_and_dim_pins_them(tmp_path, capfd):
     assert "batch (x.raw [batch, seq]: candidates 1, 2, 3, 6); seq (x.raw" in err and len(err.splitlines()) == 1
     assert "--dim NAME=VALUE" in err and not (tmp_path / "a.h5").exists()
     assert ivq("ingest", "qnn-net-run", run_dir, "--model", model, "--dim", "batch=2", "-o", tmp_path / "a.h5") == 0
+    assert "config" not in capfd.readouterr().out  # no KV cache, no logits: no --config / rope_theta hint
     with open_dump(tmp_path / "a.h5") as d:
         assert d.read("x", (0, "model", 0), kind="input").shape == (2, 3)
         assert d.entry("y", (0, "model", 0)).shape == (2, 3)
