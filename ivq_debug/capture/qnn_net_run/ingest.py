@@ -548,24 +548,21 @@ def split_sessions(calls: list[tuple[NetRunFolder, NetRunCall]], n: int, folder:
 def _read_parts(spec: SessionSpec, cfg: Mapping[str, Any] | None
                 ) -> tuple[dict[str, Path], dict[str, list[NetRunFolder]]]:
     """Each part's graph and folders read; the axes no part could resolve raised together."""
-    models: dict[str, Path] = {}
+    models = {part: find_part_model(part, spec.model_dir, spec.models.get(part), _fits(part, fs[0], spec))
+              for part in SESSION_PARTS if (fs := spec.folders.get(part))}
+    named = {m.partition(":")[2] if m.partition(":")[0] in SESSION_PARTS else m for m in spec.missing_inputs}
+    takes = {t.name for m in models.values() for t in GraphIO.from_model(m).inputs}
+    if named - takes:
+        raise UsageError(f"--missing-input {', '.join(sorted(named - takes))}: no part's graph takes it")
     read: dict[str, list[NetRunFolder]] = {}
     open_axes = []
-    for part in SESSION_PARTS:
-        folders = spec.folders.get(part) or []
-        if not folders:
-            continue
-        models[part] = find_part_model(part, spec.model_dir, spec.models.get(part), _fits(part, folders[0], spec))
+    for part, model in models.items():
         try:
-            read[part] = _read_part(part, folders, models[part], spec, cfg)
+            read[part] = _read_part(part, spec.folders[part], model, spec, cfg)
         except UnresolvedAxes as e:
             open_axes += e.axes
     if open_axes:
         raise UnresolvedAxes(open_axes)
-    named = {m.partition(":")[2] if m.partition(":")[0] in SESSION_PARTS else m for m in spec.missing_inputs}
-    takes = {t.name for fs in read.values() for t in fs[0].graph.inputs}
-    if named - takes:
-        raise UsageError(f"--missing-input {', '.join(sorted(named - takes))}: no part's graph takes it")
     return models, read
 
 
