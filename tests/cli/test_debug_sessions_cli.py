@@ -21,6 +21,7 @@ from ivq_debug.cli.common import run
 from ivq_debug.cli.diff import _main as diff_main
 from ivq_debug.cli.main import _main as ivq_main
 from ivq_debug.dump import open_dump
+from tests.support.device_sessions import graph_io
 
 
 def ivq(*argv: object) -> int:
@@ -50,11 +51,11 @@ def test_debug_session_layer_by_layer_with_no_pin(debug_session, tmp_path, capfd
     assert "--dim" not in capfd.readouterr().err
     doc = json.loads(js.read_text())
     assert doc["unmatched"] == []  # every --debug file named a graph tensor and was ingested
-    n_out = {p: len(json.loads((s.parts_dir / "export.json").read_text())["parts"]) and 0 for p in s.parts}
+    n_out = {p: len(graph_io(s.parts[p])[1]) for p in s.parts}  # the graph outputs of each part
     with open_dump(sess) as d:
-        for (sample, part, step), rid in d.record_keys().items():
+        for (_sample, part, step), rid in d.record_keys().items():
             names = {e.name for e in d.tensors(rid)}
-            n_out[part] = len(names - set(s.intermediates[part]))
+            assert len(names) == len(s.intermediates[part]) + n_out[part], (part, step)
             assert set(s.intermediates[part]) <= names, (part, step)
         assert d.record_meta(d.record_keys()[(0, "decode", 1)])["result_dir"] == "Result_0"
     assert ivq("reference", sess, "--model-dir", s.parts_dir, "-o", ref) == 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.capture.qnn_net_run.outputs import result_dirs
+from ivq_debug.capture.qnn_net_run.outputs import result_dirs, result_gaps
 from ivq_debug.capture.qnn_net_run.shapes import (
     GraphIO,
     GraphTensor,
@@ -349,7 +349,7 @@ def read_net_run_folder(
     results = result_dirs(out)
     idx = [i for i, _ in results]
     if idx != list(range(len(idx))):
-        gap = next(i for i in range(len(idx) + 1) if i not in idx)
+        gap = result_gaps(idx, 1)[0]
         raise InputError(f"Result folders are not numbered 0..{len(idx) - 1}: Result_{gap} is missing", out)
     unknown = sorted(set(missing_inputs) - {t.name for t in graph.inputs})
     if unknown:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,86 +303,110 @@ def ingest_output(
             index.setdefault(t.name, t)
         for t in g:
             index.setdefault(qnn_sanitize(t.name), t)
-        order = g.order()
-        prod = g.producers()
+        if rds[0][1] != out:  # one Result_<i> per input_list line: a gap is lost data
+            for j in result_gaps([i for i, _ in rds]):
+                ing.problems.append(IngestProblem("missing_file", str(rds[0][1].parent / f"Result_{j}"),
+                                                  f"missing folder Result_{j} (graph {gname!r})"))
         per_result: dict[int, dict[str, dict[str, Path]]] = {}
-        for j in sorted(set(range(rds[-1][0] + 1)) - {i for i, _ in rds}) if rds[0][1] != out else ():
-            ing.problems.append(IngestProblem(  # one Result_<i> per input_list line: a gap is lost data
-                "missing_file", str(rds[0][1].parent / f"Result_{j}"), f"missing folder Result_{j} (graph {gname!r})"))
-        refused = set()
         for ri, rdir in rds:
-            found: dict[str, dict[str, Path]] = {}
-            per_result[ri] = found
             if not allow_outside and not is_inside(rdir, out):
-                refused.add(ri)
                 ing.problems.append(IngestProblem("unreadable", str(rdir), "Result folder is a symlink to a folder "
                                                   "outside the output folder (--allow-outside-inputs reads it)"))
                 continue
-            for f in sorted(rdir.rglob("*.raw")):
-                bad = file_in_folder_problem(f, out, "raw file", allow_outside)
-                if bad:
-                    ing.problems.append(IngestProblem("unreadable", str(f), bad))
-                    continue
-                stem = f.relative_to(rdir).with_suffix("").as_posix()
-                hit = _classify(stem, index)
-                if hit is None:
-                    ing.problems.append(IngestProblem(
-                        "unknown_tensor", str(f), f"tensor {stem!r} is not in graph {gname!r} ({g.source})"))
-                    continue
-                t, kind = hit
-                slot = found.setdefault(t.name, {})
-                if kind in slot:
-                    ing.problems.append(IngestProblem(
-                        "duplicate", str(f), f"second {kind} file for tensor {t.name!r} (kept {slot[kind].name})",
-                        fatal=False))
-                    continue
-                slot[kind] = f
-        seen_any = set().union(*(set(v) for v in per_result.values())) if per_result else set()
-        expected = set(seen_any)
+            per_result[ri] = _scan_result(rdir, out, index, g, gname, allow_outside, ing)
+        expected = set().union(*(set(v) for v in per_result.values())) if per_result else set()
         if expect_outputs:
             expected |= {t.name for t in g.outputs}
         for ri, rdir in rds:
-            found = per_result[ri]
-            if ri in refused:
-                continue
-            for name in sorted(expected - set(found), key=lambda n: order.get(n, 1 << 30)):
-                others = [f"Result_{j}" for j, _ in rds if name in per_result[j]]
-                why = f"present in {others[0]}" if others else "a graph output"
-                ing.problems.append(IngestProblem(
-                    "missing_file", str(rdir / f"{qnn_sanitize(name)}.raw"),
-                    f"missing raw file for tensor {name!r} ({why})"))
-            keys_seen: dict[str, IngestedTensor] = {}
-            for name, files in found.items():
-                t = gmap[gname].tensors[name]
-                it = _make_tensor(t, gname, ri, files, order, prod, nm, sites, producers, ing)
-                if it is None:
-                    continue
-                prev = keys_seen.get(it.key)
-                if prev is not None:
-                    keep, drop = (it, prev) if (it.tensor.is_quantized and not prev.tensor.is_quantized) else (prev, it)
-                    ing.problems.append(IngestProblem(
-                        "duplicate", str(drop.float_file or drop.native_file),
-                        f"{drop.qnn_name!r} and {keep.qnn_name!r} both map to {it.key!r}; kept {keep.qnn_name!r}",
-                        fatal=False))
-                    if keep is it:
-                        ing.tensors.remove(prev)
-                        ing.tensors.append(it)
-                        keys_seen[it.key] = it
-                    continue
-                keys_seen[it.key] = it
-                ing.tensors.append(it)
-    seen_notes: set[tuple[str, str]] = set()
-    kept = []
-    for pr in ing.problems:  # a note repeated in every Result folder is listed once
-        k = (pr.kind, pr.message)
-        if not pr.fatal and k in seen_notes:
-            continue
-        seen_notes.add(k)
-        kept.append(pr)
-    ing.problems = kept
+            if ri in per_result:
+                _collect(ing, g, gname, ri, rdir, per_result, expected, (nm, sites, producers))
+    ing.problems = _dedupe_notes(ing.problems)
     if strict and not ing.complete:
         raise ing.fatal[0].error()
     return ing
+
+
+def result_gaps(indices: Sequence[int], limit: int = 10) -> list[int]:
+    """The first ``limit`` indices missing from ``0..max(indices)`` (walks the indices, never the range: a
+    ``Result_<huge N>`` folder costs nothing)."""
+    gaps: list[int] = []
+    expect = 0
+    for i in sorted(set(indices)):
+        while expect < i and len(gaps) < limit:
+            gaps.append(expect)
+            expect += 1
+        if len(gaps) >= limit:
+            break
+        expect = i + 1
+    return gaps
+
+
+def _scan_result(rdir: Path, out: Path, index: dict[str, QnnTensor], g: QnnGraph, gname: str, allow_outside: bool,
+                 ing: Ingest) -> dict[str, dict[str, Path]]:
+    """QNN name -> {"float"|"native": file} of one Result folder; unreadable, unknown and duplicate files noted."""
+    found: dict[str, dict[str, Path]] = {}
+    for f in sorted(rdir.rglob("*.raw")):
+        bad = file_in_folder_problem(f, out, "raw file", allow_outside)
+        if bad:
+            ing.problems.append(IngestProblem("unreadable", str(f), bad))
+            continue
+        stem = f.relative_to(rdir).with_suffix("").as_posix()
+        hit = _classify(stem, index)
+        if hit is None:
+            ing.problems.append(IngestProblem(
+                "unknown_tensor", str(f), f"tensor {stem!r} is not in graph {gname!r} ({g.source})"))
+            continue
+        t, kind = hit
+        slot = found.setdefault(t.name, {})
+        if kind in slot:
+            ing.problems.append(IngestProblem(
+                "duplicate", str(f), f"second {kind} file for tensor {t.name!r} (kept {slot[kind].name})", fatal=False))
+            continue
+        slot[kind] = f
+    return found
+
+
+def _collect(ing: Ingest, g: QnnGraph, gname: str, ri: int, rdir: Path, per_result: dict[int, dict[str, dict[str, Path]]],
+             expected: set[str], keys: tuple[NameMap | None, dict[str, Any], dict[str, tuple[int, str]]]) -> None:
+    """The tensors of one Result folder into ``ing``: missing files noted, two QNN names of one key resolved."""
+    order, prod = g.order(), g.producers()
+    found = per_result[ri]
+    for name in sorted(expected - set(found), key=lambda n: order.get(n, 1 << 30)):
+        others = [f"Result_{j}" for j in per_result if name in per_result[j]]
+        why = f"present in {others[0]}" if others else "a graph output"
+        ing.problems.append(IngestProblem("missing_file", str(rdir / f"{qnn_sanitize(name)}.raw"),
+                                          f"missing raw file for tensor {name!r} ({why})"))
+    keys_seen: dict[str, IngestedTensor] = {}
+    for name, files in found.items():
+        it = _make_tensor(g.tensors[name], gname, ri, files, order, prod, *keys, ing)
+        if it is None:
+            continue
+        prev = keys_seen.get(it.key)
+        if prev is None:
+            keys_seen[it.key] = it
+            ing.tensors.append(it)
+            continue
+        keep, drop = (it, prev) if (it.tensor.is_quantized and not prev.tensor.is_quantized) else (prev, it)
+        ing.problems.append(IngestProblem(
+            "duplicate", str(drop.float_file or drop.native_file),
+            f"{drop.qnn_name!r} and {keep.qnn_name!r} both map to {it.key!r}; kept {keep.qnn_name!r}", fatal=False))
+        if keep is it:
+            ing.tensors.remove(prev)
+            ing.tensors.append(it)
+            keys_seen[it.key] = it
+
+
+def _dedupe_notes(problems: list[IngestProblem]) -> list[IngestProblem]:
+    """A note repeated in every Result folder listed once (fatal problems all kept)."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for pr in problems:
+        k = (pr.kind, pr.message)
+        if not pr.fatal and k in seen:
+            continue
+        seen.add(k)
+        kept.append(pr)
+    return kept
 
 
 def _classify(stem: str, index: dict[str, QnnTensor]) -> tuple[QnnTensor, str] | None:

@@ -309,7 +309,12 @@ class SessionReplay:
                 v = buf
             cache[k] = v
         prefill_len = int(out[next(iter(pnames.values()))].shape[-2])
-        # ---- decode
+        self._decode(writer, sample, steps, top, prefill_len, cache, info)
+
+    def _decode(self, writer: Any, sample: int, steps: list[int], top: int, prefill_len: int,
+                cache: dict[tuple[int, str], np.ndarray], info: dict[str, Any]) -> None:
+        """Decode steps ``k`` at ``top + k`` (``top`` = max prefill position), each on the reference's own cache."""
+        keys = self.session.record_keys()
         dec = self.graphs["decode"]
         dpos = next((t for t in dec.inputs if t.name == POSITIONS), None)
         if dpos is None:
