@@ -934,6 +934,10 @@ def _netrun_cases() -> list[Case]:
     }
     out = [Case(f"netrun/{what}/ingest", "netrun", ingest(edit, code, extra), code, creates=cr)
            for what, (edit, code, extra, cr) in specs.items()]
+    # issue 31: an index is a number from a folder name; it must not size the gap scan (it once grew to 17.7 GB)
+    out.append(Case("netrun/result-index-huge/ingest", "netrun", ingest(
+        lambda ws: shutil.copytree(ws.work / RESULT, ws.work / "netrun/output/Result_99999999999999999999999"), 3),
+        3, memory=2 << 30, timeout=5))
     out.append(Case("netrun/output-dir-is-file/ingest", "netrun", lambda ws: [
         "ingest", "qnn-net-run", ws.copy("x.npz"), "--graph", ws.copy("netrun") + "/model_net.json", "-o", "o.h5"], 3))
     out.append(Case("netrun/output-dir-missing/ingest", "netrun", lambda ws: [

@@ -347,10 +347,9 @@ def read_net_run_folder(
     run, out, lst = locate_run(folder, input_list)
     graph = graph or GraphIO.from_model(model)
     results = result_dirs(out)
-    idx = [i for i, _ in results]
-    if idx != list(range(len(idx))):
-        gap = result_gaps(idx, 1)[0]
-        raise InputError(f"Result folders are not numbered 0..{len(idx) - 1}: Result_{gap} is missing", out)
+    gaps = result_gaps(results) if results else []
+    if gaps:
+        raise InputError(f"Result folders are not numbered 0..{len(results) - 1}: Result_{gaps[0]} is missing", out)
     unknown = sorted(set(missing_inputs) - {t.name for t in graph.inputs})
     if unknown:
         raise UsageError(f"--missing-input {', '.join(unknown)}: not an input of {graph.name} "

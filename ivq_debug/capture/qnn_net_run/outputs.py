@@ -304,7 +304,7 @@ def ingest_output(
         for t in g:
             index.setdefault(qnn_sanitize(t.name), t)
         if rds[0][1] != out:  # one Result_<i> per input_list line: a gap is lost data
-            for j in result_gaps([i for i, _ in rds]):
+            for j in result_gaps(rds):
                 ing.problems.append(IngestProblem("missing_file", str(rds[0][1].parent / f"Result_{j}"),
                                                   f"missing folder Result_{j} (graph {gname!r})"))
         per_result: dict[int, dict[str, dict[str, Path]]] = {}
@@ -326,18 +326,23 @@ def ingest_output(
     return ing
 
 
-def result_gaps(indices: Sequence[int], limit: int = 10) -> list[int]:
-    """The first ``limit`` indices missing from ``0..max(indices)`` (walks the indices, never the range: a
-    ``Result_<huge N>`` folder costs nothing)."""
+#: more missing ``Result_<i>`` folders than this is a stray folder name, not lost runs (an index is a number
+#: from a file name: ``Result_99999999999999999999999`` must not size a loop)
+MAX_RESULT_GAPS = 10_000
+
+
+def result_gaps(rds: Sequence[tuple[int, Path]]) -> list[int]:
+    """The indices missing from sorted ``(index, folder)`` pairs, counted from the folders present before any
+    is listed; more than :data:`MAX_RESULT_GAPS` is an :class:`InputError` naming the highest folder."""
+    missing = rds[-1][0] + 1 - len(rds)
+    if missing > MAX_RESULT_GAPS:
+        raise InputError(f"Result folders are numbered up to Result_{rds[-1][0]} but only {len(rds)} exist "
+                         f"({missing} missing: a stray folder?)", rds[-1][1])
     gaps: list[int] = []
-    expect = 0
-    for i in sorted(set(indices)):
-        while expect < i and len(gaps) < limit:
-            gaps.append(expect)
-            expect += 1
-        if len(gaps) >= limit:
-            break
-        expect = i + 1
+    prev = -1
+    for i, _ in rds:
+        gaps.extend(range(prev + 1, i))
+        prev = i
     return gaps
 
 

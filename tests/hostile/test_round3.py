@@ -1,0 +1,46 @@
+"""Issue 31 reproducers that need more than the case judge of :mod:`tests.hostile.harness`: an absolute
+address-space cap on a fresh interpreter, timing, and API-level checks of the shard and dump schemas.
+
+The per-slot cases (shards, outputs, options, dump fields) are in the catalog (``tests/hostile/cases.py``);
+this file holds what one case cannot say.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FIX = REPO / "tests" / "fixtures" / "qnn"
+
+
+def _capped(argv: list[str], cwd: Path, limit: int) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``python -m ivq_debug ARGV`` under an absolute ``RLIMIT_AS`` of ``limit`` bytes."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "ivq_debug", *argv], cwd=cwd, preexec_fn=cap, capture_output=True,
+                       text=True, timeout=120, env={"PYTHONPATH": str(REPO), "IVQ_NO_PROGRESS": "1",
+                                                    "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    return p, time.monotonic() - t
+
+
+def test_result_index_huge_under_2gib_cap(tmp_path: Path) -> None:
+    """``Result_99999999999999999999999`` beside ``Result_0``: once ``set(range(max_index + 1))`` (17.7 GB, OOM
+    killed); now exit 3 naming the folder, under a 2 GiB address-space cap, in seconds (the interpreter's
+    start included; the forked case ``netrun/result-index-huge/ingest`` holds it to 5 s)."""
+    shutil.copytree(FIX / "net_run" / "single", tmp_path / "netrun")
+    out = tmp_path / "netrun" / "output"
+    shutil.copytree(out / "Result_0", out / "Result_99999999999999999999999")
+    p, secs = _capped(["ingest", "qnn-net-run", "netrun/output", "--graph", "netrun/model_net.json", "--model",
+                       str(FIX / "model.qdq.onnx"), "-o", "o.h5"], tmp_path, 2 << 30)
+    assert p.returncode == 3, p.stderr
+    assert "Result_99999999999999999999999" in p.stderr and "Traceback" not in p.stderr
+    assert secs < 30
+    assert not (tmp_path / "o.h5").exists()
