@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.report.chromium import Chromium, find_chromium
+from tests.support.dynamic_models import run_ivq
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/install-chromium.sh)")
@@ -39,7 +40,7 @@ LAYOUT = """(() => {
   const box = (s) => { const e = document.querySelector(s); return e ? [e.scrollWidth, e.clientWidth] : null; };
   return {doc: document.documentElement.scrollWidth, layers: box('#layers .scroll'),
           parts: Array.from(document.querySelectorAll('#timeline .tl-part')).map(e => e.id),
-          evidence: Array.from(document.querySelectorAll('#findings .evidence')).map(e => e.textContent).join(' | ')};
+          evidence: Array.from(document.querySelectorAll('#findings .evidence')).map(e => e.innerText).join(' | ')};
 })()"""
 
 
@@ -71,3 +72,28 @@ def test_demo_report_first_finding_links_to_its_row(demo: Any, artifacts_dir: Pa
     assert lay["doc"] <= width
     if width == 1360:
         assert lay["layers"][0] <= lay["layers"][1] + 1, json.dumps(lay["layers"])  # no column cut off
+
+
+@pytest.mark.parametrize("part, code", [("vision", 0), ("prefill", 1), ("decode", 1)])
+def test_diagnose_demo_parts_fill_the_cumulative_error(demo: Any, tmp_path: Path, capfd: Any, part: str,
+                                                       code: int) -> None:
+    """``ivq diagnose`` on each a8w8 part of the demo: the cumulative columns of the record it replays are filled
+    (the vision record for vision, decode step 1 for decode; they were '-'), and where no unit breaks the budget
+    but the part's output does (prefill, decode), it says where the error accumulates and exits 1."""
+    work = Path(demo.root) / "work"
+    got, out, err = run_ivq(["diagnose", demo.dumps["ort-fp32"], demo.dumps["htp-a8w8"], "--model",
+                             work / f"{part}.a8w8.qdq.onnx", "--no-lift", "--json", tmp_path / "d.json"], capfd)
+    doc = json.loads((tmp_path / "d.json").read_text())
+    text = " ".join((out + err).split())
+    assert got == code, text[-800:]
+    assert doc["record"]["part"] == part
+    filled = [u for u in doc["units"] if u["cum_sqnr_db"] is not None]
+    assert len(filled) >= 0.9 * len(doc["units"])
+    if code:
+        acc = doc["accumulation"]
+        assert acc["outputs"][0]["cum_sqnr_db"] < doc["budget_sqnr_db"] <= min(u["intro_sqnr_db"] for u in filled)
+        assert "accumulated_error" in text and "the error accumulates" in text
+        assert any(o["tensor"].endswith("Softmax_output_0") for o in acc["iso_outliers"])
+        assert any(r["kind"] == "resolution_collapse" and "MaskAdd" in r["where"]["tensor"] for r in acc["related"])
+    else:
+        assert doc["accumulation"] is None
