@@ -35,7 +35,6 @@ tried instead.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import math
 import os
 import shutil
@@ -234,15 +233,10 @@ def _calibration_digest(cal: Any) -> str:
 
 
 def dump_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a dump's content: every entry's record, kind, name, dtype, shape and values (a summary-only
-    entry: its stored sample). Two captures of the same data agree; their files do not (provenance, time)."""
-    h = hashlib.sha256()
+    """The dump's content digest (:meth:`~ivq_debug.dump.reader.Dump.content_digest`, the one the replay's
+    shards use too): two captures of the same data agree; their files do not (provenance, time)."""
     with open_dump(path) as d:
-        for e in sorted(d.entries, key=lambda e: (e.sample, e.part, e.step, e.kind, e.name)):
-            arr, _ = d.read_any(e)
-            h.update(f"{e.record}|{e.kind}|{e.name}|".encode())
-            h.update(input_digest(arr, e.dtype).encode())
-    return h.hexdigest()
+        return d.content_digest()
 
 
 def _meta(tuner: Tuner) -> dict[str, Any]:
