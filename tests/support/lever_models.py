@@ -38,9 +38,15 @@ def build_two_causes(path: Path, *, outlier: float = 40.0, big: float = 100.0, s
              helper.make_node("Relu", ["xb"], ["rb"], name="relu_b"),
              helper.make_node("Conv", ["rb", "wb"], ["yb"], name="conv_b"),
              helper.make_node("Concat", ["ya", "yb"], ["y"], axis=1, name="cat")]
-    g = helper.make_graph(nodes, "two_causes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 4, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 4, 4])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return save_graph(path, nodes, inits, [1, 16, 4, 4], [1, 32, 4, 4], opset=17, name="two_causes")
+
+
+def save_graph(path: Path, nodes: list, inits: list, x_shape: list[int], y_shape: list[int], *, opset: int,
+               name: str = "g") -> Path:
+    """One float input ``x``, one float output ``y``: the graph checked and saved to ``path``."""
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     onnx.checker.check_model(m)
     onnx.save(m, str(path))
     return path
