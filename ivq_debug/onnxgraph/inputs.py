@@ -25,6 +25,11 @@ class InputSpec:
     dtype: np.dtype
     shape: tuple[int | None, ...]
 
+    def static_mismatch(self, shape: Sequence[int]) -> int | None:
+        """The first axis where ``shape`` differs from a static dimension of the input (None: none does)."""
+        return next((i for i, (have, want) in enumerate(zip(shape, self.shape, strict=False))
+                     if want is not None and want > 0 and have != want), None)
+
 
 def model_inputs(model: Any) -> list[InputSpec]:
     """The real graph inputs of an ``onnx.ModelProto`` (initializers listed as inputs excluded)."""
@@ -78,10 +83,10 @@ def _check_feed(name: str, a: np.ndarray, spec: InputSpec, src: PathLike, *, typ
     if len(spec.shape) != a.ndim:
         raise InputError(f"input {name!r} has rank {a.ndim} (shape {list(a.shape)}), the model expects rank "
                          f"{len(spec.shape)} {_dims(spec.shape)}", src)
-    for i, (have, dim) in enumerate(zip(a.shape, spec.shape, strict=True)):
-        if dim is not None and dim > 0 and have != dim:
-            raise InputError(f"input {name!r}: dimension {i} is {have}, the model expects {dim} "
-                             f"{_dims(spec.shape)}", src)
+    i = spec.static_mismatch(a.shape)
+    if i is not None:
+        raise InputError(f"input {name!r}: dimension {i} is {a.shape[i]}, the model expects {spec.shape[i]} "
+                         f"{_dims(spec.shape)}", src)
 
 
 def _dims(shape: tuple[int | None, ...]) -> str:
