@@ -16,6 +16,7 @@ from ivq_debug.console import results, status, warn
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, RunError, UsageError, require_extra
+from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
@@ -39,7 +40,7 @@ from ivq_debug.tune.verify import (
     verify,
 )
 from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_feeds, check_outputs
+from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
