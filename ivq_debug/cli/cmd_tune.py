@@ -143,7 +143,8 @@ def execute(args: argparse.Namespace) -> int:
         open_dump(args.reference).close()
     inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
     outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"])]
-    check_outputs([wd / n for n in outputs], inputs, overwrite=True)  # even --force never replaces an input
+    check_outputs([wd / n for n in outputs], inputs, overwrite=True,  # even --force never replaces an input
+                  folders_exist=False)  # the workdir is made below (and removed if this run fails)
     missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
     wd.mkdir(parents=True, exist_ok=True)
     try:
