@@ -63,6 +63,7 @@ ROOT_SCHEMA: dict[str, Any] = {
         "tool_version": {"type": "string"},
         "command": {"type": "string"},
         "host": {"type": "string"},
+        "content_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     },
 }
 
@@ -254,7 +255,7 @@ def root_attributes(attrs: Any, path: Path) -> dict[str, Any]:
     """The root attributes decoded and checked (:data:`ROOT_SCHEMA`); ``format`` is checked by the caller."""
     out: dict[str, Any] = {}
     for k in ("format_version", "finalized", "complete", "summary_only", "summary_samples", "n_records",
-              "n_tensors", "backend", "created", "tool_version", "command", "host"):
+              "n_tensors", "backend", "created", "tool_version", "command", "host", "content_sha256"):
         v = _attr(attrs, k, path)
         if v is not None:
             out[k] = v
