@@ -41,7 +41,7 @@ def test_core_commands_run_without_any_extra(tmp_path: Path) -> None:
               "             ['ls', 'q.h5'], ['ls', 'q.h5', '--records'], ['show', 'q.h5', 'y'],\n"
               "             ['calib-stats', 'm.onnx', '--calibration', 'cal', '-o', 's.json']):\n"
               "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, (argv, e.code)\n"
-              "bad = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if sys.modules.get(m) is not None]\n"
+              "bad = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib', 'PIL') if sys.modules.get(m) is not None]\n"
               "assert not bad, bad\nprint('core ok')")
     r = without(("torch", "analysis", "qnn"), script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
