@@ -64,7 +64,7 @@ def effective_line(effective: dict) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
-    check_outputs([args.json], [args.model, args.calibration, args.overrides, args.output], args.force)
+    check_outputs([args.output, args.json], [args.model, args.calibration, args.overrides], args.force)
     con = results(json_to_stdout=args.json == "-")
     if args.dynamic:
         for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),

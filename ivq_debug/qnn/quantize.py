@@ -32,6 +32,7 @@ import numpy as np
 from ivq_debug import interrupt
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
+from ivq_debug.onnxgraph.inputs import InputSpec, model_inputs
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
@@ -103,31 +104,6 @@ class QuantizeResult:
 
 
 # ---------------------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class InputSpec:
-    """A graph input: name, numpy dtype and shape (``None`` for a symbolic dimension)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | None, ...]
-
-
-def model_inputs(model: Any) -> list[InputSpec]:
-    """The real graph inputs of an ``onnx.ModelProto`` (initializers listed as inputs excluded)."""
-    from onnx import helper
-
-    inits = {i.name for i in model.graph.initializer}
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
-        out.append(InputSpec(vi.name, dtype, shape))
-    return out
-
-
 def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     """Add a batch axis when one is missing, cast to the input dtype, check static dims."""
     a = np.asarray(arr)
@@ -136,10 +112,10 @@ def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     if spec.shape and a.ndim != len(spec.shape):
         raise InputError(f"input {spec.name!r}: rank {a.ndim}, model expects {len(spec.shape)} "
                          f"(shape {list(spec.shape)})", where)
-    for i, (have, want) in enumerate(zip(a.shape, spec.shape, strict=False)):
-        if want is not None and want > 0 and have != want:
-            raise InputError(f"input {spec.name!r}: dim {i} is {have}, model expects {want} "
-                             f"(shape {list(spec.shape)})", where)
+    i = spec.static_mismatch(a.shape)
+    if i is not None:
+        raise InputError(f"input {spec.name!r}: dim {i} is {a.shape[i]}, model expects {spec.shape[i]} "
+                         f"(shape {list(spec.shape)})", where)
     if a.dtype != spec.dtype:
         if a.dtype.kind == "f" and spec.dtype.kind in "iu":
             raise InputError(f"input {spec.name!r}: float data for an integer input", where)
