@@ -142,7 +142,7 @@ class CheckError(RunError):
 
 #: third-party modules of the optional extras (``pyproject.toml``): top-level module -> extra
 EXTRAS: dict[str, str] = {
-    "pandas": "analysis", "matplotlib": "analysis",
+    "pandas": "analysis", "PIL": "analysis",
     "torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "onnxscript": "torch",
     "onnxruntime_qnn": "qnn", "ray": "ray",
 }

@@ -32,6 +32,7 @@ import numpy as np
 
 from ivq_debug import __version__, defaults
 from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
+from ivq_debug.dump.format import part_rank
 from ivq_debug.dump.stats import sample_indices
 from ivq_debug.errors import UsageError, one_line
 from ivq_debug.report import threeway as threeway_report
@@ -81,7 +82,6 @@ SERIES_STYLES = (("#2457a6", ""), ("#e07b00", "7 3"), ("#2a9d8f", "2 2"), ("#9c3
                  ("#7f7f7f", "6 2 2 2"))
 #: the replay's introduced-error series
 INTRODUCED_STYLE = ("#111827", "1 2")
-PART_RANK = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
 DASH = '<span class="muted">–</span>'
 
 
@@ -112,7 +112,7 @@ def _rec_label(key: Sequence[Any], multi_sample: bool = False) -> str:
 
 def _rec_sort(key: Sequence[Any]) -> float:
     sample, part, step = key
-    return int(sample) * 1e7 + PART_RANK.get(str(part), 5) * 1e5 + int(step)
+    return int(sample) * 1e7 + part_rank(part) * 1e5 + int(step)
 
 
 def _sqnr_cell(v: Any, status: str | None = None, extra_cls: str = "") -> str:
@@ -561,7 +561,7 @@ def depth_charts(ctx: _Ctx, parts: Sequence[str] | None = None, *, with_others: 
     hline, hlabel = _budget_line(ctx.cmp)
     charts = []
     cut_steps = []
-    keys = sorted((k for k in groups if parts is None or k[1] in parts), key=lambda k: (k[0], PART_RANK.get(k[1], 5)))
+    keys = sorted((k for k in groups if parts is None or k[1] in parts), key=lambda k: (k[0], part_rank(k[1])))
     for sample, part in keys[:MAX_CHARTS]:
         rows = groups[(sample, part)]
         steps = sorted({r["record"][2] for r in rows})
@@ -869,7 +869,7 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
             cells.append(f'<td class="num" data-v="{_data_v(lat)}" title="{esc(ops)}">{esc(fmt(lat, 4))}</td>')
         body.append(f'<tr id="L{r["row"]}" data-status="{esc(tok)}" data-part="{esc(key[1])}">'
                     f'{"".join(cells)}</tr>')
-    parts = sorted({r["record"][1] for r in v.rows}, key=lambda p: PART_RANK.get(p, 5))
+    parts = sorted({r["record"][1] for r in v.rows}, key=part_rank)
     part_opts = "".join(f'<option value="{esc(p)}">{esc(p)}</option>' for p in parts)
     statuses = ["fail", "pass"] if ctx.cmp.budgets else ["diverged"]
     statuses += sorted({str(r["status"]) for r in v.rows})

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ivq_debug.dump.format import part_rank
 from ivq_debug.qnn.profiling import JOIN_COLUMNS, PROFILING_TABLE, join_tensors, profiling_tables
 
 RecordKey = tuple[int, str, int]
@@ -144,7 +145,6 @@ def _us_per_cycle(rows: Any) -> float | None:
 
 
 #: the order parts are listed in
-PART_ORDER = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
 
 
 def build_timelines(dump: Any, model: Any = None) -> list[Timeline]:
@@ -159,7 +159,7 @@ def build_timelines(dump: Any, model: Any = None) -> list[Timeline]:
     tables = profiling_tables(dump.table_names())
     out = [tl for name, part in tables.items()
            if (tl := _build(dump, name, part, model if len(tables) == 1 else None)) is not None]
-    return sorted(out, key=lambda t: (PART_ORDER.get(str(t.part), 5), str(t.part)))
+    return sorted(out, key=lambda t: (part_rank(t.part), str(t.part)))
 
 
 def build_timeline(dump: Any, model: Any = None) -> Timeline | None:

@@ -40,7 +40,7 @@ from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import sha256_file
-from ivq_debug.validate import check_hf_config
+from ivq_debug.vlm.config import check_hf_config
 from ivq_debug.vlm.inputs import rope_index
 
 PARTS = ("vision", "prefill", "decode")
@@ -171,8 +171,12 @@ class SessionReplay:
             if t.name in skip:
                 continue
             if t.name not in device:
-                raise InputError(f"record {key} has no input {t.name!r}, which the reference {part} graph "
-                                 f"{self.graphs[part].name} takes", self.session.path)
+                rid = self.session.record_keys().get(key)
+                unfed = t.name in ((self.session.record_meta(rid).get("not_fed") or []) if rid is not None else [])
+                raise InputError(f"record {key} has no input {t.name!r}"
+                                 + (" (the device did not feed it)" if unfed else "")
+                                 + f", which the reference {part} graph {self.graphs[part].name} takes; the reference "
+                                 f"recomputes only {POSITIONS} and the cache", self.session.path)
             feeds[t.name] = device[t.name].astype(t.dtype, copy=False)
         return feeds
 
