@@ -358,8 +358,9 @@ def _print(con: Any, rep: Any, where: str) -> None:
     """The refused candidates, the end-to-end table and the changed layers, on stdout (the results)."""
     out = results()
     for r in rep.refused:
+        on = "" if "QNN HTP" in r["reason"] or "not run by" in r["reason"] else f" on {where}"
         out.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
-                  f"{escape(r['reason'])} on {where}")
+                  f"{escape(r['reason'])}{on}")
     tables = [TableData(f"end to end ({where})", [Col("what", "what", "name"), Col("before", "before", "num"),
                                                     Col("after", "after", "num"), Col("change", "change", "num")],
                         rep.end_to_end.to_dict("records"))]
