@@ -38,6 +38,7 @@ import numpy as np
 
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
@@ -735,8 +736,6 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     (quantizer knobs) that made ``after``, when not ``tuner`` (a global lever of :mod:`ivq_debug.tune.search`)."""
     if tuner.backend == tuner.target or tuner.target != "qnn":
         return None, {"backend": tuner.target, "checked": True, "same_as_trials": True}
-    from ivq_debug.capture.qnn_ep.session import qnn_ep_status
-
     st = qnn_ep_status()
     if not st.available:
         return None, {"backend": "qnn", "checked": False, "reason": f"QNN EP unavailable: {st.reason}"}
