@@ -62,6 +62,10 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
     return arr, arr.dtype.name
 
 
+#: the keywords of :meth:`DumpWriter.add_tensor` beside the name and the value
+_ENTRY_FIELDS = ("op_type", "order", "scope", "layout", "encoding", "raw", "qnn_name", "source_file")
+
+
 def _chunk_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
     """Chunk shape of about ``target`` bytes: trailing axes kept whole, leading axes cut.
 
@@ -314,21 +318,12 @@ class DumpWriter:
         )
 
     @guarded
-    def _add(
-        self,
-        kind: str,
-        name: str,
-        value: Any,
-        *,
-        op_type: str | None = None,
-        order: int | None = None,
-        scope: str | None = None,
-        layout: str | None = None,
-        encoding: dict[str, Any] | None = None,
-        raw: Any | None = None,
-        qnn_name: str | None = None,
-        source_file: str | None = None,
-    ) -> tuple[np.ndarray, str]:
+    def _add(self, kind: str, name: str, value: Any, **fields: Any) -> tuple[np.ndarray, str]:
+        """Store one entry; ``fields`` are :meth:`add_tensor`'s keywords (absent: None)."""
+        unknown = set(fields) - set(_ENTRY_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown entry field(s) {sorted(unknown)}")
+        op_type, order, scope, layout, encoding, raw, qnn_name, source_file = (fields.get(k) for k in _ENTRY_FIELDS)
         rec = self._require_record()
         rid = rec["rid"]
         seen = self._names.setdefault((rid, kind), set())
@@ -411,20 +406,19 @@ class DumpWriter:
             rows = list(table)
             cols = list(dict.fromkeys(k for r in rows for k in r))
             payload = {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
-        text = fmt.to_json(payload)
-        self._guard.reserve(len(text) + 4096)
-        grp = self._f.require_group(fmt.TABLES)
-        if name in grp:
-            del grp[name]
-        grp.create_dataset(name, data=text)
+        self._json_dataset(fmt.TABLES, name, payload)
 
     @guarded
     def set_meta(self, name: str, value: Any) -> None:
         """Store a JSON value under ``/meta/<name>`` (e.g. the partition of a QNN capture)."""
         self._check_open()
+        self._json_dataset(fmt.META, name, value)
+
+    def _json_dataset(self, group: str, name: str, value: Any) -> None:
+        """``value`` as a JSON string dataset ``/<group>/<name>`` (replacing one of that name)."""
         text = fmt.to_json(value)
         self._guard.reserve(len(text) + 4096)
-        grp = self._f.require_group(fmt.META)
+        grp = self._f.require_group(group)
         if name in grp:
             del grp[name]
         grp.create_dataset(name, data=text)

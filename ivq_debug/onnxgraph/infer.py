@@ -19,16 +19,17 @@ from typing import Any
 ValueType = tuple[int, tuple[int | str | None, ...] | None]
 
 
-def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]] | None = None
-                ) -> dict[str, ValueType]:
-    """``{value name: (elem_type, dims)}`` of every graph input, node output and graph output as onnx shape
-    inference gives them; ``input_dims`` replaces the dims of the named graph inputs (ints for known values,
-    names for symbolic ones). Empty when inference fails (custom domains, a graph too large for protobuf).
+def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]] | None = None, *,
+                symbolic: bool = True) -> dict[str, ValueType]:
+    """``{value name: (elem_type, dims)}`` of every graph input, node output and graph output as shape inference
+    gives them; ``input_dims`` replaces the dims of the named graph inputs (ints for known values, names for
+    symbolic ones). onnx's inference runs first; when it leaves a dim unknown and ``symbolic``, ONNX Runtime's
+    (which imports sympy: about 1 s) decides instead. Empty when both fail (custom domains, a graph too large
+    for protobuf).
     """
     import onnx
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    m = _without_weights(model)
     g = m.graph
     del g.value_info[:]
     for vi in g.input:
@@ -37,12 +38,56 @@ def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]]
     for vi in g.output:
         if vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
-    inferred = _ort_symbolic(m)
-    if inferred is None:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-        except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
-            return {}
+    try:
+        out = _types(onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True))
+    except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
+        out = {}
+    given = {d for v in (input_dims or {}).values() for d in v if isinstance(d, str)}
+    complete = out and all(d is not None and all(isinstance(x, int) or x in given for x in d) for _, d in out.values())
+    if symbolic and not complete:
+        ort = _ort_symbolic(m)
+        if ort is not None:
+            out = _types(ort)
+    return out
+
+
+#: float initializers larger than this lose their values in the copy shape inference sees (their dims stay):
+#: inference reads the values of small integer tensors only (Reshape targets, Slice bounds), and a copy of a
+#: 2 GB decoder per inference would dominate the ingest
+_KEEP_VALUES = 4096
+_FLOATS = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _without_weights(model: Any) -> Any:
+    """A copy of ``model`` for shape inference: large float initializers keep their dims and type, not their
+    values (nothing large is copied)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(m, f, getattr(model, f))
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    src, g = model.graph, m.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    for t in src.initializer:
+        n = 1
+        for d in t.dims:
+            n *= int(d)
+        if t.data_type in _FLOATS and n > _KEEP_VALUES:
+            e = g.initializer.add()
+            e.name, e.data_type = t.name, t.data_type
+            e.dims.extend(t.dims)
+        else:
+            g.initializer.append(t)
+    return m
+
+
+def _types(inferred: Any) -> dict[str, ValueType]:
     out: dict[str, ValueType] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         tt = vi.type.tensor_type
