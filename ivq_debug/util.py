@@ -266,6 +266,39 @@ def schema_message(err: Any) -> str:
     return one_line(err.message, 160)
 
 
+def _validator_class() -> Any:
+    """Draft 2020-12 with the project's number keywords (JSON Schema has none for them):
+
+    * ``"x-finite": true``: a number that is not NaN nor ±inf (Python's ``json`` reads ``NaN`` and ``Infinity``);
+      ``"x-finite": "not-nan"``: ±inf allowed (an empty accumulator's min / max), NaN not.
+    * ``"x-ordered": [[a, b], ...]``: on an object, the number ``a`` is at most the number ``b`` (``min`` ≤ ``max``).
+    """
+    global _VALIDATOR_CLS
+    if _VALIDATOR_CLS is None:
+        from jsonschema import Draft202012Validator, ValidationError, validators
+
+        def finite(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+            if isinstance(instance, float) and value and (
+                    math.isnan(instance) if value == "not-nan" else not math.isfinite(instance)):
+                yield ValidationError(f"must be {'a number, not NaN' if value == 'not-nan' else 'a finite number'}, "
+                                      f"got {instance!r}")
+
+        def ordered(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+            if not isinstance(instance, dict):
+                return
+            for a, b in value:
+                x, y = instance.get(a), instance.get(b)
+                if (isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool)
+                        and not isinstance(y, bool) and x > y):
+                    yield ValidationError(f"{a} {x!r} is above {b} {y!r}")
+
+        _VALIDATOR_CLS = validators.extend(Draft202012Validator, {"x-finite": finite, "x-ordered": ordered})
+    return _VALIDATOR_CLS
+
+
+_VALIDATOR_CLS: Any = None
+
+
 def check_schema(doc: Any, schema: dict[str, Any], source: str | os.PathLike | None = None,
                  what: str = "") -> None:
     """Validate a loaded document against a JSON Schema (Draft 2020-12, ``jsonschema``).
@@ -277,9 +310,7 @@ def check_schema(doc: Any, schema: dict[str, Any], source: str | os.PathLike | N
     """
     v = _VALIDATORS.get(id(schema))
     if v is None:
-        from jsonschema import Draft202012Validator
-
-        v = _VALIDATORS[id(schema)] = Draft202012Validator(schema)
+        v = _VALIDATORS[id(schema)] = _validator_class()(schema)
     from jsonschema.exceptions import best_match
 
     err = best_match(v.iter_errors(doc))
