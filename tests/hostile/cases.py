@@ -1997,6 +1997,117 @@ def _expected_cases() -> list[Case]:
     return out
 
 
+# ============================================================================ job shards (issue 31)
+#: slot → (the corpus folder its rerun resumes from, where the shards are inside it, the output it may write)
+SHARD_SLOTS: dict[str, tuple[str, str, str, tuple[int, ...]]] = {
+    "calib-stats": ("calib-shards", "cs", "s.json", (0, 1)),
+    "diagnose": ("replay-shards", "ds", "", (0,)),
+    "tune": ("sweep-wd", "wd/trials/sweep/shards", "wd", (0, 1)),
+}
+#: slot → the field a numeric kind breaks (first object in the result that holds it) and how
+_SHARD_FIELDS: dict[str, dict[str, tuple[str, Callable[[dict], Any]]]] = {
+    "calib-stats": {"nan": ("min", lambda o: float("nan")), "negative": ("count", lambda o: -3),
+                    "unordered": ("min", lambda o: o["max"] + 1.0), "inf-sum": ("sum", lambda o: float("inf"))},
+    "diagnose": {"nan": ("sum_r2", lambda o: float("nan")), "negative": ("n", lambda o: -1),
+                 "unordered": ("top1_agree", lambda o: o["rows"] + 1), "inf-sum": ("sum_tr", lambda o: float("inf"))},
+    "tune": {"nan": ("seconds", lambda o: float("nan")), "negative": ("model_bytes", lambda o: -1),
+             "inf-sum": ("cycles", lambda o: float("inf"))},
+}
+
+
+def _first_holding(node: Any, key: str) -> dict | None:
+    if isinstance(node, dict):
+        if key in node:
+            return node
+        children = node.values()
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    return next((h for c in children if (h := _first_holding(c, key)) is not None), None)
+
+
+def _shard_kinds(slot: str) -> dict[str, Callable[[Workspace, Path], None]]:
+    """kind → an edit of one shard file (every shard of the folder gets it: whichever is read first fails)."""
+
+    def text(data: str) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: p.write_text(data)
+
+    def doc(fn: Callable[[dict], None]) -> Callable[[Workspace, Path], None]:
+        def edit(ws: Workspace, p: Path) -> None:
+            d = json.loads(p.read_text())
+            fn(d)
+            p.write_text(json.dumps(d))  # NaN / Infinity as Python writes them (the shards' own spelling)
+
+        return edit
+
+    def field(key: str, value: Callable[[dict], Any]) -> Callable[[dict], None]:
+        def fn(d: dict) -> None:
+            o = _first_holding(d["result"], key)
+            assert o is not None, f"no {key!r} in the {slot} shard"
+            o[key] = value(o)
+
+        return fn
+
+    def outside(ws: Workspace, p: Path) -> None:
+        target = ws.outside / p.name
+        shutil.move(str(p), target)
+        os.symlink(target, p)
+
+    def replace(kind: str) -> Callable[[Workspace, Path], None]:
+        def edit(ws: Workspace, p: Path) -> None:
+            p.unlink()
+            _special(ws, kind, os.path.relpath(p, ws.work))
+
+        return edit
+
+    kinds: dict[str, Callable[[Workspace, Path], None]] = {
+        "deep": text("[" * 100_000 + "]" * 100_000),
+        "not-json": text("{shard: "),
+        "truncated": lambda ws, p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+        "not-utf8": lambda ws, p: p.write_bytes(b'{"schema": "\xff\xfe"}'),
+        "not-object": text("[1, 2]"),
+        "other-schema": doc(lambda d: d.__setitem__("schema", "ivq-shard/9")),
+        "meta-list": doc(lambda d: d.__setitem__("meta", [])),
+        "result-list": doc(lambda d: d.__setitem__("result", [])),
+        "symlink-outside": outside,
+        "fifo": replace("fifo"),
+        "dir": replace("dir"),
+        "loop": replace("loop"),
+        "dangling": lambda ws, p: (p.unlink(), os.symlink("nowhere.json", p)),
+    }
+    for kind, (key, value) in _SHARD_FIELDS[slot].items():
+        kinds[kind] = doc(field(key, value))
+    return kinds
+
+
+def _shard_cases() -> list[Case]:
+    """The slots × kinds table of job shards: every command that runs jobs resumes from a copy of a real run's
+    shards, one kind of breakage applied to every shard; exit 3 naming the shard, nothing written. The
+    ``valid`` row resumes the untouched copy (exit 0 / 1, no job rerun: a new shard would be a leftover)."""
+    from tests.hostile.corpus import SHARD_ARGV
+
+    out = []
+    for slot, (name, where, output, ok) in SHARD_SLOTS.items():
+        def build(ws: Workspace, slot: str = slot, name: str = name, where: str = where,
+                  edit: Callable[[Workspace, Path], None] | None = None) -> list[str]:
+            for f in ("model.onnx", "model.qdq.onnx", "x.npz", "float.h5", "qdq.h5"):
+                ws.copy(f)
+            ws.copy("x.npz", "calib.npz")
+            ws.copy(name, where if slot != "tune" else "wd")
+            if edit is not None:
+                for p in sorted((ws.work / where).glob("*.json")):
+                    edit(ws, p)
+            return list(SHARD_ARGV[slot])
+
+        creates = (output,) if output else ()
+        out.append(Case(f"shards/valid/{slot}", "shards", build, ok, creates=creates, timeout=120))
+        for kind, edit in _shard_kinds(slot).items():
+            out.append(Case(f"shards/{kind}/{slot}", "shards", lambda ws, b=build, e=edit: b(ws, edit=e), 3,
+                            timeout=120, stdin="pipe" if kind == "fifo" else "devnull"))
+    return out
+
+
 # ============================================================================ valid inputs (every command)
 def _valid_cases() -> list[Case]:
     return [
@@ -2036,7 +2147,7 @@ def all_cases() -> list[Case]:
     cases = (_valid_cases() + _dump_cases() + _name_cases() + _npz_cases() + _overrides_cases() + _netjson_cases()
              + _netrun_cases() + _profiling_cases() + _onnx_cases() + _special_cases() + _output_cases()
              + _disk_cases() + _diff_json_cases() + _session_cases() + _netrun_model_cases() + _reference_cases()
-             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases())
+             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases() + _shard_cases())
     ids = [c.id for c in cases]
     dup = {i for i in ids if ids.count(i) > 1}
     assert not dup, f"duplicate case ids: {sorted(dup)}"

@@ -57,6 +57,9 @@ DEFAULT_EXTRA = (
     "reference/config-theta-string/reference", "reference/export-json-path-traversal/reference",
     "qnncache/meta-is-fifo/capture", "tune/checkpoint-is-fifo/tune", "tune/metric-exits-on-import/tune",
     "dynamic/exclude-nodes-missing/quantize",
+    # issue 31: job shards (a 100,000-deep shard, forged numbers, a symlink out, a FIFO)
+    "shards/deep/calib-stats", "shards/nan/calib-stats", "shards/unordered/calib-stats", "shards/deep/diagnose",
+    "shards/symlink-outside/diagnose", "shards/fifo/calib-stats", "shards/deep/tune",
 )
 
 
@@ -116,7 +119,7 @@ def test_catalog_covers_every_command_and_format(hostile_results: dict) -> None:
                         "reference", "ivq-diff"}
     assert {c.fmt for c in CASES if c.id in DEFAULT_IDS} >= {
         "dump", "npz", "overrides", "netjson", "netrun", "profiling", "onnx", "special", "outputs", "disk",
-        "names", "diffjson", "session", "netrun-model", "reference", "dynamic", "qnncache", "tune"}
+        "names", "diffjson", "session", "netrun-model", "reference", "dynamic", "qnncache", "tune", "shards"}
     assert len(CASES) >= 300 and len(DEFAULT_IDS) < len(CASES) / 4
 
 
