@@ -11,7 +11,7 @@ from ivq_debug.cli.common import comma_list, escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_feeds, check_outputs
+from ivq_debug.validate import check_feeds
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -101,7 +101,6 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
-    check_outputs([args.output], [args.model, *args.inputs], args.force)
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")

@@ -21,7 +21,7 @@ from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.report import write_junit, write_model_explorer, write_perfetto, write_report
 from ivq_debug.report.html import comparison_label
-from ivq_debug.validate import check_model, check_outputs, read_name_map
+from ivq_debug.validate import check_model, read_name_map
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -57,8 +57,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Compare, write the report and the requested exports; returns the exit code."""
-    inputs = [args.ref, args.test, *(p for pair in args.extra for p in pair), args.model, args.map, args.replay]
-    check_outputs([args.output, args.perfetto, args.model_explorer, args.junit], inputs, args.force)
     check_model(args.model)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
     mapping = read_name_map(args.map) if args.map else None

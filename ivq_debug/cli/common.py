@@ -70,6 +70,67 @@ def _internal(prog: str, argv: list[str], e: Exception) -> int:
     return EXIT_FAIL
 
 
+# ------------------------------------------------------------------------------------------ the one output check
+#: the role of every string option of every command, by argparse ``dest`` (:func:`check_args_io`): ``input`` (a
+#: file or folder the command reads), ``output`` (a file it writes), ``workdir`` (a folder it writes into) or
+#: ``value`` (not a path). ``tests/cli/test_io_roles.py`` fails for an option of no role, so a new command cannot
+#: skip the check.
+ROLES: dict[str, str] = {
+    **dict.fromkeys(("dump", "ref", "test", "baseline", "expected", "map", "model", "inputs", "output_dir", "graph",
+                     "input_list", "config", "profiling", "spec", "vision", "prefill", "decode", "model_dir",
+                     "vision_model", "prefill_model", "decode_model", "session", "calibration", "overrides",
+                     "float_model", "shards", "reference", "replay", "extra", "encodings", "qnn_cache"), "input"),
+    **dict.fromkeys(("output", "json", "report", "perfetto", "model_explorer", "junit"), "output"),
+    **dict.fromkeys(("workdir", "golden", "reports"), "workdir"),
+    **dict.fromkeys(("name", "record", "records", "budget", "rank_by", "max_unmatched", "part", "include", "exclude",
+                     "op_types", "session_option", "soc_model", "htp_arch", "dim", "device", "grid_thw",
+                     "exclude_nodes", "nodes", "ray_address", "tensors", "watch", "task_metric", "groups",
+                     "precisions", "title", "overlay_metric", "source", "command"), "value"),
+}
+#: command → the options whose role differs there (``ivq demo --model`` names a built-in model, not a file)
+COMMAND_ROLES: dict[str, dict[str, str]] = {"demo": {"model": "value"}}
+
+
+def io_role(command: str, dest: str) -> str | None:
+    """The role of option ``dest`` of ``command`` (:data:`ROLES`), None when undeclared."""
+    return COMMAND_ROLES.get(command, {}).get(dest) or ROLES.get(dest)
+
+
+def _paths(value: Any) -> list[str]:
+    if value is None or isinstance(value, bool):
+        return []
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _paths(v)]
+    return [os.fspath(value)] if isinstance(value, (str, os.PathLike)) else []
+
+
+def check_args_io(args: Any, command: str, extra_inputs: Any = ()) -> None:
+    """The one output check of every writer, run by both entry points (``ivq``, ``ivq-diff``) after parsing and
+    before the command starts: no output (``output`` role) is an input (``input`` role, ``extra_inputs``: what
+    a command reads besides its options, e.g. the folders of a session spec), by path, real path or inode, nor a
+    file inside an input folder (the shard folder ``--json`` must not land in), even with ``--force``; no two
+    outputs are one file; an existing output needs ``--force``; a ``workdir`` is not an existing file.
+
+    Raises:
+        UsageError: exit 2, "output would replace an input", before any work.
+    """
+    from ivq_debug.validate import check_outputs
+
+    ins: list[str] = [*(_paths(extra_inputs))]
+    outs: list[str] = []
+    for dest, value in sorted(vars(args).items()):
+        role = io_role(command, dest)
+        if role == "input":
+            ins += _paths(value)
+        elif role == "output":
+            outs += _paths(value)
+        elif role == "workdir":
+            for w in _paths(value):
+                if os.path.exists(w) and not os.path.isdir(w):
+                    raise UsageError("the working folder is a file, not a folder", w)
+    check_outputs(outs, ins, bool(getattr(args, "force", False)))
+
+
 def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
     """A ``--record`` value: a record id (``r000001``) or ``sample/part/step`` (``0/decode/3``)."""
     if sel is None or sel.startswith("r"):

@@ -1290,7 +1290,42 @@ def _output_pairs() -> dict[str, tuple[Callable[[Workspace], tuple[list[str], st
 
         return b
 
+    def reference(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            s = ws.copy("session.h5")
+            ws.copy("parts")
+            argv = ["reference", s, "--model-dir", "parts"]
+            if alias == "session":
+                return argv, s
+            if alias == "config":
+                cfg = ws.write("cfg.json", "{}\n")
+                return [*argv, "--config", cfg], cfg
+            decode = sorted((ws.work / "parts").glob("*decode*.onnx"))[0]
+            if alias == "decode-model":
+                dm = ws.write("dm.onnx", decode.read_bytes())
+                return [*argv, "--decode-model", dm], dm
+            return argv, os.path.relpath(decode, ws.work)  # a file inside --model-dir
+
+        return b
+
+    def diagnose_shards(ws: Workspace) -> tuple[list[str], str]:
+        r, t, m = ws.copy("float.h5"), ws.copy("qdq.h5"), ws.copy("model.qdq.onnx")
+        ws.copy("replay-shards", "ds")
+        shard = os.path.relpath(sorted((ws.work / "ds").glob("*.json"))[0], ws.work)
+        return ["diagnose", r, t, "--model", m, "--shards", "ds", "--budget-sqnr", "-1000"], shard
+
+    def dynamic(ws: Workspace) -> tuple[list[str], str]:
+        m = ws.copy("model.onnx")
+        return ["quantize", m, "--dynamic"], m
+
     return {
+        # issue 31: the writers that once had no check (ivq reference, a shard of diagnose's own --shards, --dynamic)
+        "reference-o-session": (reference("session"), "-o"),
+        "reference-o-config": (reference("config"), "-o"),
+        "reference-o-decode-model": (reference("decode-model"), "-o"),
+        "reference-o-model-dir-file": (reference("model-dir-file"), "-o"),
+        "diagnose-json-shards": (diagnose_shards, "--json"),
+        "quantize-dynamic-o-model": (dynamic, "-o"),
         "diff-json-ref": (diff("ref"), "--json"),
         "diff-report-test": (diff("test"), "--report"),
         "diff-json-baseline": (diff("baseline"), "--json"),
@@ -1336,6 +1371,9 @@ def _output_cases() -> list[Case]:
         "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
         ws.copy("x.npz"), "--overrides", ws.copy("ort.json", "overrides.json"), "-o", ".", "--force"], 2,
         timeout=120))
+    out.append(Case("outputs/tune-workdir-is-file/force", "outputs", lambda ws: [
+        "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+        ws.copy("x.npz"), "-o", ws.write("notes.txt", "mine\n"), "--force"], 2))
     out.append(Case("outputs/report-two-outputs-one-file/force", "outputs", lambda ws: [
         "report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html", "--junit", "./r.html", "--force"], 2))
     return out

@@ -60,6 +60,10 @@ DEFAULT_EXTRA = (
     # issue 31: job shards (a 100,000-deep shard, forged numbers, a symlink out, a FIFO)
     "shards/deep/calib-stats", "shards/nan/calib-stats", "shards/unordered/calib-stats", "shards/deep/diagnose",
     "shards/symlink-outside/diagnose", "shards/fifo/calib-stats", "shards/deep/tune",
+    # issue 31: the one output check (ivq reference, diagnose --json into its --shards, --dynamic -o a hard link)
+    "outputs/reference-o-session/same-force", "outputs/reference-o-decode-model/hardlink-force",
+    "outputs/diagnose-json-shards/same-force", "outputs/quantize-dynamic-o-model/hardlink-force",
+    "outputs/tune-workdir-is-file/force",
 )
 
 
