@@ -6,12 +6,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ivq_debug import defaults
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import comma_list, escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds
+
+
+def _soc_id(value: str) -> str:
+    """``--soc-model``: a QNN SoC id is a number (checked before a model is compiled for it)."""
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"a QNN SoC id is a number like {defaults.QNN_SOC_MODEL}, got {value!r}")
+    return value.strip()
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -47,8 +55,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="onnx: an ONNX Runtime session config entry as the deployment sets it, e.g. "
                         "session.x64quantprecision=1 (repeatable); recorded in the dump")
     p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
-    p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
-    p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
+    p.add_argument("--soc-model", default=None, type=_soc_id,
+                   help=f"qnn: SoC model id, a number (default {defaults.QNN_SOC_MODEL})")
+    p.add_argument("--htp-arch", default=None, choices=defaults.QNN_HTP_ARCHS,
+                   help=f"qnn: HTP architecture (default {defaults.QNN_HTP_ARCH})")
     p.add_argument("--allow-cpu-fallback", action="store_true", help="qnn: let unsupported nodes run on the CPU")
     p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="qnn: QNN profiling")
     cache = p.add_mutually_exclusive_group()

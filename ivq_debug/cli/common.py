@@ -91,6 +91,38 @@ ROLES: dict[str, str] = {
 COMMAND_ROLES: dict[str, dict[str, str]] = {"demo": {"model": "value"}}
 
 
+#: the least value of every numeric option, by argparse ``dest`` (None: any number); NaN is refused for every
+#: float option (a NaN threshold compares false and passes everything). ``tests/cli/test_io_roles.py`` fails for
+#: a numeric option missing here.
+NUMBER_MIN: dict[str, float | None] = {
+    "samples": 1, "eval": 1, "limit": 0, "values": 0, "top": 0, "max_outputs_per_run": 1, "threads": 1,
+    "first_step": 0, "max_samples": 1, "workers": 1, "bins": 1, "samples_per_job": 1, "max_candidates": 1,
+    "drilldowns": 0, "max_rows": 1, "max_points": 1, "max_abs": 0, "min_coverage": 0,
+    "min_sqnr": None, "min_cosine": None, "max_ratio": None, "budget_sqnr": None, "min_gain": None, "budget": None,
+}
+
+
+def check_args_numbers(args: Any) -> None:
+    """Every numeric option's value before work starts: no NaN, nothing below its :data:`NUMBER_MIN`
+    (``--workers 0``, ``--top -1``). :class:`UsageError` (exit 2) naming the option."""
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, float) and math.isnan(value):
+            raise UsageError(f"{flag} must be a number, got nan")
+        least = NUMBER_MIN.get(dest)
+        if least is not None and value < least:
+            raise UsageError(f"{flag} must be at least {least:g}, got {value:g}")
+
+
+def check_args(args: Any, command: str, extra_inputs: Any = ()) -> None:
+    """What both entry points check once the command line is parsed, before the command runs: the numbers
+    (:func:`check_args_numbers`) and the outputs against the inputs (:func:`check_args_io`)."""
+    check_args_numbers(args)
+    check_args_io(args, command, extra_inputs)
+
+
 def io_role(command: str, dest: str) -> str | None:
     """The role of option ``dest`` of ``command`` (:data:`ROLES`), None when undeclared."""
     return COMMAND_ROLES.get(command, {}).get(dest) or ROLES.get(dest)

@@ -13,7 +13,7 @@ import argparse
 
 from ivq_debug import defaults
 from ivq_debug.api import compare
-from ivq_debug.cli.common import check_args_io, comma_list, escape, run, write_json
+from ivq_debug.cli.common import check_args, comma_list, escape, run, write_json
 from ivq_debug.cli.render import comparison_report
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import results
@@ -131,7 +131,7 @@ def _main(argv: list[str]) -> int:
     p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI (docs/cli.md).")
     add_diff_arguments(p)
     args = p.parse_args(argv)
-    check_args_io(args, "diff")  # the check of every writer (cli.main runs it for `ivq diff`)
+    check_args(args, "diff")  # the check of every writer (cli.main runs it for `ivq diff`)
     return execute_diff(args)
 
 

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from ivq_debug import __version__
-from ivq_debug.cli.common import check_args_io, run
+from ivq_debug.cli.common import check_args, run
 from ivq_debug.errors import UsageError
 
 #: subcommand → (module, help); each module defines ``add_arguments(parser)`` and ``execute(args) -> int``
@@ -64,7 +64,7 @@ def _main(argv: list[str]) -> int:
         return 2
     module = importlib.import_module(args._module)
     extra = getattr(module, "extra_inputs", None)
-    check_args_io(args, args.command, extra(args) if extra is not None else ())  # every writer, before any work
+    check_args(args, args.command, extra(args) if extra is not None else ())  # every writer, before any work
     return module.execute(args)
 
 

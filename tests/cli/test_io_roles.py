@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug.cli.common import io_role
+from ivq_debug.cli.common import NUMBER_MIN, io_role
 from ivq_debug.cli.diff import _Parser, add_diff_arguments
 from ivq_debug.cli.main import build_parser
 
@@ -38,3 +38,21 @@ def test_every_path_like_option_of_every_command_has_a_role() -> None:
     assert {("reference", "output"), ("quantize", "output"), ("diagnose", "json"), ("diff", "json"),
             ("report", "junit"), ("calib-stats", "output"), ("capture", "output")} <= outputs
     assert io_role("diagnose", "shards") == "input" and io_role("tune", "workdir") == "workdir"
+
+
+def _numeric(parser: argparse.ArgumentParser) -> set[str]:
+    out = set()
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                out |= _numeric(sub)
+        elif a.type in (int, float):
+            out.add(a.dest)
+    return out
+
+
+def test_every_numeric_option_has_a_declared_least_value() -> None:
+    diff = _Parser(prog="ivq-diff")
+    add_diff_arguments(diff)
+    missing = sorted((_numeric(build_parser()) | _numeric(diff)) - set(NUMBER_MIN))
+    assert not missing, f"declare these options' least value in ivq_debug/cli/common.py NUMBER_MIN: {missing}"
