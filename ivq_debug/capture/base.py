@@ -25,7 +25,7 @@ from ivq_debug.dump import DumpWriter
 from ivq_debug.dump.contract import CONTRACT_META, host_platform, model_precision
 from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph import intake
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import Model, load_model
 from ivq_debug.util import sha256_file
 
 
@@ -166,6 +166,9 @@ def run_identity(runner: Any, part: str = "model") -> dict[str, Any]:
     for p, r in items:
         path = getattr(r, "model_path", None)
         inner = getattr(r, "ort", None) or getattr(r, "inner", None)
+        source = getattr(r, "source", None) or getattr(inner, "source", None)
+        if isinstance(source, Model) and source.path is None:  # built in memory: no file ran
+            continue
         proto = getattr(r, "model", None)
         proto = proto if proto is not None else getattr(inner, "model", None)
         path = path if path is not None else getattr(inner, "model_path", None)
@@ -258,8 +261,10 @@ BACKENDS: dict[str, Backend] = {
 _COMMON = ("selection", "optimization", "max_outputs_per_run", "threads", "input_shapes")
 
 
-def make_runner(backend: str, model: str | os.PathLike, **options: Any) -> Any:
-    """A runner of a registered backend for ``model``; ``None`` options are left at the runner's default.
+def make_runner(backend: str, model: str | os.PathLike | Model, **options: Any) -> Any:
+    """A runner of a registered backend for ``model`` (a path, or a loaded :class:`~ivq_debug.onnxgraph.load.Model`:
+    its proto goes to ONNX Runtime in memory, the file is not read again); ``None`` options are left at the
+    runner's default.
 
     Raises:
         UsageError: unknown backend, or an option the backend does not take (named).
@@ -274,7 +279,7 @@ def make_runner(backend: str, model: str | os.PathLike, **options: Any) -> Any:
     return b.runner_class()(model, **given)
 
 
-def sample_shapes(backend: str, model: str | os.PathLike, samples: Sequence[Mapping[str, Any]],
+def sample_shapes(backend: str, model: str | os.PathLike | Model, samples: Sequence[Mapping[str, Any]],
                   flag: str = "--inputs") -> dict[str, tuple[int, ...]]:
     """``input_shapes`` for a runner of ``backend`` on ``model`` from the samples it will run
     (:func:`ivq_debug.onnxgraph.intake.input_shapes`): dims every sample agrees on are fixed; on a backend with
@@ -286,7 +291,7 @@ def sample_shapes(backend: str, model: str | os.PathLike, samples: Sequence[Mapp
         return intake.input_shapes(load_model(model), samples, required=b.static_shapes, flag=flag,
                                    why=f" ({b.name} runs static shapes only)" if b.static_shapes else "")
     except UsageError as e:
-        raise UsageError(e.message, model) from None
+        raise UsageError(e.message, model.origin if isinstance(model, Model) else model) from None
 
 
 def runner_factory(backend: str = "onnx", **options: Any) -> Callable[[str, str | os.PathLike], Any]:

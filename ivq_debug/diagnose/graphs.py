@@ -1,26 +1,12 @@
-"""Derived graphs the replay diagnostics build from a QDQ model: constant subgraphs, typed inputs, node copies,
-and the temporary file a session reads them from."""
+"""Derived graphs the replay diagnostics build from a QDQ model: value names, typed inputs, node copies (the
+constant subgraph is :attr:`ivq_debug.onnxgraph.load.Model.constants`).
+Derived models go to their runner in memory (:meth:`ivq_debug.onnxgraph.load.Model.derive`), never a file."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from ivq_debug.onnxgraph.fold import constant_nodes
-
-
-def constant_values(model: Any) -> tuple[set[str], list[Any]]:
-    """Values computed from initializers only (weights, their DequantizeLinear, shape constants), and the
-    nodes that compute them, in graph order (:func:`~ivq_debug.onnxgraph.fold.constant_nodes`)."""
-    nodes = list(model.graph.node)
-    idx, const = constant_nodes(nodes, {i.name for i in model.graph.initializer})
-    return const, [nodes[i] for i in sorted(idx)]
 
 
 def unit_value(pre: str, name: str) -> str:
@@ -53,21 +39,3 @@ def copy_node(n: Any, name: str, inputs: list[str], outputs: list[str]) -> Any:
     c.input.extend(inputs)
     c.output.extend(outputs)
     return c
-
-
-@contextmanager
-def temp_model(m: Any, folder: str | os.PathLike, tag: str = "replay") -> Iterator[str]:
-    """Save ``m`` as a hidden temporary file in ``folder`` (next to the QDQ model: its weights may be references
-    into that model's file, which ONNX Runtime reads only from inside the model's folder); removed on exit."""
-    import onnx
-
-    fd, path = tempfile.mkstemp(prefix=f".ivq-{tag}-{os.getpid()}-", suffix=".onnx", dir=Path(folder))
-    os.close(fd)
-    try:
-        onnx.save(m, path)
-        yield path
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass

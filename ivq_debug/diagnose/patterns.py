@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,9 +33,9 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.graphs import constant_values, temp_model, typed_inputs, unit_value
+from ivq_debug.diagnose.graphs import typed_inputs, unit_value
 from ivq_debug.onnxgraph.intake import load_float_model
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import load
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name, floors_at_zero
 
 #: the number of groups whose output share :func:`measure_lift` measures (one CPU run of a merged model holding
@@ -274,18 +273,20 @@ def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[s
     return nodes, extra
 
 
-def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_model: Any = None,
-                 folder: Any = None) -> dict[str, dict[str, Any]]:
+def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_model: Any = None
+                 ) -> dict[str, dict[str, Any]]:
     """Output-error share of each group: ``1 − P(lifted) / P(all)`` of the final outputs (module docstring).
 
-    All variants run side by side in one CPU model (one session, one run). Returns ``{group key: {"share",
-    "weights_lifted", "outputs"}}``; empty when the reference record lacks the model inputs or outputs.
+    All variants run side by side in one CPU model (one session, one run; the model goes to the runner in memory).
+    ``qdq_model`` and ``float_model``: paths or loaded :class:`~ivq_debug.onnxgraph.load.Model` objects. Returns
+    ``{group key: {"share", "weights_lifted", "outputs"}}``; empty when the reference record lacks the model
+    inputs or outputs.
     """
     import onnx
     from onnx import numpy_helper
 
-    path = Path(qdq_model)
-    model = load_model(path)
+    qdq = load(qdq_model)
+    model = qdq.proto
     g_in = [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]
     g_out = [o.name for o in model.graph.output]
     ins = {e.name: e for e in ref.tensors(rid, kind="input")}
@@ -295,10 +296,10 @@ def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_m
     g_out = [n for n in g_out if n in outs]
     floats: dict[str, np.ndarray] = {}
     if float_model is not None:
-        fm = load_float_model(float_model)
-        base = str(Path(float_model).parent)
-        floats = {i.name: numpy_helper.to_array(i, base) for i in fm.graph.initializer}
-    const, _ = constant_values(model)
+        fmodel = load(float_model)
+        fm = load_float_model(fmodel)
+        floats = {i.name: numpy_helper.to_array(i, fmodel.base_dir) for i in fm.graph.initializer}
+    const, _ = qdq.constants
     variants: list[tuple[str, set[str], dict[str, np.ndarray]]] = [("base", set(), {})]
     for g in gs[:LIFT_GROUPS]:
         ws = {w for r in g.rows for w in str(r.get("weights") or "").split(",") if w}
@@ -310,8 +311,7 @@ def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_m
     del gr.output[:]
     del gr.value_info[:]
     for v, (_, tensors, fl) in enumerate(variants):
-        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0,
-                                     base_dir=str(path.resolve().parent))
+        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0, base_dir=qdq.base_dir)
         gr.node.extend(nodes)
         gr.initializer.extend(extra)
         for o in g_out:
@@ -321,8 +321,8 @@ def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_m
             gr.output.append(onnx.ValueInfoProto(name=f"v{v}::out::{o}"))
     feeds = {n: ref.read(ins[n]) for n in g_in}
     typed_inputs(m, feeds)
-    with temp_model(m, folder or path.resolve().parent, "lift") as tmp:
-        res = make_runner("onnx", tmp, optimization="disable").run(feeds)
+    with make_runner("onnx", qdq.derive(m), optimization="disable") as runner:
+        res = runner.run(feeds)
     want = {o: ref.read(outs[o]).astype(np.float64).reshape(-1) for o in g_out}
 
     def power(v: int) -> float:

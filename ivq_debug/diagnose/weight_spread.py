@@ -27,6 +27,7 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.onnxgraph.intake import load_float_model
+from ivq_debug.onnxgraph.load import Model
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, quant_params
 
 #: compute ops whose weight input (index 1) has output channels, and how to find the channel axis
@@ -50,7 +51,9 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
     import pandas as pd
 
     m = load_float_model(model) if not hasattr(model, "graph") else model
-    if not base_dir and not hasattr(model, "graph"):
+    if not base_dir and isinstance(model, Model):
+        base_dir = model.base_dir
+    elif not base_dir and not hasattr(model, "graph"):
         base_dir = str(Path(model).parent)
     producer = {o: n for n in m.graph.node for o in n.output if o}
     inits = {i.name for i in m.graph.initializer}
@@ -103,8 +106,8 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
 
 
 def spread_by_weight(model: Any, base_dir: str = "") -> dict[str, float]:
-    """``{weight float name: spread}`` of the per-tensor weights of a model (a path, or a loaded model whose
-    external data lives in ``base_dir``)."""
+    """``{weight float name: spread}`` of the per-tensor weights of a model (a path, a
+    :class:`~ivq_debug.onnxgraph.load.Model`, or a proto whose external data lives in ``base_dir``)."""
     t = weight_spreads(model, base_dir)
     return {r["weight"]: float(r["spread"]) for r in t.to_dict("records") if not r["per_channel"]}
 

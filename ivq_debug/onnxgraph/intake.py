@@ -126,7 +126,7 @@ def load_float_model(model: Any) -> Any:
     (weight spreads, lifted weights, weight overrides): a paddle2onnx-style model has no initializers at all.
     A copy: neither the file nor a proto passed in is changed."""
     m = load_model(model)
-    if m is model:
+    if m is model or m is getattr(model, "proto", None):  # a proto or a loaded Model: not changed in place
         c = type(m)()
         c.CopyFrom(m)
         m = c

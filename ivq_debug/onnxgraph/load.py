@@ -1,6 +1,9 @@
-"""The one ONNX loader: a ``ModelProto`` from a path, bytes or a proto, weights left on disk when they can stay.
+"""The one ONNX loader: a ``ModelProto`` from a path, bytes or a proto, weights left on disk when they can stay, and
+the :class:`Model` object that carries a loaded proto with its folder and the facts derived from it.
 
-Every module that needs an ONNX graph calls :func:`load_model`. External data stays external (never loaded);
+Every module that needs an ONNX graph calls :func:`load_model` (a proto) or :func:`load` (a :class:`Model`: a
+command that reads one model file for several stages parses it once and hands the object on; runners take it in
+place of a path, :func:`ivq_debug.capture.base.make_runner`). External data stays external (never loaded);
 files of :data:`IN_PLACE_MIN_BYTES` or more are opened with :func:`load_in_place`, which references each large
 embedded weight at its byte range in the original file instead of copying it into Python. Small initializers
 and anything a shape-computing input reads (``Reshape`` shapes, ``Expand`` / ``Slice`` / ``Tile`` arguments,
@@ -12,10 +15,15 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ivq_debug.errors import InputError
+from ivq_debug.onnxgraph.fold import constant_nodes
+from ivq_debug.onnxgraph.sites import activation_quantizers, constant_arrays, float_name
 from ivq_debug.util import regular_file
 
 #: models larger than this are opened with their weights referenced in place (see :func:`load_in_place`)
@@ -69,6 +77,8 @@ def load_model(
         InputError: the file is missing, is not a regular file (a FIFO, socket or device is refused with
             ``stat`` before protobuf reads it, so it never blocks), or is not a readable ONNX model (exit 3).
     """
+    if isinstance(model, Model):
+        return model.proto
     if hasattr(model, "graph"):
         return model
     import onnx
@@ -92,6 +102,100 @@ def load_model(
         raise
     except Exception as e:  # onnx raises DecodeError / google.protobuf errors / OSError
         raise InputError(f"not a readable ONNX model ({type(e).__name__})", where) from None
+
+
+# --------------------------------------------------------------------------------- the model object
+class Model:
+    """An ONNX model in memory: the ``ModelProto``, the folder its external data is read from, the file it was
+    read from, and facts derived from it on first use (cached: a model read once serves every stage).
+
+    Attributes:
+        proto: the ``onnx.ModelProto`` (external data not loaded; see :func:`load_model`).
+        path: the file ``proto`` was read from; ``None`` for a model built in memory (:meth:`derive`).
+        folder: where its external data lives (the file's folder; a derived model keeps its source's): ONNX
+            Runtime reads external data only from inside that folder.
+        origin: the file to name in messages about this model (its own file, or its source's).
+
+    Derived facts: :attr:`constants`, :attr:`quantizers`, :attr:`value_shapes`, :meth:`arrays`; a stage caches its
+    own with :meth:`fact` (e.g. the replay's units). The facts assume the proto is not changed after loading;
+    change a copy (:meth:`derive`).
+    """
+
+    def __init__(self, proto: Any, *, path: str | os.PathLike | None = None, folder: str | os.PathLike | None = None,
+                 origin: str | os.PathLike | None = None) -> None:
+        self.proto = proto
+        self.path = Path(path) if path is not None else None
+        self.folder = Path(folder) if folder is not None else self.path.parent if self.path is not None else None
+        self.origin = Path(origin) if origin is not None else self.path
+        self._facts: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.path or self.origin or '<in memory>')!r}, {len(self.proto.graph.node)} nodes)"
+
+    @property
+    def base_dir(self) -> str:
+        """The external-data folder as ``numpy_helper.to_array`` takes it (``""``: the working directory)."""
+        return str(self.folder) if self.folder is not None else ""
+
+    def fact(self, key: str, compute: Callable[[Model], Any]) -> Any:
+        """A derived fact, computed by ``compute(self)`` on first use and cached under ``key``."""
+        if key not in self._facts:
+            self._facts[key] = compute(self)
+        return self._facts[key]
+
+    @property
+    def constants(self) -> tuple[set[str], list[Any]]:
+        """Values computed from initializers only (weights, their DequantizeLinear, shape constants), and the
+        nodes that compute them, in graph order (:func:`~ivq_debug.onnxgraph.fold.constant_nodes`)."""
+        def compute(m: Model) -> tuple[set[str], list[Any]]:
+            nodes = list(m.proto.graph.node)
+            idx, const = constant_nodes(nodes, {i.name for i in m.proto.graph.initializer})
+            return const, [nodes[i] for i in sorted(idx)]
+
+        return self.fact("constants", compute)
+
+    @property
+    def quantizers(self) -> list[tuple[str, Any]]:
+        """``(float name, QuantizeLinear node)`` of every activation quantizer
+        (:func:`~ivq_debug.onnxgraph.sites.activation_quantizers`)."""
+        return self.fact("quantizers", lambda m: list(activation_quantizers(m.proto, m.constants[0])))
+
+    @property
+    def value_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Static shapes the model's ``value_info`` / inputs / outputs record, by float name."""
+        def compute(m: Model) -> dict[str, tuple[int, ...]]:
+            out: dict[str, tuple[int, ...]] = {}
+            g = m.proto.graph
+            for vi in [*g.input, *g.value_info, *g.output]:
+                t = vi.type.tensor_type
+                if t.HasField("shape"):
+                    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+                    if dims and all(d > 0 for d in dims):
+                        out.setdefault(float_name(vi.name), tuple(dims))
+            return out
+
+        return self.fact("value_shapes", compute)
+
+    def arrays(self, names: set[str] | None = None) -> dict[str, np.ndarray]:
+        """Values of initializers and ``Constant`` nodes (:func:`~ivq_debug.onnxgraph.sites.constant_arrays`),
+        external data read from :attr:`folder`."""
+        return constant_arrays(self.proto, names, self.base_dir)
+
+    def derive(self, proto: Any) -> Model:
+        """A model built from this one (a replay batch, a lifted variant): in memory, same folder and origin."""
+        return Model(proto, folder=self.folder, origin=self.origin)
+
+
+def load(model: Any, *, in_place: bool | None = None) -> Model:
+    """A :class:`Model` from a path, serialized bytes, a proto or a :class:`Model` (returned as is); the file is
+    parsed once (:func:`load_model`, whose errors it raises)."""
+    if isinstance(model, Model):
+        return model
+    if hasattr(model, "graph"):
+        return Model(model)
+    if isinstance(model, bytes | bytearray | memoryview):
+        return Model(load_model(model))
+    return Model(load_model(model, in_place=in_place), path=model)
 
 
 # --------------------------------------------------------------------------------- weights in place

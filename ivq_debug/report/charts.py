@@ -1,5 +1,8 @@
-"""Charts as inline SVG strings (hand-written, no plotting library): line, histogram, scatter, heatmap,
-timeline. Every label that comes from data is escaped; links are fragment anchors (``#L12``) only.
+"""The package's one chart layer: inline SVG (hand-written, no plotting library): line, histogram, scatter,
+heatmap, timeline. Every label that comes from data is escaped; links are fragment anchors (``#L12``) only.
+
+Every chart is an :class:`Svg`: a ``str`` (the report inlines it as it is) with ``_repr_svg_``, so a notebook
+displays it; :mod:`ivq_debug.plots` builds the notebook figures from a comparison with these same functions.
 
 The heatmap body is a small PNG (written with :mod:`zlib`) embedded as a ``data:`` URI inside the SVG, so its
 size does not grow with one element per cell.
@@ -11,6 +14,7 @@ import base64
 import html
 import itertools
 import math
+import re
 import struct
 import zlib
 from collections.abc import Sequence
@@ -223,10 +227,46 @@ class Frame:
         return "".join(parts)
 
 
+class Svg(str):
+    """An SVG document as a string; Jupyter/IPython display it through :meth:`_repr_svg_`."""
+
+    __slots__ = ()
+
+    def _repr_svg_(self) -> str:
+        return str(self)
+
+
+def _size(svg: str) -> tuple[float, float]:
+    m = re.search(r'viewBox="0 0 ([0-9.]+) ([0-9.]+)"', svg)
+    return (float(m.group(1)), float(m.group(2))) if m else (0.0, 0.0)
+
+
+def _stack(charts: Sequence[str], gap: int, label: str, across: bool) -> Svg:
+    at, parts, extent = 0.0, [], 0.0
+    for c in charts:
+        w, h = _size(c)
+        x, y = (at, 0.0) if across else (0.0, at)
+        parts.append(c.replace("<svg ", f'<svg x="{x:g}" y="{y:g}" ', 1))
+        at += (w if across else h) + gap
+        extent = max(extent, h if across else w)
+    length = max(int(at - gap), 1)
+    return _svg(length, int(extent), "".join(parts), label) if across else _svg(int(extent), length, "".join(parts), label)
+
+
+def hstack(charts: Sequence[str], gap: int = 12, label: str = "charts") -> Svg:
+    """Charts side by side in one SVG (nested ``<svg>`` elements, tops aligned)."""
+    return _stack(charts, gap, label, across=True)
+
+
+def vstack(charts: Sequence[str], gap: int = 12, label: str = "charts") -> Svg:
+    """Charts one below the other in one SVG (nested ``<svg>`` elements, left edges aligned)."""
+    return _stack(charts, gap, label, across=False)
+
+
 def _svg(width: int, height: int, body: str, label: str, cls: str = "chart",
-         attrs: dict[str, object] | None = None) -> str:
+         attrs: dict[str, object] | None = None) -> Svg:
     extra = "".join(f' {k}="{esc(v)}"' for k, v in (attrs or {}).items())
-    return (f'<svg class="{esc(cls)}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+    return Svg(f'<svg class="{esc(cls)}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
             f'width="{width}" height="{height}" role="img" aria-label="{esc(label)}" style="{FONT}"{extra}>'
             f'<title>{esc(label)}</title>{body}</svg>')
 
@@ -307,7 +347,7 @@ def thin_points(points: list[Point], k: int) -> list[Point]:
 
 def line_chart(series: Sequence[Series], *, width: int = 560, height: int = 260, x_label: str = "",
                y_label: str = "", hline: float | None = None, hline_label: str = "", label: str = "chart",
-               y_floor: float | None = None, max_markers: int = 10**9) -> str:
+               y_floor: float | None = None, max_markers: int = 10**9) -> Svg:
     """A line chart with markers; points with ``href`` are links, ``bad`` points are drawn red.
 
     Infinite values (identical tensors) sit on the top edge as hollow markers; undefined values (NaN) on the
@@ -381,7 +421,7 @@ def line_chart(series: Sequence[Series], *, width: int = 560, height: int = 260,
 # ------------------------------------------------------------------------------------------ histogram
 def histogram_chart(datasets: Sequence[tuple[str, np.ndarray, str]], *, bins: int = 48, width: int = 380,
                     height: int = 220, x_label: str = "value", label: str = "histogram",
-                    log_y: bool = False) -> str:
+                    log_y: bool = False) -> Svg:
     """Overlaid step histograms over shared bins (first dataset filled, the others outlined)."""
     vals = [np.asarray(v, dtype=np.float64) for _, v, _ in datasets]
     vals = [v[np.isfinite(v)] for v in vals]
@@ -414,7 +454,7 @@ def histogram_chart(datasets: Sequence[tuple[str, np.ndarray, str]], *, bins: in
 
 # ------------------------------------------------------------------------------------------ scatter
 def scatter_chart(x: np.ndarray, y: np.ndarray, *, width: int = 300, height: int = 220, x_label: str = "reference",
-                  y_label: str = "test", label: str = "scatter", color: str = "#1f77b4") -> str:
+                  y_label: str = "test", label: str = "scatter", color: str = "#1f77b4") -> Svg:
     """Test vs reference values with the ``y = x`` diagonal."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -453,7 +493,7 @@ def png_rgb(pixels: np.ndarray) -> bytes:
 
 def heatmap_chart(grid: np.ndarray, row_labels: Sequence[str], *, width: int = 1080, x_label: str = "",
                   label: str = "heatmap", data_id: str = "", missing: np.ndarray | None = None,
-                  x_extent: int | None = None) -> str:
+                  x_extent: int | None = None) -> Svg:
     """A rows × columns SQNR heatmap: the cells are one PNG (crisp, ``image-rendering: pixelated``).
 
     ``grid`` holds SQNR values (NaN = undefined, +inf = identical); ``missing`` marks cells without data.
@@ -500,7 +540,7 @@ def heatmap_chart(grid: np.ndarray, row_labels: Sequence[str], *, width: int = 1
     return _svg(width, height, "".join(body), label, cls="chart heatmap", attrs=attrs)
 
 
-def color_scale_legend(width: int = 420) -> str:
+def color_scale_legend(width: int = 420) -> Svg:
     """The SQNR colour ramp as a small horizontal legend."""
     lo, hi = SQNR_STOPS[0][0], SQNR_STOPS[-1][0]
     n = 60
@@ -536,7 +576,7 @@ class Bar:
 
 
 def timeline_chart(lanes: Sequence[tuple[str, list[Bar]]], *, width: int = 1080, lane_h: int = 34,
-                   x_label: str = "time (µs)", label: str = "timeline") -> str:
+                   x_label: str = "time (µs)", label: str = "timeline") -> Svg:
     """Lanes of bars on a shared time axis; bars wide enough carry their label."""
     ends = [b.start + b.dur for _, bars in lanes for b in bars]
     starts = [b.start for _, bars in lanes for b in bars]

@@ -40,6 +40,7 @@ from ivq_debug.report.charts import (
     Bar,
     Point,
     Series,
+    Svg,
     color_scale_legend,
     esc,
     fmt,
@@ -416,14 +417,23 @@ def _point(ctx: _Ctx, r: dict[str, Any], y: Any, name: str, status: str | None =
     return Point(float(r["order"]), val, ctx.href(r["row"]), title, bool(bad))
 
 
-def _depth(ctx: _Ctx) -> str:
+def _record_groups(ctx: _Ctx) -> dict[tuple[int, str], list[dict[str, Any]]]:
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in ctx.view.rows:
         groups.setdefault((r["record"][0], r["record"][1]), []).append(r)
+    return groups
+
+
+def depth_charts(ctx: _Ctx, parts: Sequence[str] | None = None) -> tuple[list[tuple[str, int, Svg]], list[str]]:
+    """The error-vs-depth charts: ``(title, number of steps, chart)`` per (sample, part) (the first
+    ``MAX_CHARTS``; only ``parts`` when given), and the notes on steps left out."""
+    groups = _record_groups(ctx)
     hline, hlabel = _budget_line(ctx.cmp)
     charts = []
     cut_steps = []
-    for (sample, part), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], PART_RANK.get(kv[0][1], 5)))[:MAX_CHARTS]:
+    keys = sorted((k for k in groups if parts is None or k[1] in parts), key=lambda k: (k[0], PART_RANK.get(k[1], 5)))
+    for sample, part in keys[:MAX_CHARTS]:
+        rows = groups[(sample, part)]
         steps = sorted({r["record"][2] for r in rows})
         series: list[Series] = []
         shown_steps = steps
@@ -460,11 +470,18 @@ def _depth(ctx: _Ctx) -> str:
                          y_label="SQNR (dB)", hline=hline, hline_label=hlabel,
                          label=f"SQNR vs execution order — {title}",
                          max_markers=max(ctx.max_points // (2 * max(len(series), 1)), 12))
-        charts.append(f'<figure style="width:570px">{svg}<figcaption>{esc(title)}: SQNR of each aligned tensor vs '
-                      "its execution order"
-                      f"{' per decode step' if len(steps) > 1 else ''}. Red markers break the budget; hollow markers "
-                      "on the top edge are identical tensors, crosses on the bottom edge undefined metrics.</figcaption>"
-                      "</figure>")
+        charts.append((title, len(steps), svg))
+    return charts, cut_steps
+
+
+def _depth(ctx: _Ctx) -> str:
+    groups = _record_groups(ctx)
+    figures, cut_steps = depth_charts(ctx)
+    charts = [f'<figure style="width:570px">{svg}<figcaption>{esc(title)}: SQNR of each aligned tensor vs '
+              "its execution order"
+              f"{' per decode step' if nsteps > 1 else ''}. Red markers break the budget; hollow markers "
+              "on the top edge are identical tensors, crosses on the bottom edge undefined metrics.</figcaption>"
+              "</figure>" for title, nsteps, svg in figures]
     note = ""
     if len(groups) > MAX_CHARTS:
         note += f'<p class="note">First {MAX_CHARTS} of {len(groups)} (sample, part) charts.</p>'
@@ -477,13 +494,13 @@ def _depth(ctx: _Ctx) -> str:
             f"{note}</section>")
 
 
-def _heatmaps(ctx: _Ctx) -> str:
-    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for r in ctx.view.rows:
-        groups.setdefault((r["record"][0], r["record"][1]), []).append(r)
-    multi = [(k, v) for k, v in groups.items() if len({r["record"][2] for r in v}) > 1]
-    if not multi:
-        return ""
+def heatmap_charts(ctx: _Ctx, samples: Sequence[int] | None = None,
+                   parts: Sequence[str] | None = None) -> list[tuple[str, str, Svg, list[str]]]:
+    """The step × layer SQNR heatmaps of the (sample, part) groups with several steps (the first 4; only
+    ``samples`` / ``parts`` when given): ``(title, data id, chart, notes)``; their hover data go to
+    ``ctx.blocks``."""
+    multi = [(k, v) for k, v in _record_groups(ctx).items() if len({r["record"][2] for r in v}) > 1
+             and (samples is None or k[0] in samples) and (parts is None or k[1] in parts)]
     out = []
     for hi, ((sample, part), rows) in enumerate(sorted(multi, key=lambda kv: kv[0])[:4]):
         steps = sorted({r["record"][2] for r in rows})
@@ -529,10 +546,17 @@ def _heatmaps(ctx: _Ctx) -> str:
                                  "col_labels": col_labels, "values": values, "links": links}))
         svg = heatmap_chart(grid, row_labels, x_label="layer (position in execution order)", data_id=did,
                             missing=missing, label=f"step × layer SQNR heatmap — {part}", x_extent=nb * width)
-        title = part + (f" · sample {sample}" if ctx.multi_sample else "")
-        out.append(f"<h3>{esc(title)}</h3><figure>{svg}<div class=\"readout\" id=\"{esc(did)}-readout\">"
-                   f"hover a cell to read it; click to jump to its row</div></figure>"
-                   + (f'<p class="note">{esc("; ".join(notes))}.</p>' if notes else ""))
+        out.append((part + (f" · sample {sample}" if ctx.multi_sample else ""), did, svg, notes))
+    return out
+
+
+def _heatmaps(ctx: _Ctx) -> str:
+    out = [f"<h3>{esc(title)}</h3><figure>{svg}<div class=\"readout\" id=\"{esc(did)}-readout\">"
+           f"hover a cell to read it; click to jump to its row</div></figure>"
+           + (f'<p class="note">{esc("; ".join(notes))}.</p>' if notes else "")
+           for title, did, svg, notes in heatmap_charts(ctx)]
+    if not out:
+        return ""
     return (f'<section class="card" id="heatmap"><h2>Step × layer heatmap</h2>'
             f'<p class="muted small">SQNR of every layer (columns, execution order) at every step (rows): a '
             "divergence that grows with the step shows as a colour change down a column.</p>"
@@ -719,6 +743,18 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
             f'{"".join(heads)}</tr></thead><tbody>{"".join(body)}</tbody></table></div></section>')
 
 
+def drilldown_charts(a: np.ndarray, b: np.ndarray, max_points: int) -> tuple[Svg, Svg, Svg]:
+    """A pair's drill-down: value histograms (reference vs test), the error histogram (log count) and a
+    scatter of ``max_points`` evenly strided values, from same-position samples ``a`` (reference), ``b``."""
+    sub = sample_indices(a.size, max_points)
+    h1 = histogram_chart([("reference", a, "#2457a6"), ("test", b, "#e07b00")], width=380, height=220,
+                         label="value histograms, reference vs test")
+    h2 = histogram_chart([("test − reference", b - a, "#c0392b")], width=340, height=220, x_label="error",
+                         label="error histogram", log_y=True)
+    sc = scatter_chart(a[sub], b[sub], width=260, height=220, label="test vs reference values")
+    return h1, h2, sc
+
+
 def _drilldowns(ctx: _Ctx) -> str:
 
     if ctx.drilldowns <= 0 or not len(ctx.cmp.table):
@@ -754,11 +790,7 @@ def _drilldowns(ctx: _Ctx) -> str:
         n = int(r.get("numel") or a.size)
         nonfin = int((~np.isfinite(a)).sum() + (~np.isfinite(b)).sum())
         sub = sample_indices(a.size, ctx.max_points)
-        h1 = histogram_chart([("reference", a, "#2457a6"), ("test", b, "#e07b00")], width=380, height=220,
-                             label="value histograms, reference vs test")
-        h2 = histogram_chart([("test − reference", b - a, "#c0392b")], width=340, height=220, x_label="error",
-                             label="error histogram", log_y=True)
-        sc = scatter_chart(a[sub], b[sub], width=260, height=220, label="test vs reference values")
+        h1, h2, sc = drilldown_charts(a, b, ctx.max_points)
         how = (f"{a.size:,} of {n:,} values" if a.size < n else f"all {n:,} values") + " (evenly strided)"
         out.append(f'<div class="drill">{head}{metrics}<div class="charts"><figure style="width:380px">{h1}'
                    f"<figcaption>value histograms: {esc(how)}</figcaption></figure><figure style='width:340px'>{h2}"
@@ -1003,6 +1035,18 @@ def _provenance(ctx: _Ctx) -> str:
 
 
 # ============================================================================ page
+def chart_context(cmp: Any, *, replay: Any = None, extra_comparisons: Any = None, timeline: Any = None,
+                  max_points: int = MAX_POINTS, max_rows: int = MAX_ROWS, drilldowns: int = DRILLDOWNS,
+                  max_timeline_ops: int = MAX_TIMELINE_OPS) -> _Ctx:
+    """What the report's sections (and :mod:`ivq_debug.plots`) draw from: the joined layer view and caps."""
+    extras = _labeled(extra_comparisons)
+    view = build_layers(cmp, extras=extras, replay=replay, timeline=timeline)
+    ctx = _Ctx(cmp, comparison_label(cmp), extras, replay, view, timeline, max(int(max_points), 10),
+               max(int(max_rows), 1), max(int(drilldowns), 0), max(int(max_timeline_ops), 10))
+    ctx.multi_sample = len({r["record"][0] for r in view.rows}) > 1
+    return ctx
+
+
 def render_report(
     cmp: Any,
     *,
@@ -1033,8 +1077,6 @@ def render_report(
             (default: the test dump's recorded model path, else its stored QNN op trace).
     """
 
-    extras = _labeled(extra_comparisons)
-    label = comparison_label(cmp)
     try:
         timeline = build_timeline(cmp.test, model)
     except Exception as e:  # a damaged profiling table must not cost the whole report
@@ -1042,10 +1084,10 @@ def render_report(
         timeline_error = f"profiling table not shown ({type(e).__name__}: {e})"
     else:
         timeline_error = ""
-    view = build_layers(cmp, extras=extras, replay=replay, timeline=timeline)
-    ctx = _Ctx(cmp, label, extras, replay, view, timeline, max(int(max_points), 10), max(int(max_rows), 1),
-               max(int(drilldowns), 0), max(int(max_timeline_ops), 10))
-    ctx.multi_sample = len({r["record"][0] for r in view.rows}) > 1
+    ctx = chart_context(cmp, replay=replay, extra_comparisons=extra_comparisons, timeline=timeline,
+                        max_points=max_points, max_rows=max_rows, drilldowns=drilldowns,
+                        max_timeline_ops=max_timeline_ops)
+    label = ctx.label
     rows = _select_rows(ctx)
     ctx.shown = {r["row"] for r in rows}
     title = title or f"ivq-debug report: {label}"

@@ -38,7 +38,7 @@ from ivq_debug.capture.onnxrt.platform import platform_info
 from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.fold import static_shapes
-from ivq_debug.onnxgraph.load import has_external_data, load_model
+from ivq_debug.onnxgraph.load import Model, has_external_data, load
 from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
 
 OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -118,7 +118,9 @@ class OrtRunner(Closing):
     """Run an ONNX model with ONNX Runtime and capture intermediate tensors.
 
     Args:
-        model_path: the ONNX model (external data > 2 GB supported; weights are never copied).
+        model_path: the ONNX model: a path, or a :class:`~ivq_debug.onnxgraph.load.Model` (in memory: a derived
+            model never goes through a file unless its weights are external data; external data > 2 GB
+            supported, weights are never copied).
         selection: which tensors to capture (``None`` captures nothing: a plain run).
         exposure: ``"auto"`` / ``"float"`` / ``"qdq"`` (see :func:`list_sites`).
         optimization: ``"disable"`` (default, exact reference), ``"basic"``, ``"extended"``, ``"all"``.
@@ -146,7 +148,7 @@ class OrtRunner(Closing):
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike | Model,
         *,
         selection: Selection | None = None,
         exposure: str = "auto",
@@ -161,14 +163,24 @@ class OrtRunner(Closing):
     ) -> None:
         self.factory: SessionFactory = sessions if sessions is not None else CpuSessions()
         self.session_config = {str(k): str(v) for k, v in (session_config or {}).items()}
-        self.model_path = Path(model_path)
-        self.model = load_model(self.model_path)
+        #: the model as loaded (:class:`~ivq_debug.onnxgraph.load.Model`: a path is parsed here, once)
+        self.source = load(model_path)
+        #: the file named in messages and ``info`` (a derived model's source file)
+        self.model_path = Path(self.source.origin or "<in-memory model>")
+        self.folder = self.source.folder if self.source.folder is not None else Path.cwd()
+        self.model = self.source.proto
+        if input_shapes:  # fixed on a copy: the loaded model may serve other stages
+            self.model = type(self.model)()
+            self.model.CopyFrom(self.source.proto)
         try:
             fixed = intake.fix_input_dims(self.model, input_shapes) if input_shapes else []
         except UsageError as e:
             raise UsageError(e.message, self.model_path) from None
-        #: what a plain run loads: the file, or the model with its dims fixed (serialized on first use)
-        self._plain_model: bytes | str | None = None if fixed else str(self.model_path)
+        #: what a plain run loads: the model's own file when its weights are external data there (ONNX Runtime
+        #: reads those only through a file), else the proto serialized on first use (the file is not read again)
+        self._plain_model: bytes | str | None = (
+            str(self.source.path) if not fixed and self.source.path is not None and has_external_data(self.model)
+            else None)
         self.selection = selection
         self.optimization = optimization
         self.max_outputs_per_run = max_outputs_per_run
@@ -181,7 +193,7 @@ class OrtRunner(Closing):
         self.backend = self.factory.backend(self.qdq)
         self.output_names = [o.name for o in self.model.graph.output]
         self.input_names = [i.name for i in self.model.graph.input]
-        all_sites = list_sites(self.model, exposure, str(self.model_path.parent)) if selection is not None else []
+        all_sites = list_sites(self.model, exposure, str(self.folder)) if selection is not None else []
         outputs = set(self.output_names)
         self.sites = [
             s for s in all_sites if s.output not in outputs and selection is not None
@@ -304,7 +316,7 @@ class OrtRunner(Closing):
     def create_session(self, model_bytes_or_path: bytes | str):
         """Create one session through the factory."""
         plain = model_bytes_or_path is self._plain_model or (
-            isinstance(model_bytes_or_path, str) and model_bytes_or_path == str(self.model_path))
+            isinstance(model_bytes_or_path, str) and model_bytes_or_path == self._plain_model)
         return self.factory.create(model_bytes_or_path, self.session_options, plain=plain, proto=self.model)
 
     def model_with_outputs(self, outputs: list[str]) -> bytes | str:
@@ -348,14 +360,14 @@ class OrtRunner(Closing):
         # has loaded it (see _session); the weights themselves are never copied.
         tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".ivq-{os.getpid()}-", suffix=".onnx", dir=self.model_path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".ivq-{os.getpid()}-", suffix=".onnx", dir=self.folder)
             os.close(fd)
             onnx.save(m, tmp, save_as_external_data=False)
         except OSError as e:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
             raise CaptureError(f"cannot write the derived graph next to the model (external data must stay in "
-                               f"its folder): {one_line(e, 200)}", self.model_path.parent) from None
+                               f"its folder): {one_line(e, 200)}", self.folder) from None
         return tmp
 
     def groups(self) -> list[list[TensorSite]]:
@@ -387,7 +399,7 @@ class OrtRunner(Closing):
             raise
         except Exception as e:
             msg = one_line(e, 400)
-        if model == str(self.model_path) or not self._plain_loads():
+        if model is self._plain_model or not self._plain_loads():
             # the user's own model does not load (invalid graph, opset, external data outside its folder or
             # missing, initializer sizes): a bad input, exit 3
             raise InputError(f"ONNX Runtime cannot load the model: {msg}", self.model_path)
@@ -396,7 +408,8 @@ class OrtRunner(Closing):
     def _plain_loads(self) -> bool:
         """Whether the unmodified model gets a session (tells a bad model from a bad derived graph)."""
         try:
-            self.create_session(str(self.model_path))
+            with self.augmented([]) as plain:
+                self.create_session(plain)
         except Exception:
             return False
         return True
@@ -412,7 +425,7 @@ class OrtRunner(Closing):
         try:
             yield model
         finally:
-            if isinstance(model, str) and model != str(self.model_path):
+            if isinstance(model, str) and model != self._plain_model:
                 os.unlink(model)
 
     # ---------------------------------------------------------------- running

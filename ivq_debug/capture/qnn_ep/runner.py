@@ -43,6 +43,7 @@ from ivq_debug.capture.qnn_ep.session import (
 )
 from ivq_debug.console import note, phase, warn
 from ivq_debug.errors import CaptureError, UsageError
+from ivq_debug.onnxgraph.load import Model
 from ivq_debug.onnxgraph.sites import TensorSite
 from ivq_debug.qnn.profiling import join_tensors, read_qnn_ep_csv
 
@@ -329,7 +330,7 @@ class QnnHtpRunner(Closing):
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike | Model,
         *,
         selection: Selection | None = None,
         exposure: str = "auto",
