@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -32,8 +33,12 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
             previous[sig] = signal.signal(sig, interrupt.on_signal)
     except ValueError:  # not the main thread: leave the handlers alone
         pass
+    hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, hook)
     try:
-        return fn(argv)
+        rc = fn(argv)
+        interrupt.raise_if_signalled()  # a signal whose exception a weakref callback or __del__ swallowed
+        return rc
     except IvqError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
@@ -53,8 +58,18 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
     except Exception as e:  # last resort, keeps the one-line contract
         return _internal(prog, argv, e)
     finally:
+        sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _unraisable(previous: Callable[[Any], Any], u: Any) -> None:
+    """``sys.unraisablehook`` of a CLI run: a signal raised inside a weakref callback or ``__del__`` is not
+    printed as "Exception ignored ..." with a traceback (:mod:`ivq_debug.interrupt` remembers it and the run
+    exits 130 / 143 with one line); anything else goes to the previous hook."""
+    if isinstance(u.exc_value, KeyboardInterrupt):
+        return
+    previous(u)
 
 
 def _internal(prog: str, argv: list[str], e: Exception) -> int:

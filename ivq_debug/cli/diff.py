@@ -19,7 +19,7 @@ from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import results
 from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, AlignmentError, UsageError
 from ivq_debug.report import write_report
 from ivq_debug.validate import read_baseline, read_name_map
 
@@ -120,6 +120,11 @@ def execute_diff(args: argparse.Namespace) -> int:
         for r in comparison_report(cmp, args.top):
             con.print(r)
     cmp.alignment.check(allowance)
+    tw = cmp.three_way
+    if tw is not None and cmp.alignment.pairs and not len(tw.table):  # the policy of zero REF/TEST pairs
+        raise AlignmentError(f"the --expected dump holds none of the {len(cmp.alignment.pairs)} compared tensors "
+                             f"({len(tw.missing)} missing: a dump of another model?); the three-way check compared "
+                             f"nothing", args.expected)
     ok = verdict.passed
     con.print(("[bold green]PASS[/bold green]: " if ok else "[bold red]FAIL[/bold red]: ") + escape(verdict.sentence)
               + (f" · json: {args.json}" if args.json and args.json != "-" else "")

@@ -2025,6 +2025,23 @@ def _expected_cases() -> list[Case]:
                  "fletcher32-flip", "dataset-is-group"):
         mut = _dump_data_mutations()[what]
         out.append(Case(f"dump/{what}/diff-expected", "dump", diff(bad_copy(mut)), 3, prog="ivq-diff"))
+    def other_model(f: Any) -> None:  # the same inputs, every computed tensor another model's name
+        from ivq_debug.dump.format import escape_name
+
+        doc = _manifest(f)
+        c = {n: i for i, n in enumerate(doc["columns"])}
+        for r in doc["rows"]:
+            if r[c["kind"]] != "input":
+                old, new = r[c["name"]], "other_model/" + r[c["name"]]
+                f.move(f"records/{r[c['rid']]}/t/{escape_name(old)}", f"records/{r[c['rid']]}/t/{escape_name(new)}")
+                f[f"records/{r[c['rid']]}/t/{escape_name(new)}"].attrs["name"] = new
+                r[c["name"]] = r[c["key"]] = new
+        _set_manifest(f, json.dumps(doc))
+
+    # issue 31: a CI job wired to another model's dump once compared nothing and passed (three_way pairs 0, exit 0)
+    out.append(Case("dump/expected-other-model/diff-expected", "dump", lambda ws: [
+        ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", _h5_then(ws, ws.copy("qdq.h5", "e.h5"),
+                                                                              other_model)], 4, prog="ivq-diff"))
     out.append(Case("dump/expected-other-inputs/diff-expected", "dump", lambda ws: [
         ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", ws.copy("ingest.h5")], (0, 1, 3, 6), prog="ivq-diff"))
     for kind in SPECIAL_KINDS:

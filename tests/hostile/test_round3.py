@@ -44,3 +44,23 @@ def test_result_index_huge_under_2gib_cap(tmp_path: Path) -> None:
     assert "Result_99999999999999999999999" in p.stderr and "Traceback" not in p.stderr
     assert secs < 30
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_sigint_inside_a_weakref_callback_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """A SIGINT whose exception lands in a weakref callback (Python prints "Exception ignored in: ..." with a
+    traceback there and goes on): one line, ``ivq: interrupted``, exit 130, not exit 0 after a traceback."""
+    script = tmp_path / "body.py"
+    script.write_text(
+        "import os, signal, sys, weakref\n"
+        "from ivq_debug.cli.common import run\n"
+        "class Obj:\n    pass\n"
+        "def body(argv):\n"
+        "    o = Obj()\n"
+        "    r = weakref.ref(o, lambda ref: os.kill(os.getpid(), signal.SIGINT))\n"
+        "    del o\n"
+        "    return 0\n"
+        "sys.exit(run('ivq', body, []))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 130
+    assert p.stderr.strip() == "ivq: interrupted", p.stderr
