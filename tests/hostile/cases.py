@@ -2035,7 +2035,7 @@ def _expected_cases() -> list[Case]:
                 old, new = r[c["name"]], "other_model/" + r[c["name"]]
                 f.move(f"records/{r[c['rid']]}/t/{escape_name(old)}", f"records/{r[c['rid']]}/t/{escape_name(new)}")
                 f[f"records/{r[c['rid']]}/t/{escape_name(new)}"].attrs["name"] = new
-                r[c["name"]] = r[c["key"]] = new
+                r[c["name"]], r[c["key"]] = new, escape_name(new)
         _set_manifest(f, json.dumps(doc))
 
     # issue 31: a CI job wired to another model's dump once compared nothing and passed (three_way pairs 0, exit 0)
@@ -2049,6 +2049,86 @@ def _expected_cases() -> list[Case]:
             out.append(Case(f"special/{kind}/diff-expected", "special", lambda ws, k=kind: [
                 ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", _special(ws, k, "in.expected")], 3,
                 prog="ivq-diff", stdin="pipe" if kind == "stdin" else "devnull", timeout=20))
+    return out
+
+
+# ============================================================================ dump fields a reader uses (issue 31)
+def _dump_field_cases() -> list[Case]:
+    """The dump fields that reached a reader unchecked (the manifest's encodings, ``/meta/partition`` and its
+    ``cpu_nodes``), a corrupt object-header checksum, and a tensor that declares 1 TiB: slot (command) × kind."""
+    import h5py
+
+    def encoding(**changes: Any) -> Callable[[Any], None]:
+        def edit(doc: dict) -> None:
+            c = doc["columns"].index("encoding")
+            for r in doc["rows"]:
+                if r[c]:
+                    r[c].update(changes)
+
+        return _edit_manifest(edit)
+
+    def meta(name: str, value: Any) -> Callable[[Any], None]:
+        def edit(f: Any) -> None:
+            g = f.require_group("meta")
+            if name in g:
+                del g[name]
+            g.create_dataset(name, data=json.dumps(value))
+
+        return edit
+
+    def header_checksum(f: Any) -> None:  # flip a byte inside the tensor's v2 object header (after "OHDR")
+        f.attrs["_ohdr"] = int(h5py.h5o.get_info(f[_tpath()].parent.id, _tpath().rsplit("/", 1)[1].encode()).addr)
+
+    def huge(f: Any) -> None:  # 1 TiB declared, consistent with the manifest, nothing written (a small file)
+        shape = (1 << 18, 1 << 20)
+        p = _tpath()
+        attrs = dict(f[p].attrs)
+        del f[p]
+        ds = f.create_dataset(p, shape=shape, dtype="float32", chunks=(1, 1 << 16), fillvalue=0.5)
+        for k, v in attrs.items():
+            ds.attrs[k] = v
+        _edit_row(T, shape=list(shape), nbytes=4 * shape[0] * shape[1])(f)
+
+    def qdq(fn: Callable[[Any], None]) -> Callable[[Workspace], str]:
+        return lambda ws: _h5_then(ws, ws.copy("qdq.h5", "bad.h5"), fn)
+
+    def flt(fn: Callable[[Any], None]) -> Callable[[Workspace], str]:
+        return lambda ws: _h5_then(ws, ws.copy("float.h5", "bad.h5"), fn)
+
+    def ohdr(ws: Workspace) -> str:
+        rel = _h5_then(ws, ws.copy("float.h5", "bad.h5"), header_checksum)
+        p = ws.work / rel
+        with h5py.File(p, "r+") as f:
+            at = int(f.attrs["_ohdr"])
+            del f.attrs["_ohdr"]
+        data = p.read_bytes()
+        assert data[at:at + 4] == b"OHDR", "not a v2 object header"
+        p.write_bytes(_flip_at(data, at + 12))
+        return rel
+
+    kinds: dict[str, tuple[Callable[[Workspace], str], tuple[str, ...], int | tuple[int, ...]]] = {
+        "encoding-scale-string": (qdq(encoding(scale="abc")), ("ls", "show", "diff", "report"), 3),
+        "encoding-zero-point-strings": (qdq(encoding(zero_point=["a", "b"])), ("ls", "diff"), 3),
+        "encoding-bitwidth-1e9": (qdq(encoding(bitwidth=10**9)), ("ls", "show", "diff", "report"), 3),
+        "encoding-qmax-float": (qdq(encoding(qmax=1.5)), ("ls", "diff"), 3),
+        "meta-partition-list": (qdq(meta("partition", [1, 2])), ("diff", "report"), 3),
+        "meta-cpu-nodes-strings": (qdq(meta("partition", {"cpu_nodes": ["a", "b"]})), ("diff", "report"), 3),
+        "meta-cpu-node-name-int": (qdq(meta("partition", {"cpu_nodes": [{"name": 5}]})), ("diff",), 3),
+        "object-header-checksum": (ohdr, ("show", "diff", "report"), 3),
+        "shape-declared-1tib": (flt(huge), ("show",), 0),
+    }
+    argv: dict[str, tuple[str, Callable[[Workspace, str], list[str]]]] = {
+        "ls": ("ivq", lambda ws, b: ["ls", b]),
+        "show": ("ivq", lambda ws, b: ["show", b, T, "--values", "5"]),
+        "diff": ("ivq-diff", lambda ws, b: [ws.copy("float.h5", "ref.h5"), b, "-q"]),
+        "report": ("ivq", lambda ws, b: ["report", ws.copy("float.h5", "ref.h5"), b, "-o", "r.html"]),
+    }
+    out = []
+    for what, (make, cmds, code) in kinds.items():
+        for cmd in cmds:
+            prog, a = argv[cmd]
+            out.append(Case(f"dumpfield/{what}/{cmd}", "dumpfield", _argv(make, a), code, prog=prog,
+                            memory=512 << 20 if what == "shape-declared-1tib" else None, timeout=20))
     return out
 
 
@@ -2202,7 +2282,7 @@ def all_cases() -> list[Case]:
     cases = (_valid_cases() + _dump_cases() + _name_cases() + _npz_cases() + _overrides_cases() + _netjson_cases()
              + _netrun_cases() + _profiling_cases() + _onnx_cases() + _special_cases() + _output_cases()
              + _disk_cases() + _diff_json_cases() + _session_cases() + _netrun_model_cases() + _reference_cases()
-             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases() + _shard_cases())
+             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases() + _shard_cases() + _dump_field_cases())
     ids = [c.id for c in cases]
     dup = {i for i in ids if ids.count(i) > 1}
     assert not dup, f"duplicate case ids: {sorted(dup)}"
