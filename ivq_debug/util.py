@@ -416,6 +416,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     for want of space, a writable folder or a file size limit; then neither the final file nor the temp
     file (nor folders created for it) remain.
     """
+    return atomic_write_with(path, lambda f: f.write(data), overwrite=overwrite)
+
+
+def atomic_write_json(path: str | os.PathLike, doc: Any, *, overwrite: bool = False, indent: int | None = 1) -> Path:
+    """:func:`atomic_write_with` of a JSON document, encoded as it is written (``json.dump``'s chunks): no
+    string of the whole document, nor its UTF-8 copy, is ever in memory (``ivq-diff --json`` of a large
+    comparison under a 384 MiB address-space cap). NaN / inf are refused (``ValueError``: nothing is left)."""
+    import json
+
+    def fill(f: IO[bytes]) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8", errors="backslashreplace", newline="\n", write_through=False)
+        json.dump(doc, text, indent=indent, allow_nan=False)
+        text.write("\n")
+        text.flush()
+        text.detach()
+
+    return atomic_write_with(path, fill, overwrite=overwrite)
+
+
+def atomic_write_with(path: str | os.PathLike, fill: Any, *, overwrite: bool = False) -> Path:
+    """The atomic write of :func:`atomic_write_bytes`, the content written by ``fill(binary_file)``."""
     p = Path(path)
     try:
         exists = os.path.lexists(p)
@@ -428,7 +449,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; outputs are meant to be shared

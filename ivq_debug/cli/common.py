@@ -12,7 +12,7 @@ from typing import Any
 
 from ivq_debug import interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
-from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
+from ivq_debug.util import WRITE_ERRNOS, atomic_write_json
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -246,9 +246,9 @@ def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
     """Write JSON to ``path`` atomically (``-`` writes to stdout)."""
     import json
 
-    text = json.dumps(doc, indent=1, allow_nan=False)
     if path == "-":
-        sys.stdout.write(text + "\n")
+        json.dump(doc, sys.stdout, indent=1, allow_nan=False)  # in chunks, as the file below
+        sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    atomic_write_text(path, text + "\n", overwrite=overwrite)
+    atomic_write_json(path, doc, overwrite=overwrite)
