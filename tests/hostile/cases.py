@@ -1014,6 +1014,14 @@ def _profiling_cases() -> list[Case]:
         "trace-ts-inf": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("ts", float("inf"))))), 3),
         "trace-args-list": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("args", [1])))), 0),
         "trace-deep": (lambda ws: ws.write(trace, b"[" * 100000 + b"]" * 100000), 3),
+        # issue 31: B/E pairs whose args are lists (their merge was a TypeError); rows a QNN EP never writes
+        "trace-begin-end-args-list": (edit(trace, trace_edit(lambda d: [
+            x for e in d for x in ({**e, "ph": "B", "args": [1]},
+                                   {**e, "ph": "E", "ts": e["ts"] + e["dur"], "args": ["x"]})])), 0),
+        "csv-extra-fields": (edit(csv_, insert(5, valid_row + b"junk,more")), 3),
+        "csv-root-extra-field": (edit(csv_, insert(5, b"0,EXECUTE,5,US,BACKEND,ROOT,QNN execute time,,extra")), 3),
+        "csv-node-name-with-commas": (edit(csv_, insert(5, b"0,NODE,1,CYCLES,BACKEND,SUB-EVENT,a,b:OpId_1 (cycles),")),
+                                      0),
         "binary-log": (lambda ws: ws.write("p.log", b"\x00\x01QNNPROF" + bytes(range(256)) * 4), 3),
     }
     out = []
@@ -1106,6 +1114,21 @@ def _onnx_cases() -> list[Case]:
             "capture", "onnx", m(ws), "--inputs", ws.copy("x.npz"), "-o", "o.h5"], code))
         out.append(Case(f"onnx/{what}/quantize", "onnx", lambda ws, m=make: [
             "quantize", m(ws), "--calibration", ws.copy("x.npz"), "-o", "q.onnx"], code))
+    def zero_nodes(ws: Workspace) -> str:  # a graph that passes its input through: no node at all
+        import onnx
+        from onnx import TensorProto, helper
+
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+        onnx.save(helper.make_model(helper.make_graph([], "g", [x], [x]), opset_imports=[helper.make_opsetid("", 17)]),
+                  str(ws.work / "zero.onnx"))
+        return "zero.onnx"
+
+    # issue 31: "0 units replayed", exit 0
+    for what, make in (("empty", _onnx_mutations()["empty"][0]), ("zero-nodes", zero_nodes)):
+        out.append(Case(f"onnx/{what}/diagnose", "onnx", lambda ws, m=make: [
+            "diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model", m(ws), "--budget-sqnr", "-1000"], 3))
+        out.append(Case(f"onnx/{what}/report-replay", "onnx", lambda ws, m=make: [
+            "report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html", "--replay", m(ws)], 3))
     for what in ("text", "truncated", "external-data-outside", "external-data-fifo"):
         make = _onnx_mutations()[what][0]
         # report and ingest read the graph only (names, nodes), never the weights: external data is not read
@@ -1818,6 +1841,7 @@ def _reference_cases() -> list[Case]:
         "dump-no-prefill": (drop_records("prefill"), 3),
         "dump-config-attr-string": (model_attr({"config": {"rope_theta": "abc"}}), 3),
         "dump-config-attr-text-config-list": (model_attr({"config": {"text_config": [1]}}), 3),
+        "dump-config-attr-list": (model_attr({"config": [1, 2]}), 3),  # issue 31: once read as "none"
     }
     for what, (mut, code) in dumps.items():
         out.append(Case(f"reference/{what}/reference", "reference", ref(session=bad_session(mut),
@@ -2132,6 +2156,86 @@ def _dump_field_cases() -> list[Case]:
     return out
 
 
+# ============================================================================ option values (issue 31)
+def _numeric_options() -> list[tuple[str, str, str, type]]:
+    """(prog, command path, flag, type) of every numeric option of every command, read from the parsers: a new
+    option gets its cases by construction."""
+    import argparse
+
+    from ivq_debug.cli.diff import _Parser, add_diff_arguments
+    from ivq_debug.cli.main import build_parser
+
+    out: list[tuple[str, str, str, type]] = []
+
+    def walk(prog: str, p: argparse.ArgumentParser, path: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(prog, sub, f"{path} {name}".strip())
+            elif a.type in (int, float) and a.option_strings:
+                out.append((prog, path, max(a.option_strings, key=len), a.type))
+
+    walk("ivq", build_parser(), "")
+    diff = _Parser(prog="ivq-diff")
+    add_diff_arguments(diff)
+    walk("ivq-diff", diff, "")
+    return out
+
+
+#: command path → a valid command line before the option under test (inputs copied from the corpus; the part
+#: a command reads last may be a name that does not exist: the option is checked before any input is read, and
+#: a command that read first would exit 3, not 2)
+_OPTION_BASES: dict[str, Callable[[Workspace], list[str]]] = {
+    "demo": lambda ws: ["demo", "--golden", "g", "--reports", "r", "--workdir", "w"],
+    "ls": lambda ws: ["ls", ws.copy("float.h5")],
+    "show": lambda ws: ["show", ws.copy("float.h5"), T],
+    "diff": lambda ws: ["diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q"],
+    "capture onnx": lambda ws: ["capture", "onnx", ws.copy("model.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+    "capture qnn": lambda ws: ["capture", "qnn", ws.copy("model.qdq.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+    "capture": lambda ws: ["capture", "onnx", ws.copy("model.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+    "ingest qnn-net-run": lambda ws: ["ingest", "qnn-net-run", (ws.copy("netrun"), "netrun/output")[1], "--graph",
+                                      "netrun/model_net.json", "-o", "o.h5"],
+    "ingest session": lambda ws: ["ingest", "session", "--prefill", "phone/prefill", "-o", "o.h5"],
+    "reference": lambda ws: ["reference", "session.h5", "--model-dir", "parts", "-o", "r.h5"],
+    "quantize": lambda ws: ["quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "q.onnx"],
+    "diagnose": lambda ws: ["diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model", ws.copy("model.qdq.onnx")],
+    "calib-stats": lambda ws: ["calib-stats", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "s.json"],
+    "tune": lambda ws: ["tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+                        ws.copy("x.npz"), "-o", "wd", "--backend", "cpu"],
+    "report": lambda ws: ["report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html"],
+    "ivq-diff": lambda ws: [ws.copy("float.h5"), ws.copy("qdq.h5"), "-q"],
+}
+
+
+def _option_cases() -> list[Case]:
+    """Every numeric option × {NaN (floats), one below its least value (ints)}: exit 2 before any work (a NaN
+    threshold passed everything; ``--workers 0``, ``--top -1`` were accepted), plus the values a target must
+    know (``--soc-model abc``: exit 7 after compiling once, ``--htp-arch 9999``: exit 0) and ``--overlay-metric
+    nosuch`` (exit 2, but the HTML was left)."""
+    from ivq_debug.cli.common import NUMBER_MIN
+
+    out = []
+    for prog, path, flag, typ in _numeric_options():
+        base = _OPTION_BASES["ivq-diff" if prog == "ivq-diff" else path]
+        dest = flag.lstrip("-").replace("-", "_")
+        if typ is float:
+            kinds = {"nan": "nan"}
+        elif NUMBER_MIN.get(dest) is not None:
+            kinds = {"below-min": str(int(NUMBER_MIN[dest]) - 1)}
+        else:
+            continue
+        for kind, value in kinds.items():
+            slot = f"{path.replace(' ', '-') or prog}{flag}"
+            out.append(Case(f"options/{kind}/{slot}", "options", lambda ws, b=base, f=flag, v=value: [*b(ws), f, v],
+                            2, prog=prog, timeout=20))
+    for what, extra in (("soc-model-abc", ["--soc-model", "abc"]), ("htp-arch-9999", ["--htp-arch", "9999"])):
+        out.append(Case(f"options/{what}/capture-qnn", "options",
+                        lambda ws, e=extra: [*_OPTION_BASES["capture qnn"](ws), *e], 2, timeout=20))
+    out.append(Case("options/overlay-metric-nosuch/report", "options", lambda ws: [
+        *_OPTION_BASES["report"](ws), "--model-explorer", "m.json", "--overlay-metric", "nosuch"], 2, timeout=20))
+    return out
+
+
 # ============================================================================ job shards (issue 31)
 #: slot → (the corpus folder its rerun resumes from, where the shards are inside it, the output it may write)
 SHARD_SLOTS: dict[str, tuple[str, str, str, tuple[int, ...]]] = {
@@ -2282,7 +2386,7 @@ def all_cases() -> list[Case]:
     cases = (_valid_cases() + _dump_cases() + _name_cases() + _npz_cases() + _overrides_cases() + _netjson_cases()
              + _netrun_cases() + _profiling_cases() + _onnx_cases() + _special_cases() + _output_cases()
              + _disk_cases() + _diff_json_cases() + _session_cases() + _netrun_model_cases() + _reference_cases()
-             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases() + _shard_cases() + _dump_field_cases())
+             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases() + _shard_cases() + _dump_field_cases() + _option_cases())
     ids = [c.id for c in cases]
     dup = {i for i in ids if ids.count(i) > 1}
     assert not dup, f"duplicate case ids: {sorted(dup)}"

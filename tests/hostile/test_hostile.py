@@ -64,6 +64,15 @@ DEFAULT_EXTRA = (
     "outputs/reference-o-session/same-force", "outputs/reference-o-decode-model/hardlink-force",
     "outputs/diagnose-json-shards/same-force", "outputs/quantize-dynamic-o-model/hardlink-force",
     "outputs/tune-workdir-is-file/force",
+    # issue 31: dump fields, option values, the rest of the reproducers
+    "dumpfield/encoding-bitwidth-1e9/diff", "dumpfield/encoding-scale-string/ls", "dumpfield/meta-partition-list/diff",
+    "dumpfield/meta-cpu-nodes-strings/report", "dumpfield/object-header-checksum/show",
+    "dumpfield/shape-declared-1tib/show", "dump/expected-other-model/diff-expected", "netrun/result-index-huge/ingest",
+    "options/nan/ivq-diff--min-sqnr", "options/nan/tune--min-gain", "options/below-min/calib-stats--workers",
+    "options/below-min/diagnose--top", "options/soc-model-abc/capture-qnn", "options/htp-arch-9999/capture-qnn",
+    "options/overlay-metric-nosuch/report", "onnx/zero-nodes/diagnose", "onnx/empty/report-replay",
+    "profiling/trace-begin-end-args-list/ingest", "profiling/csv-extra-fields/ingest",
+    "reference/dump-config-attr-list/reference",
 )
 
 
@@ -123,7 +132,8 @@ def test_catalog_covers_every_command_and_format(hostile_results: dict) -> None:
                         "reference", "ivq-diff"}
     assert {c.fmt for c in CASES if c.id in DEFAULT_IDS} >= {
         "dump", "npz", "overrides", "netjson", "netrun", "profiling", "onnx", "special", "outputs", "disk",
-        "names", "diffjson", "session", "netrun-model", "reference", "dynamic", "qnncache", "tune", "shards"}
+        "names", "diffjson", "session", "netrun-model", "reference", "dynamic", "qnncache", "tune", "shards",
+        "dumpfield", "options"}
     assert len(CASES) >= 300 and len(DEFAULT_IDS) < len(CASES) / 4
 
 
