@@ -2225,8 +2225,8 @@ def _option_cases() -> list[Case]:
         else:
             continue
         for kind, value in kinds.items():
-            slot = f"{path.replace(' ', '-') or prog}{flag}"
-            out.append(Case(f"options/{kind}/{slot}", "options", lambda ws, b=base, f=flag, v=value: [*b(ws), f, v],
+            command = path.replace(" ", "-") or prog
+            out.append(Case(f"options/{flag.lstrip('-')}-{kind}/{command}", "options", lambda ws, b=base, f=flag, v=value: [*b(ws), f, v],
                             2, prog=prog, timeout=20))
     for what, extra in (("soc-model-abc", ["--soc-model", "abc"]), ("htp-arch-9999", ["--htp-arch", "9999"])):
         out.append(Case(f"options/{what}/capture-qnn", "options",
