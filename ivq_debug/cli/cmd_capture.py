@@ -11,8 +11,8 @@ from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, mo
 from ivq_debug.cli.common import comma_list, escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
+from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_feeds
 
 
 def _soc_id(value: str) -> str:
