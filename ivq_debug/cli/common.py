@@ -94,13 +94,14 @@ ROLES: dict[str, str] = {
     **dict.fromkeys(("dump", "ref", "test", "baseline", "expected", "map", "model", "inputs", "output_dir", "graph",
                      "input_list", "config", "profiling", "spec", "vision", "prefill", "decode", "model_dir",
                      "vision_model", "prefill_model", "decode_model", "session", "calibration", "overrides",
-                     "float_model", "shards", "reference", "replay", "extra", "encodings", "qnn_cache"), "input"),
+                     "float_model", "shards", "reference", "replay", "extra", "encodings", "qnn_cache", "image_processor"),
+                    "input"),
     **dict.fromkeys(("output", "json", "report", "perfetto", "model_explorer", "junit"), "output"),
     **dict.fromkeys(("workdir", "golden", "reports"), "workdir"),
     **dict.fromkeys(("name", "record", "records", "budget", "rank_by", "max_unmatched", "part", "include", "exclude",
                      "op_types", "session_option", "soc_model", "htp_arch", "dim", "device", "grid_thw",
                      "exclude_nodes", "nodes", "ray_address", "tensors", "watch", "task_metric", "groups",
-                     "precisions", "title", "overlay_metric", "source", "command"), "value"),
+                     "precisions", "title", "overlay_metric", "source", "command", "missing_input"), "value"),
 }
 #: command → the options whose role differs there (``ivq demo --model`` names a built-in model, not a file)
 COMMAND_ROLES: dict[str, dict[str, str]] = {"demo": {"model": "value"}}
