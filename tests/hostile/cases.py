@@ -2333,6 +2333,7 @@ def _shard_cases() -> list[Case]:
             for f in ("model.onnx", "model.qdq.onnx", "x.npz", "float.h5", "qdq.h5"):
                 ws.copy(f)
             ws.copy("x.npz", "calib.npz")
+            ws.copy("x.npz", "x2.npz")
             ws.copy(name, where if slot != "tune" else "wd")
             if edit is not None:
                 for p in sorted((ws.work / where).glob("*.json")):

@@ -103,6 +103,7 @@ def _jobs_run(root: Path, slot: str, out: str, codes: tuple[int, ...]) -> Path:
     for name in ("model.onnx", "model.qdq.onnx", "x.npz", "float.h5", "qdq.h5"):
         shutil.copyfile(root / name, d / name)
     shutil.copyfile(root / "x.npz", d / "calib.npz")
+    shutil.copyfile(root / "x.npz", d / "x2.npz")  # two --inputs: tune warns (a second stderr line) about one
     argv = [a for a in SHARD_ARGV[slot] if a != "--resume"]  # the first run of a sweep is not a resume
     r = subprocess.run([sys.executable, "-m", "ivq_debug", *argv], capture_output=True, cwd=d,
                        env={**os.environ, "PYTHONPATH": str(FIX.parents[2]), "IVQ_NO_PROGRESS": "1"})
@@ -117,8 +118,8 @@ SHARD_ARGV: dict[str, list[str]] = {
                     "s.json", "--shards", "cs"],
     "diagnose": ["diagnose", "float.h5", "qdq.h5", "--model", "model.qdq.onnx", "--shards", "ds", "--budget-sqnr",
                  "-1000"],
-    "tune": ["tune", "model.onnx", "--calibration", "calib.npz", "--inputs", "x.npz", "-o", "wd", "--backend", "cpu",
-             "--sweep", "--groups", "2", "--resume"],
+    "tune": ["tune", "model.onnx", "--calibration", "calib.npz", "--inputs", "x.npz", "--inputs", "x2.npz", "-o",
+             "wd", "--backend", "cpu", "--sweep", "--groups", "2", "--resume"],
 }
 
 #: lazy group → the names it provides
