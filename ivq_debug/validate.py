@@ -88,12 +88,17 @@ BASELINE_SCHEMA: dict[str, Any] = {
 
 # ============================================================================ outputs
 def check_outputs(outputs: Iterable[PathLike | None], inputs: Iterable[PathLike | None],
-                  overwrite: bool = False) -> None:
+                  overwrite: bool = False, *, folders_exist: bool = True) -> None:
     """:func:`~ivq_debug.util.check_output` for every output (``None`` and ``"-"``, stdout, are skipped),
     then refuse two outputs that are one file (same real path, or the same inode when both exist).
 
+    With ``folders_exist`` (the default: outputs a user named, ``-o missing/x.h5``), an output whose folder does not
+    exist is refused too, rather than the folder made silently; a command that owns a folder it creates (``ivq
+    tune``'s workdir) passes False.
+
     Raises:
-        UsageError: an output would replace an input or another output, or exists without ``overwrite``.
+        UsageError: an output would replace an input or another output, exists without ``overwrite``, or its folder
+            does not exist.
     """
     ins = [i for i in inputs if i is not None]
     seen: list[tuple[str, tuple[int, int] | None, PathLike]] = []
@@ -101,6 +106,9 @@ def check_outputs(outputs: Iterable[PathLike | None], inputs: Iterable[PathLike 
         if out is None or os.fspath(out) == "-":
             continue
         check_output(out, ins, overwrite)
+        parent = os.path.dirname(os.fspath(out)) or "."
+        if folders_exist and not os.path.isdir(parent):
+            raise UsageError(f"the output folder {parent!r} does not exist (create it first)", out)
         real = os.path.realpath(out)
         try:
             st = os.stat(out)

@@ -6,31 +6,30 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ivq_debug import defaults
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
-from ivq_debug.cli.common import comma_list, escape, fmt_bytes
+from ivq_debug.cli.common import add_qnn_target_arguments, comma_list, escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.util import read_arrays
 
 
-def _soc_id(value: str) -> str:
-    """``--soc-model``: a QNN SoC id is a number (checked before a model is compiled for it)."""
-    if not value.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"a QNN SoC id is a number like {defaults.QNN_SOC_MODEL}, got {value!r}")
-    return value.strip()
-
-
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    """Arguments of ``ivq capture``."""
-    p.add_argument("backend", choices=list(BACKENDS),
-                   help="; ".join(f"{b.name}: {b.help}" for b in BACKENDS.values()))
+    """Arguments of ``ivq capture``: one sub-command per registered backend, each with the common flags and its
+    own (``ivq capture onnx --help`` lists no QNN flag, ``ivq capture qnn --help`` no ONNX Runtime-only one)."""
+    sub = p.add_subparsers(dest="backend", metavar="BACKEND", required=True, parser_class=type(p))
+    for b in BACKENDS.values():
+        sp = sub.add_parser(b.name, help=b.help, description=f"ivq capture {b.name}: {b.help}")
+        _common_arguments(sp)
+        BACKEND_ARGUMENTS.get(b.name, lambda _p: None)(sp)
+
+
+def _common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model (.onnx; a QDQ model for qnn)")
     p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
                    help="model inputs, one .npz per sample (keys = input names; a .npy is one input named after the "
                         "file); repeat for several samples. Pickled (object) arrays are refused")
-    p.add_argument("-o", "--output", required=True, help="dump to write (.h5)")
+    p.add_argument("-o", "--output", required=True, help="dump to write (.h5; its folder must exist)")
     p.add_argument("--part", default="model", help="record part name (vision, prefill, decode, model)")
     p.add_argument("--include", action="append", default=None, metavar="GLOB", help="tensor names to capture")
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="tensor names to skip")
@@ -43,33 +42,40 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="capture in groups of at most N tensors (bounds memory); on the CPU EP each group is a "
                         "consecutive subgraph, so the capture still costs one forward (default on the CPU EP: "
                         "groups of about 1 GiB when a record's tensors would take more)")
-    p.add_argument("--whole-model-runs", action="store_true",
-                   help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
                    help="ORT graph optimization level (default disable: exact reference, every node output). Above "
                         "disable only the tensors of the optimized graph are exposed (no fusion is stopped) and "
-                        "the model outputs are checked bit-identical with and without the exposure")
+                        "the model outputs are checked bit-identical with and without the exposure; recorded in the "
+                        "dump (a comparison warns when the two sides differ)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads (default: ONNX Runtime's, one per core); recorded in the dump")
-    p.add_argument("--session-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="onnx: an ONNX Runtime session config entry as the deployment sets it, e.g. "
-                        "session.x64quantprecision=1 (repeatable); recorded in the dump")
     p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
-    p.add_argument("--soc-model", default=None, type=_soc_id,
-                   help=f"qnn: SoC model id, a number (default {defaults.QNN_SOC_MODEL})")
-    p.add_argument("--htp-arch", default=None, choices=defaults.QNN_HTP_ARCHS,
-                   help=f"qnn: HTP architecture (default {defaults.QNN_HTP_ARCH})")
-    p.add_argument("--allow-cpu-fallback", action="store_true", help="qnn: let unsupported nodes run on the CPU")
-    p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="qnn: QNN profiling")
-    cache = p.add_mutually_exclusive_group()
-    cache.add_argument("--qnn-cache", default=None, metavar="DIR",
-                       help="qnn: compiled-context cache folder (default $IVQ_QNN_CACHE or "
-                            "${XDG_CACHE_HOME:-~/.cache}/ivq-debug/qnn-contexts)")
-    cache.add_argument("--no-qnn-cache", action="store_true", help="qnn: compile every session, cache nothing")
-    p.add_argument("--fast-compile", action="store_true",
-                   help="qnn: QNN's faster, less optimized finalization (outputs can differ by a step; recorded)")
     p.add_argument("--force", action="store_true", help="overwrite the output dump")
 
+
+def _onnx_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--whole-model-runs", action="store_true",
+                   help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
+    p.add_argument("--session-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an ONNX Runtime session config entry as the deployment sets it, e.g. "
+                        "session.x64quantprecision=1 (repeatable); recorded in the dump")
+
+
+def _qnn_arguments(p: argparse.ArgumentParser) -> None:
+    add_qnn_target_arguments(p)
+    p.add_argument("--allow-cpu-fallback", action="store_true", help="let unsupported nodes run on the CPU")
+    p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="QNN profiling")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--qnn-cache", default=None, metavar="DIR",
+                       help="compiled-context cache folder (default $IVQ_QNN_CACHE or "
+                            "${XDG_CACHE_HOME:-~/.cache}/ivq-debug/qnn-contexts)")
+    cache.add_argument("--no-qnn-cache", action="store_true", help="compile every session, cache nothing")
+    p.add_argument("--fast-compile", action="store_true",
+                   help="QNN's faster, less optimized finalization (outputs can differ by a step; recorded)")
+
+
+#: the flags only one backend takes (``ivq capture <backend> --help``), by registered backend name
+BACKEND_ARGUMENTS: dict[str, Any] = {"onnx": _onnx_arguments, "qnn": _qnn_arguments}
 
 
 def session_config(items: list[str]) -> dict[str, str]:
@@ -94,12 +100,9 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--threads must be >= 1")
     opts: dict[str, Any] = {"selection": sel, "max_outputs_per_run": args.max_outputs_per_run,
                             "optimization": args.optimization, "threads": args.threads}
-    config = session_config(args.session_option)
     if args.backend == "onnx":
         opts["partition"] = False if args.whole_model_runs else None
-        opts["session_config"] = config or None
-    elif config:
-        raise UsageError("--session-option applies to the onnx backend only")
+        opts["session_config"] = session_config(args.session_option) or None
     else:
         opts.update(soc_model=args.soc_model, htp_arch=args.htp_arch, allow_cpu_fallback=args.allow_cpu_fallback,
                     overwrite=args.force, qnn_cache=False if args.no_qnn_cache else args.qnn_cache,

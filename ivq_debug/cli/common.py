@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import os
@@ -10,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug import interrupt
+from ivq_debug import defaults, interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
 from ivq_debug.util import WRITE_ERRNOS, atomic_write_json
 
@@ -177,6 +178,23 @@ def check_args_io(args: Any, command: str, extra_inputs: Any = ()) -> None:
                 if os.path.exists(w) and not os.path.isdir(w):
                     raise UsageError("the working folder is a file, not a folder", w)
     check_outputs(outs, ins, bool(getattr(args, "force", False)))
+
+
+def _soc_id(value: str) -> str:
+    """``--soc-model``: a QNN SoC id is a number (checked before a model is compiled for it)."""
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"a QNN SoC id is a number like {defaults.QNN_SOC_MODEL}, got {value!r}")
+    return value.strip()
+
+
+def add_qnn_target_arguments(p: argparse.ArgumentParser, note: str = "") -> None:
+    """``--soc-model`` (a number) and ``--htp-arch`` (one of ``defaults.QNN_HTP_ARCHS``), checked by the parser:
+    a usage error before anything is compiled (``--soc-model abc`` was exit 7 after compiling, ``--htp-arch
+    9999`` exit 0). ``note`` prefixes the help (``"qnn: "``)."""
+    p.add_argument("--soc-model", default=None, type=_soc_id,
+                   help=f"{note}QNN SoC model id, a number (default {defaults.QNN_SOC_MODEL})")
+    p.add_argument("--htp-arch", default=None, choices=defaults.QNN_HTP_ARCHS,
+                   help=f"{note}HTP architecture (default {defaults.QNN_HTP_ARCH})")
 
 
 def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:

@@ -109,13 +109,8 @@ def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     a = np.asarray(arr)
     if spec.shape and a.ndim == len(spec.shape) - 1:
         a = a[None, ...]
-    if spec.shape and a.ndim != len(spec.shape):
-        raise InputError(f"input {spec.name!r}: rank {a.ndim}, model expects {len(spec.shape)} "
-                         f"(shape {list(spec.shape)})", where)
-    for i, (have, want) in enumerate(zip(a.shape, spec.shape, strict=False)):
-        if want is not None and want > 0 and have != want:
-            raise InputError(f"input {spec.name!r}: dim {i} is {have}, model expects {want} "
-                             f"(shape {list(spec.shape)})", where)
+    if spec.shape:
+        spec.check_shape(a.shape, where)
     if a.dtype != spec.dtype:
         if a.dtype.kind == "f" and spec.dtype.kind in "iu":
             raise InputError(f"input {spec.name!r}: float data for an integer input", where)

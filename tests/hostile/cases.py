@@ -2229,8 +2229,9 @@ def _option_cases() -> list[Case]:
             out.append(Case(f"options/{flag.lstrip('-')}-{kind}/{command}", "options", lambda ws, b=base, f=flag, v=value: [*b(ws), f, v],
                             2, prog=prog, timeout=20))
     for what, extra in (("soc-model-abc", ["--soc-model", "abc"]), ("htp-arch-9999", ["--htp-arch", "9999"])):
-        out.append(Case(f"options/{what}/capture-qnn", "options",
-                        lambda ws, e=extra: [*_OPTION_BASES["capture qnn"](ws), *e], 2, timeout=20))
+        for command, base in (("capture-qnn", "capture qnn"), ("tune", "tune")):
+            out.append(Case(f"options/{what}/{command}", "options",
+                            lambda ws, e=extra, b=base: [*_OPTION_BASES[b](ws), *e], 2, timeout=20))
     out.append(Case("options/overlay-metric-nosuch/report", "options", lambda ws: [
         *_OPTION_BASES["report"](ws), "--model-explorer", "m.json", "--overlay-metric", "nosuch"], 2, timeout=20))
     return out
