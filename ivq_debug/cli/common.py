@@ -116,6 +116,7 @@ NUMBER_MIN: dict[str, float | None] = {
     "first_step": 0, "max_samples": 1, "workers": 1, "bins": 1, "samples_per_job": 1, "max_candidates": 1,
     "drilldowns": 0, "max_rows": 1, "max_points": 1, "max_abs": 0, "min_coverage": 0,
     "min_sqnr": None, "min_cosine": None, "max_ratio": None, "budget_sqnr": None, "min_gain": None, "budget": None,
+    "max_size": None, "max_cycles": None, "target_metric": None,  # tune --search checks > 0 itself
 }
 
 
