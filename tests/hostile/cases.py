@@ -1118,7 +1118,7 @@ def _onnx_cases() -> list[Case]:
         import onnx
         from onnx import TensorProto, helper
 
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+        x = helper.make_tensor_value_info("input.1", TensorProto.FLOAT, [1, 3, 8, 8])  # the dumps' input
         onnx.save(helper.make_model(helper.make_graph([], "g", [x], [x]), opset_imports=[helper.make_opsetid("", 17)]),
                   str(ws.work / "zero.onnx"))
         return "zero.onnx"
