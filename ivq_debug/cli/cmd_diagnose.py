@@ -23,7 +23,7 @@ from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, writ
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.comparator import compare
 from ivq_debug.console import results, status
-from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay
+from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay, replay_records
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
 from ivq_debug.onnxgraph.load import load_model
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Replay and print; exit 1 when a unit breaks the budget."""
+    """Replay and print; exit 1 when a unit breaks the budget, or none does but the part's output does."""
     validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     con = results(json_to_stdout=args.json == "-")
@@ -75,17 +75,10 @@ def execute(args: argparse.Namespace) -> int:
     rec = "all" if args.record == "all" else parse_record(args.record)
     executor = executor_from_args(args, implied=bool(args.shards))
 
-    keys = ref.record_keys()
-    if rec == "all" or not keys:
-        chosen = None
-    elif isinstance(rec, tuple):
-        chosen = rec
-    elif isinstance(rec, str):  # a record id
-        chosen = next((k for k, v in keys.items() if v == rec), None)
-    else:
-        chosen = min(keys, key=lambda k: (k[0], k[2], k[1]))
-    # the cumulative error of the replayed record only (the other records are not replayed)
-    only = (lambda k: k == chosen) if chosen is not None and chosen in test.record_keys() else None
+    # the cumulative error of the records the replay uses only (the others are not replayed): for a session dump
+    # the first record that holds the model's inputs (the vision record for the vision part), not the first record
+    chosen = set(replay_records(args.model, ref, rec))
+    only = (lambda k: k in chosen) if chosen & set(test.record_keys()) else None
 
     def run(reference: Any) -> Any:
         cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
@@ -158,6 +151,6 @@ def execute(args: argparse.Namespace) -> int:
         if fb and (f.evidence.get("over_budget") or 0) > 1:  # the pattern's own first unit over budget
             con.print(f"  first unit over budget in this pattern: {escape(fb['tensor'])} at "
                       f"{fmt_num(fb['intro_sqnr_db'])} dB")
-    if not any(f.kind == "introduced_error" for f in findings):
+    if not any(f.kind in ("introduced_error", "accumulated_error") for f in findings):
         con.print(f"[green]no unit introduces more error than the budget ({r.budget_sqnr_db:g} dB)[/green]")
-    return EXIT_FAIL if r.first_breaking else EXIT_OK
+    return EXIT_FAIL if r.first_breaking or r.accumulation is not None else EXIT_OK
