@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
-from ivq_debug.cli.common import comma_list, escape, fmt_bytes
+from ivq_debug.cli.common import add_qnn_target_arguments, comma_list, escape, fmt_bytes
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -63,8 +62,7 @@ def _onnx_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _qnn_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--soc-model", default=None, help="SoC model id (default from ivq_debug.defaults)")
-    p.add_argument("--htp-arch", default=None, help="HTP architecture (default from ivq_debug.defaults)")
+    add_qnn_target_arguments(p)
     p.add_argument("--allow-cpu-fallback", action="store_true", help="let unsupported nodes run on the CPU")
     p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="QNN profiling")
     cache = p.add_mutually_exclusive_group()
@@ -116,7 +114,6 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
-    check_outputs([args.output], [args.model, *args.inputs], args.force)
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")

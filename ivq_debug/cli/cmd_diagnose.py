@@ -16,7 +16,6 @@ from typing import Any
 
 from rich.table import Table
 
-from ivq_debug import validate
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, write_json
@@ -64,7 +63,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget, or none does but the part's output does."""
-    validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     ref, test = open_dump(args.ref), open_dump(args.test)
     con = results(json_to_stdout=args.json == "-")
     # cpu at ORT_DISABLE_ALL: the replay's own exact fake-quant session; another level (dynamic INT8 units fused, as a

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import comma_list, escape, fmt_num, write_json
+from ivq_debug.cli.common import add_qnn_target_arguments, comma_list, escape, fmt_num, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.cli.render import Col, TableData, emit, resolve_format
 from ivq_debug.console import results, status, warn
@@ -62,8 +62,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
                    help="qnn: ORT graph optimization level of every HTP session (as ivq capture qnn; 'all' folds "
                         "Shape -> Reshape chains HTP refuses); recorded in each trial")
-    p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
-    p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
+    add_qnn_target_arguments(p, "qnn: ")
     p.add_argument("--fast-compile", action="store_true",
                    help="qnn: QNN's faster, less optimized finalization (recorded)")
     p.add_argument("--per-channel", action="store_true", help="quantizer knob: per-channel weights in every trial")

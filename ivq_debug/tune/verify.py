@@ -439,7 +439,8 @@ class Tuner:
             return Trial(done["label"], applied, self._abs(done["qdq_model"]), dpath, cmp,
                          dict(done.get("task") or {}), int(done.get("model_bytes") or 0), done.get("cycles"),
                          float(done.get("seconds") or 0.0), None, ov, reused=True,
-                         sqnr_table=dict(done.get("sqnr") or {}), fixes=list(done.get("fixes") or []),
+                         sqnr_table={k: _json_number(v) for k, v in (done.get("sqnr") or {}).items()},
+                         fixes=list(done.get("fixes") or []),
                          samples=dict(done.get("samples") or {}))
         entry: dict[str, Any] = {"label": label, "suggestions": [s.to_dict() for s in suggestions],
                                  "qdq_model": self._rel(qdq), "dump": self._rel(dump),
@@ -682,6 +683,17 @@ def candidate_sets(suggestions: Sequence[Suggestion]) -> list[tuple[str, list[Su
             seen.add(k)
             uniq.append((name, ss))
     return uniq
+
+
+def _json_number(v: Any) -> float | None:
+    """A number of a checkpoint (``json_safe`` writes inf / NaN as ``"inf"``, ``"-inf"``, ``"nan"``) as a float:
+    a resumed ``--sweep`` compared ``"inf"`` with a float (``TypeError``, exit 1)."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return v
 
 
 def judge(before: Trial, after: Trial, watch: Sequence[str]) -> str | None:

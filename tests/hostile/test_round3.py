@@ -44,3 +44,46 @@ def test_result_index_huge_under_2gib_cap(tmp_path: Path) -> None:
     assert "Result_99999999999999999999999" in p.stderr and "Traceback" not in p.stderr
     assert secs < 30
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_sigint_inside_a_weakref_callback_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """A SIGINT whose exception lands in a weakref callback (Python prints "Exception ignored in: ..." with a
+    traceback there and goes on): one line, ``ivq: interrupted``, exit 130, not exit 0 after a traceback."""
+    script = tmp_path / "body.py"
+    script.write_text(
+        "import os, signal, sys, weakref\n"
+        "from ivq_debug.cli.common import run\n"
+        "class Obj:\n    pass\n"
+        "def body(argv):\n"
+        "    o = Obj()\n"
+        "    r = weakref.ref(o, lambda ref: os.kill(os.getpid(), signal.SIGINT))\n"
+        "    del o\n"
+        "    return 0\n"
+        "sys.exit(run('ivq', body, []))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 130
+    assert p.stderr.strip() == "ivq: interrupted", p.stderr
+
+
+def test_json_outputs_are_encoded_as_written_not_as_one_string(tmp_path: Path) -> None:
+    """``ivq-diff --json`` under a 384 MiB address-space cap failed in ``json.dumps`` of the whole document (the
+    string, then its UTF-8 copy). Written in ``json.dump``'s chunks, a 3 MB document costs less than a
+    fifth of its size more than the document itself (``json.dumps``: twice its size)."""
+    import json
+    import tracemalloc
+
+    from ivq_debug.cli.common import write_json
+
+    doc = {"layers": [{"ref_name": f"/layer{i}/MatMul_output_0", "metrics": {"sqnr_db": 30.0 + i % 7, "cosine": 0.99},
+                       "status": "pass", "violations": []} for i in range(20_000)]}
+    tracemalloc.start()
+    try:
+        write_json(doc, str(tmp_path / "d.json"), overwrite=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = (tmp_path / "d.json").stat().st_size
+    assert size > 2_500_000 and peak < size / 5, (size, peak)  # json.dumps held 2x the size
+    assert json.loads((tmp_path / "d.json").read_text())["layers"][-1]["metrics"]["sqnr_db"] == 30.0 + 19_999 % 7
+    assert [p.name for p in tmp_path.iterdir()] == ["d.json"]
