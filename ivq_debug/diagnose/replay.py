@@ -135,6 +135,8 @@ class ReplayResult:
     spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
     #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
     jobs: dict[str, Any] = field(default_factory=dict)
+    #: how the reference was chosen when it was not the given dump (``ivq_debug.api.diagnose``), for the reader
+    note: str | None = None
 
     def column(self, attribution: str | None = None) -> str:
         """The SQNR column of an attribution (default: the ranking one)."""
