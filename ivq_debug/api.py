@@ -20,7 +20,7 @@ from ivq_debug import comparator, defaults
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
 from ivq_debug.capture.base import Selection, make_runner, model_facts, sample_shapes
 from ivq_debug.capture.base import capture as capture_runner
-from ivq_debug.comparator.contract import check_contract
+from ivq_debug.comparator.contract import backend_pair, check_common_records, check_contract
 from ivq_debug.comparator.threeway import three_way
 from ivq_debug.console import status
 from ivq_debug.diagnose import diagnose as run_diagnostics
@@ -58,6 +58,11 @@ def compare(
             ratios ``err(test vs ref) / err(expected vs ref)`` (:mod:`ivq_debug.comparator.threeway`), the
             ``backend_divergence`` diagnostic reads them with ratio limit ``k`` (default
             ``defaults.BACKEND_DIVERGENCE_K``).
+            Without ``expected`` and without declared budgets, when ``ref`` is the ORT CPU-QDQ capture of the QDQ
+            model ``test`` ran on a backend (:func:`~ivq_debug.comparator.contract.backend_pair`), the backend
+            check runs by default (``cmp.backend_check``: ``backend_divergence`` where a tensor departs from
+            CPU-QDQ by more than ``defaults.BACKEND_CHECK_LSB_RMSE`` 8-bit steps rms and
+            ``defaults.BACKEND_CHECK_MAX_SQNR_DB``).
         allow_input_mismatch: compare even when the dumps were not fed the same inputs (the contract,
             :mod:`ivq_debug.comparator.contract`); otherwise that raises :class:`~ivq_debug.errors.ContractError`
             before any metric.
@@ -70,6 +75,9 @@ def compare(
     test_d = test if isinstance(test, Dump) else open_dump(test)
     exp_d = None if expected is None else expected if isinstance(expected, Dump) else open_dump(expected)
     records = options.get("records")
+    check_common_records(ref_d, test_d, records=records)
+    if exp_d is not None:
+        check_common_records(ref_d, exp_d, sides=("ref", "expected"), records=records)
     contract = check_contract(ref_d, test_d, records=records)
     contract.allowed = allow_input_mismatch
     contract.raise_if_broken()
@@ -79,6 +87,10 @@ def compare(
         exp_contract.raise_if_broken()
     cmp = comparator.compare(ref_d, test_d, **options)
     cmp.contract = contract
+    pair = backend_pair(ref_d, test_d) if exp_d is None and not options.get("budgets") else None
+    if pair is not None:  # REF is TEST's QDQ model on CPU-QDQ: the backend check runs by default
+        cmp.backend_check = {**pair, "lsb_rmse": defaults.BACKEND_CHECK_LSB_RMSE,
+                             "max_sqnr_db": defaults.BACKEND_CHECK_MAX_SQNR_DB}
     if exp_d is not None:
         cmp.three_way = three_way(cmp, exp_d, k=k, progress=options.get("progress", False),
                                   block_bytes=options.get("block_bytes", defaults.COMPARE_BLOCK_BYTES),

@@ -35,7 +35,7 @@ from ivq_debug.capture.torch.hooks import default_selection
 from ivq_debug.comparator import Budgets
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import UsageError, require_extra
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import scope_of
 from ivq_debug.qnn.encodings import encodings_from_qdq_model
@@ -136,6 +136,8 @@ def run_demo(
     report_path = reports / "demo.html"
     summary_path = reports / "demo.json"
     _check_outputs([*dump_paths.values(), report_path, summary_path], force)
+    for module in ("torch", "transformers", "pandas", "onnxruntime_qnn"):  # before any folder is made
+        require_extra(module, "`ivq demo`")
     for d in (golden, reports, workdir):
         d.mkdir(parents=True, exist_ok=True)
 

@@ -79,11 +79,12 @@ class MetricAccumulator:
     top1_agree: int = 0
     kl_sum: float = 0.0
 
-    def update(self, r: np.ndarray, t: np.ndarray) -> np.ndarray:
+    def update(self, r: np.ndarray, t: np.ndarray, errors: ErrorHistogram | None = None) -> np.ndarray:
         """Add one block; ``r`` and ``t`` must have the same shape.
 
         Both sides are cast into per-thread float64 buffers (no new arrays per block); the sums of products
         are :func:`dot` (BLAS on one thread), and the non-finite check runs only when the sums say one is there.
+        ``errors`` (when given) gets the block's ``|t − r|`` of the pairs finite on both sides.
         Returns the block of ``r`` as float64, flat (a view of this thread's buffer, valid until the
         thread's next update), so that other statistics of the same block need not cast it again.
         """
@@ -111,6 +112,8 @@ class MetricAccumulator:
             np.abs(d, out=d)
             self.max_abs = max(self.max_abs, float(d.max()))
             self.sum_abs += float(d.sum())
+            if errors is not None:
+                errors.update(d)
             self.sum_r2 += s_rr
             self.sum_t2 += s_tt
             self.sum_tr += s_tr

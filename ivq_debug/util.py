@@ -275,6 +275,17 @@ def check_schema(doc: Any, schema: dict[str, Any], source: str | os.PathLike | N
             ``ov.json: activation_encodings['x'][0].scale: must be a number, got 'abc'`` (``what`` is
             prefixed when given, e.g. ``tensor 't'``).
     """
+    err = schema_error(doc, schema)
+    if err is not None:
+        head = ": ".join(x for x in (what, _where(err[0])) if x) or "document"
+        raise InputError(f"{head}: {err[1]}", source)
+
+
+def schema_error(doc: Any, schema: dict[str, Any]) -> tuple[list[Any], str] | None:
+    """The most relevant violation of ``schema`` (Draft 2020-12, ``jsonschema``) by ``doc``: the path to the
+    field (keys and list indices) and a short message (:func:`schema_message`); None when ``doc`` is valid.
+
+    Validators are cached by the schema's ``id``: pass module-level schemas only."""
     v = _VALIDATORS.get(id(schema))
     if v is None:
         from jsonschema import Draft202012Validator
@@ -283,10 +294,7 @@ def check_schema(doc: Any, schema: dict[str, Any], source: str | os.PathLike | N
     from jsonschema.exceptions import best_match
 
     err = best_match(v.iter_errors(doc))
-    if err is not None:
-        field = _where(err.absolute_path)
-        head = ": ".join(x for x in (what, field) if x) or "document"
-        raise InputError(f"{head}: {schema_message(err)}", source)
+    return None if err is None else (list(err.absolute_path), schema_message(err))
 
 
 # ============================================================================ outputs

@@ -10,7 +10,7 @@
 # downloaded .deb unpacked with dpkg-deb + tar instead of debootstrap's emulated second stage (no maintainer
 # scripts run: none is needed to run Python), the host CA bundle copied in, the root's own ld.so.cache, a
 # fake ARM /proc/cpuinfo, and a venv at ROOT/venv with `pip install` of the aarch64 wheels of the core install
-# (pyproject.toml's [project] dependencies: numpy, onnx, onnxruntime, h5py, rich, jsonschema, fastjsonschema). Idempotent: a
+# (pyproject.toml's [project] dependencies: numpy, onnx, onnxruntime, h5py, rich, jsonschema). Idempotent: a
 # stamp keyed by the suite, the mirror, the root's path and those specifiers; a rerun with the root up to date
 # returns at once, a changed specifier rebuilds only the venv.
 #

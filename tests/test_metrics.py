@@ -139,3 +139,21 @@ def test_workers_do_not_change_a_comparison(tmp_path: Path) -> None:
     first = tables[0][cols].to_dict("records")
     assert all(t[cols].to_dict("records") == first for t in tables[1:])
     assert 30 < first[0]["sqnr_db"] < 40
+
+
+def test_accumulator_feeds_the_error_histogram_of_finite_pairs() -> None:
+    """``update(..., errors=h)`` bins ``|t − r|`` of the pairs finite on both sides (the three-way's histograms)."""
+    from ivq_debug.metrics import ErrorHistogram, MetricAccumulator
+
+    rng = np.random.default_rng(5)
+    r = rng.standard_normal(5000).astype(np.float32)
+    t = r + np.float32(0.01) * rng.standard_normal(5000).astype(np.float32)
+    t[7], r[9] = np.nan, np.inf
+    h, want = ErrorHistogram(4.0), ErrorHistogram(4.0)
+    acc = MetricAccumulator()
+    acc.update(r[:2500], t[:2500], h)
+    acc.update(r[2500:], t[2500:], h)
+    ok = np.isfinite(r) & np.isfinite(t)
+    want.update(np.abs(t[ok].astype(np.float64) - r[ok].astype(np.float64)))
+    assert np.array_equal(h.counts, want.counts) and h.counts.sum() == 4998
+    assert acc.n == 4998 and acc.nonfinite_test == 1 and acc.nonfinite_ref == 1

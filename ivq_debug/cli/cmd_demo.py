@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from rich.table import Table
-
-from ivq_debug.cli.common import escape, fmt_num
+from ivq_debug.cli.common import escape
+from ivq_debug.cli.render import Col, TableData, emit, resolve_format
 from ivq_debug.console import console, results
 from ivq_debug.demo import run_demo
 from ivq_debug.diagnose import headline
 from ivq_debug.errors import EXIT_OK
+from ivq_debug.vlm.load import REFERENCE_DIR
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     """Arguments of ``ivq demo``."""
+    shipped = ", ".join(sorted(d.name for d in REFERENCE_DIR.iterdir() if (d / "ivq_reference.json").is_file()))
     p.add_argument("--model", default="internvl-tiny",
-                   help="shipped reference (internvl-tiny, qwen2vl-tiny) or a checkpoint folder saved with "
-                        "save_pretrained")
+                   help=f"shipped reference ({shipped}) or a checkpoint folder saved with save_pretrained")
     p.add_argument("--golden", default="golden", help="folder for the golden dumps")
     p.add_argument("--reports", default="reports", help="folder for demo.html and demo.json")
     p.add_argument("--workdir", default="work/demo", help="folder for exported and quantized models")
@@ -34,11 +34,8 @@ def execute(args: argparse.Namespace) -> int:
     res = run_demo(args.model, golden=args.golden, reports=args.reports, workdir=args.workdir,
                    n_capture=args.samples, n_eval=args.eval, exporter=args.exporter, force=args.force,
                    log=lambda m: con.print(f"  {escape(m)}"))
-    t = Table(title="what the demo found", title_justify="left", header_style="bold")
-    for c in ("comparison", "pairs", "min SQNR dB", "diagnosis (most telling error finding)", "other errors"):
-        t.add_column(c, overflow="fold")
+    rows = []
     for label, c in res.comparisons.items():
-        s = c.summary
         errs = [f for f in c.findings if f.severity == "error"]
         head = headline(errs)
         rest = sorted({f.kind for f in errs} - ({head.kind} if head else set()))
@@ -47,10 +44,13 @@ def execute(args: argparse.Namespace) -> int:
             rec = head.where.get("record") or {}
             loc = head.where.get("tensor") or head.where.get("node") or f"{rec.get('part')} step {rec.get('step')}"
             where = f" @ {loc}"
-        t.add_row(escape(label), str(s["pairs"]), fmt_num(s["min_sqnr_db"]),
-                  escape(f"{head.kind}{where}") if head else "[green]clean[/green]", escape(", ".join(rest)) or "-")
+        rows.append({"comparison": label, "pairs": c.summary["pairs"], "min_sqnr_db": c.summary["min_sqnr_db"],
+                     "diagnosis": f"{head.kind}{where}" if head else "clean", "other": ", ".join(rest) or "-"})
+    cols = [Col("comparison", "comparison", "name"), Col("pairs", "pairs", "num", drop=2, fmt=str),
+            Col("min SQNR dB", "min_sqnr_db", "num"), Col("diagnosis (most telling error finding)", "diagnosis", "name"),
+            Col("other errors", "other", drop=1)]
     out = results()
-    out.print(t)
+    emit(out, [TableData("what the demo found", cols, rows)], resolve_format(None, out))
     out.print("caption exact match: " + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
     out.print(f"golden dumps: {escape(', '.join(str(p) for p in res.dumps.values()))}")
     out.print(f"[bold]report: {escape(res.report)}[/bold] · summary: {escape(res.summary)} · "

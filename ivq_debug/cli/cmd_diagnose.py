@@ -1,7 +1,8 @@
 """``ivq diagnose REF.h5 TEST.h5 --model M.qdq.onnx``: who introduced the error, per QDQ unit and per pattern.
 
-The headline names the worst introducer's pattern (``local`` attribution by default; ``docs/findings.md``), with
-its share of the output error and the fix; the table lists the worst units under both attributions.
+The headline names the pattern whose fix changes the output most (counterfactual runs of the whole model with it
+put back to float, ``docs/findings.md``), with its effect and the fix by cause; the table lists the worst units
+under both attributions ("where it starts") with the effect of those measured.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--budget-sqnr", type=float, default=None, metavar="DB",
                    help="introduced SQNR below which a unit breaks the budget (default: by the model's activation "
                         "bits, 20 dB at 8 bits, 40 dB at 16)")
-    p.add_argument("--no-lift", action="store_true", help="do not measure the patterns' share of the output error")
+    p.add_argument("--no-lift", action="store_true",
+                   help="do not measure the effect on the output (the counterfactual runs: one run of the whole model "
+                        "per pattern / unit measured, on the replay's backend)")
     add_executor_arguments(p, "the replay's batches", "one loop in this process. The numbers are the same to the "
                                                           "bit")
     p.add_argument("--shards", default=None, metavar="DIR",
@@ -78,12 +81,14 @@ def render(con: Any, r: ReplayResult, top: int) -> None:
     other = "iso" if att == "local" else "local"
     t = Table(title=f"introduced error ({r.backend}, {len(r.records)} record(s) from {r.record}); worst {top} "
                     f"by {att}", title_justify="left", header_style="bold")
-    for c in ("#", "tensor", "op", f"{att} dB", f"{other} dB", "weight share", "cumulative dB", "inherited"):
+    for c in ("#", "tensor", "op", f"{att} dB", f"{other} dB", "weight share", "effect dB", "cumulative dB",
+              "inherited"):
         t.add_column(c, justify="left" if c in ("tensor", "op") else "right", overflow="fold")
     for i, (_, row) in enumerate(r.worst(top).iterrows(), 1):
         flag = " ≈" if row.get("approximate") else ""
         t.add_row(str(i), escape(row["tensor"]) + flag, escape(row["op_type"]), fmt_num(row["intro_sqnr_db"]),
-                  fmt_num(row[f"{other}_sqnr_db"]), fmt_num(row["weight_share"]), fmt_num(row["cum_sqnr_db"]),
+                  fmt_num(row[f"{other}_sqnr_db"]), fmt_num(row["weight_share"]), fmt_num(row.get("effect_gain_db")),
+                  fmt_num(row["cum_sqnr_db"]),
                   fmt_num(row["inherited_share"]))
     con.print(t)
     if r.note:
@@ -94,6 +99,11 @@ def render(con: Any, r: ReplayResult, top: int) -> None:
         con.print(f"{r.jobs['total']} job(s) on {r.jobs['executor']}: {r.jobs['resumed']} resumed from shards, "
                   f"{len(r.jobs['retried'])} retried" + (f"; shards in {escape(r.jobs['shards'])}"
                                                          if r.jobs["shards"] else ""))
+    if r.effects:
+        b = r.effects["base"]
+        con.print(f"effect on the output ({escape(b['backend'])}): {r.effects['runs']} run(s) of the whole model, "
+                  f"{r.effects['seconds']:.1f} s ({r.effects['resumed']} from shards); output SQNR as quantized "
+                  f"{fmt_num(b['sqnr_db'])} dB")
     for node, why in list(r.skipped_reasons.items())[:10]:
         con.print(f"  skipped {escape(node)}: {escape(why)}")
     for f in findings:
@@ -102,8 +112,8 @@ def render(con: Any, r: ReplayResult, top: int) -> None:
         if f.suggestion:
             con.print(f"  fix: {escape(f.suggestion)}")
         fb = f.evidence.get("first_over_budget")
-        if fb:
-            con.print(f"  first unit over budget (evidence): {escape(fb['tensor'])} at "
+        if fb and (f.evidence.get("over_budget") or 0) > 1:  # the pattern's own first unit over budget
+            con.print(f"  first unit over budget in this pattern: {escape(fb['tensor'])} at "
                       f"{fmt_num(fb['intro_sqnr_db'])} dB")
     if not any(f.kind == "introduced_error" for f in findings):
         con.print(f"[green]no unit introduces more error than the budget ({r.budget_sqnr_db:g} dB)[/green]")

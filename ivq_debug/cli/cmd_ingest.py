@@ -45,7 +45,11 @@ def add_folder_arguments(p: argparse.ArgumentParser) -> None:
                    help="read input_list.txt paths that leave the folder holding it, and raw files / Result "
                         "folders that are symlinks leaving the output folder (refused by default)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
-                   help="pin a dynamic axis the byte sizes cannot resolve (e.g. batch_size=1); repeatable")
+                   help="pin a dynamic axis that the byte sizes, the graph's shape inference and the config leave "
+                        "open (the error lists every such axis with its candidates); repeatable")
+    p.add_argument("--missing-input", action="append", default=[], metavar="[PART:]NAME",
+                   help="a graph input the device did not feed, for input lists of bare paths (name:=path lists "
+                        "just leave it out); recorded in the dump as not fed; repeatable")
 
 
 def add_part_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,7 +120,7 @@ def _qnn_net_run(args: argparse.Namespace, info: dict | None) -> NetRunCapture:
     if not args.graph and not args.model:
         raise UsageError("give --model PART.onnx (names, dtypes and shapes from the ONNX graph) or --graph NET.json")
     if args.graph:
-        for opt in ("input_list", "config"):
+        for opt in ("input_list", "config", "missing_input"):
             if getattr(args, opt):
                 raise UsageError(f"--{opt.replace('_', '-')} is read with --model alone (without --graph)")
         parts = {}
@@ -137,6 +141,7 @@ def _qnn_net_run(args: argparse.Namespace, info: dict | None) -> NetRunCapture:
                                  as_steps=args.as_steps, first_step=args.first_step, input_list=args.input_list,
                                  native_inputs=args.native_inputs, allow_outside_inputs=args.allow_outside_inputs,
                                  dims=parse_dims(args.dim), config=args.config, overwrite=args.force,
+                                 missing_inputs=args.missing_input,
                                  backend_info=info)
 
 
@@ -154,6 +159,7 @@ def session_spec(args: argparse.Namespace) -> SessionSpec:
     spec.native_inputs = spec.native_inputs or args.native_inputs
     spec.allow_outside_inputs = spec.allow_outside_inputs or args.allow_outside_inputs
     spec.dims.update(parse_dims(args.dim))
+    spec.missing_inputs += [m for m in args.missing_input if m not in spec.missing_inputs]
     return spec
 
 
@@ -185,8 +191,11 @@ def execute(args: argparse.Namespace) -> int:
               + (f", {cap.profiling_rows} profiling rows" if cap.profiling_rows else ""))
     for part, m in cap.parts.items():
         con.print(f"  {part}: {escape(m)}")
-    con.print("  config: " + (escape(cap.config_source) if cap.config_source else
-                              "none (pass --config config.json: the KV-cache position check needs rope_theta)"))
+    if cap.config_source or cap.llm:  # the hint only where a KV-cache position check can run
+        con.print("  config: " + (escape(cap.config_source) if cap.config_source else
+                                  "none (pass --config config.json: the KV-cache position check needs rope_theta)"))
+    for part, names in cap.not_fed.items():
+        con.print(f"  not fed by the device ({part}): {escape(', '.join(names))}")
     if cap.unmatched:
         console().print(f"[yellow]{len(cap.unmatched)} file(s) matched no tensor[/yellow], first: "
                         f"{escape(cap.unmatched[0]['file'])} ({escape(cap.unmatched[0]['reason'])})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ivq_debug.cli.common import escape, parse_record
-from ivq_debug.cli.render import entry_panel, manifest_table
+from ivq_debug.cli.render import FORMATS, emit, entry_panel, manifest_table, records_table, resolve_format
 from ivq_debug.console import console, results
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_OK
@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--kind", choices=["tensor", "input"], help="only tensors or only inputs")
         p.add_argument("--limit", type=int, default=None, help="at most N rows")
         p.add_argument("--records", action="store_true", help="list the records instead of tensors")
+        p.add_argument("--format", choices=FORMATS, default=None,
+                       help="table (default on a terminal: fits its width, long names shortened in the middle), "
+                            "tsv (default when piped: one row per line, names whole) or json")
     else:
         p.add_argument("name", help="tensor name (as listed by ivq ls)")
         p.add_argument("--record", help="record: rid (r000001) or sample/part/step (0/decode/3)")
@@ -31,17 +34,8 @@ def execute(args: argparse.Namespace) -> int:
     con = results()
     with open_dump(args.dump) as d:
         if args.command == "ls":
-            if args.records:
-                from rich.table import Table
-
-                t = Table(title=str(d.path), title_justify="left")
-                for c in ("rid", "sample", "part", "step", "meta"):
-                    t.add_column(c)
-                for (sample, part, step), rid in sorted(d.record_keys().items(), key=lambda kv: kv[1]):
-                    t.add_row(rid, str(sample), escape(part), str(step), escape(d.record_meta(rid)))
-                con.print(t)
-            else:
-                con.print(manifest_table(d, args.limit, args.kind))
+            table = records_table(d) if args.records else manifest_table(d, args.limit, args.kind)
+            emit(con, [table], resolve_format(args.format, con))
             if not d.complete:
                 console().print(f"[yellow]incomplete dump:[/yellow] {escape('; '.join(d.incomplete_reasons))}")
             return EXIT_OK

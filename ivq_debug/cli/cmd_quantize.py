@@ -9,7 +9,7 @@ from ivq_debug.cli.common import comma_list, escape, write_json
 from ivq_debug.console import console, results, status
 from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
 from ivq_debug.errors import EXIT_OK, UsageError
-from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.qnn.quantize import CALIBRATE_METHODS, quantize_for_qnn
 from ivq_debug.validate import check_outputs
 
 
@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"], help="QDQ: activation/weight bits")
     p.add_argument("--per-channel", action="store_true", help="per-channel weights (QDQ: Conv/Gemm; dynamic: every "
                                                               "quantized weight)")
+    p.add_argument("--calibrate-method", default="minmax", choices=sorted(CALIBRATE_METHODS),
+                   help="QDQ: the calibration method (ORT's quantizer; default %(default)s)")
     p.add_argument("--overrides", help="QDQ: quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
     p.add_argument("--max-samples", type=int, default=None, help="QDQ: use at most N calibration samples")
     p.add_argument("--dynamic", action="store_true",
@@ -60,7 +62,8 @@ def execute(args: argparse.Namespace) -> int:
     con = results(json_to_stdout=args.json == "-")
     if args.dynamic:
         for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),
-                            ("--max-samples", args.max_samples)):
+                            ("--max-samples", args.max_samples),
+                            ("--calibrate-method", None if args.calibrate_method == "minmax" else 1)):
             if given is not None:
                 raise UsageError(f"{flag} applies to QDQ quantization, not --dynamic")
         with status(f"quantizing {args.model} (dynamic, {args.weight_type} weights)"):
@@ -86,7 +89,7 @@ def execute(args: argparse.Namespace) -> int:
     with status(f"quantizing {args.model} ({args.preset})"):
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
                              per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
-                             overwrite=args.force)
+                             calibrate_method=args.calibrate_method, overwrite=args.force)
     if args.json:
         write_json(r.to_dict(), args.json, overwrite=args.force)
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "

@@ -8,15 +8,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import comma_list, escape, fmt_num, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
-from ivq_debug.console import console, results, status
+from ivq_debug.cli.render import Col, TableData, emit, resolve_format
+from ivq_debug.console import results, status, warn
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, RunError, UsageError, require_extra
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
@@ -30,7 +29,15 @@ from ivq_debug.tune.sweep import (
     suggestion_groups,
     sweep,
 )
-from ivq_debug.tune.verify import MAX_CANDIDATES, Tuner, greedy, load_task_metric, verify
+from ivq_debug.tune.verify import (
+    CHECKPOINT,
+    MAX_CANDIDATES,
+    Tuner,
+    evaluation_split,
+    greedy,
+    load_task_metric,
+    verify,
+)
 from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_feeds, check_outputs
 
@@ -48,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"])
     p.add_argument("--backend", default="qnn", choices=["qnn", "cpu"],
                    help="verify on QNN HTP (emulated on x86_64; default) or ORT CPU-QDQ")
+    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
+                   help="qnn: ORT graph optimization level of every HTP session (as ivq capture qnn; 'all' folds "
+                        "Shape -> Reshape chains HTP refuses); recorded in each trial")
+    p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
+    p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
+    p.add_argument("--fast-compile", action="store_true",
+                   help="qnn: QNN's faster, less optimized finalization (recorded)")
     p.add_argument("--per-channel", action="store_true", help="quantizer knob: per-channel weights in every trial")
     p.add_argument("--calibrate-method", default="minmax", choices=sorted(CALIBRATE_METHODS),
                    help="quantizer knob: the calibration method of every trial")
@@ -94,6 +108,8 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("--sweep and --greedy are two searches: choose one")
     if not args.sweep and (args.executor or args.workers is not None or args.ray_address):
         raise UsageError("--executor, --workers and --ray-address are for --sweep")
+    if args.backend == "qnn":  # before any work: exit 5 naming the extra, not a failed baseline trial
+        require_extra("onnxruntime_qnn", "`ivq tune --backend qnn` (the default; --backend cpu verifies on ORT CPU-QDQ)")
     executor = executor_from_args(args, implied=True) if args.sweep else None
     metric = load_task_metric(args.task_metric) if args.task_metric else None
     if metric is not None and args.sweep:
@@ -114,8 +130,10 @@ def execute(args: argparse.Namespace) -> int:
     try:
         return _tune(args, wd, calibration, feeds, metric, executor)
     except BaseException:
-        if args.sweep and any((wd / "trials" / "sweep" / "shards").glob("*.json")):
-            raise  # an interrupted sweep keeps its shards: a rerun with --resume does only the rest
+        # an interrupted or failed run keeps what it finished (the checkpoint, the trials, a sweep's shards):
+        # `--resume` continues from there; only a run that finished nothing removes the folders it created
+        if (wd / "trials" / CHECKPOINT).exists() or any((wd / "trials" / "sweep" / "shards").glob("*.json")):
+            raise
         if missing:  # the folders this run created, nothing else
             shutil.rmtree(missing[-1], ignore_errors=True)
         raise
@@ -126,19 +144,25 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     kw: dict[str, Any] = {"calibrate_method": args.calibrate_method}
     if args.per_channel:
         kw["per_channel"] = True
+    calibration, feeds, evaluation = evaluation_split(calibration, feeds)
+    session = {k: v for k, v in (("soc_model", args.soc_model), ("htp_arch", args.htp_arch),
+                                 ("fast_compile", args.fast_compile or None)) if v is not None}
     tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
-                  output_metric=metric, resume=args.resume)
+                  output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
+                  qnn_session=session, evaluation=evaluation)  # a resumed run's checkpoint is checked here
+    if evaluation["warning"]:
+        warn(evaluation["warning"])
     if not args.reference and not (args.resume and tuner.reference.exists()):
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
             capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
                     overwrite=True, progress=None)
-    con = console()
+    con = results()  # the results (tables, verdict lines) go to stdout
     where = "QNN HTP" if args.backend == "qnn" else "ORT CPU-QDQ"
     with status(f"baseline: quantize, capture on {where}, compare"):
         before = tuner.trial("before", [])
-    if before.error:
-        raise UsageError(f"the baseline trial failed: {before.error}")
+    if before.error:  # the whole reason: the refusal is what the user has to act on
+        raise RunError(f"the baseline trial failed on {where} (optimization {args.optimization}): {before.error}")
     if args.sweep:
         return _sweep(args, con, tuner, before, executor, where, wd)
     sug = _suggestions(args, tuner, before)
@@ -157,7 +181,7 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     path = md = None
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
-    write_json(rep.to_dict(), str(wd / "tune.json"), overwrite=True)
+    write_json(rep.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
     _print(con, rep, where)
     if not rep.recommended:
         con.print(f"[bold red]no override set recommended[/bold red]: each of the {len(rep.refused)} candidate "
@@ -180,7 +204,7 @@ def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any) -> list[An
             rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
                         float_model=tuner.source(), progress=False)
     return suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
-                   per_channel=args.per_channel)
+                   per_channel=args.per_channel, preset=args.preset, backend=tuner.target)
 
 
 def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, executor: Any, where: str,
@@ -203,20 +227,16 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
     path = md = None
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
-    write_json(res.to_dict(), str(wd / "tune.json"), overwrite=True)
+    write_json(res.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
     out = results()
-    t = Table(title=f"sweep: {len(res.groups)} group(s) x {', '.join(res.precisions)} on {where} (gain per "
-                    f"relative {'cycles' if res.cost_basis == 'cycles' else 'model bytes'})",
-              title_justify="left", header_style="bold")
-    cols = [("group", "group"), ("precision", "precision"), ("overrides", "tensors"), ("SQNR dB", "sqnr_db"),
-            ("gain dB", "gain_db"), ("cost", "cost"), ("gain/cost", "efficiency"), ("rank", "rank"),
-            ("status", "status")]
-    for head, _ in cols:
-        t.add_column(head, justify="left" if head in ("group", "precision", "status") else "right",
-                     overflow="fold")
-    for _, r in res.table.iterrows():
-        t.add_row(*(escape(r[k]) if k in ("group", "precision", "status") else fmt_num(r[k]) for _, k in cols))
-    out.print(t)
+    num = ("tensors", "sqnr_db", "gain_db", "cost", "efficiency", "rank")
+    cols = [Col(head, key, "num" if key in num else "text", drop={"cost": 3, "efficiency": 2, "tensors": 1}.get(key, 0))
+            for head, key in (("group", "group"), ("precision", "precision"), ("overrides", "tensors"),
+                              ("SQNR dB", "sqnr_db"), ("gain dB", "gain_db"), ("cost", "cost"),
+                              ("gain/cost", "efficiency"), ("rank", "rank"), ("status", "status"))]
+    emit(out, [TableData(f"sweep: {len(res.groups)} group(s) x {', '.join(res.precisions)} on {where} (gain per "
+                         f"relative {'cycles' if res.cost_basis == 'cycles' else 'model bytes'})", cols,
+                         res.table.to_dict("records"))], resolve_format(None, out))
     j = res.jobs
     out.print(f"{j['total']} job(s) on {j['executor']}: {j['run']} run, {j['resumed']} resumed from shards, "
               f"{len(j['retried'])} retried; shards in {escape(j['shards'])}")
@@ -246,21 +266,39 @@ def _budget(con: Any, rep: Any, budget: float | None) -> int:
 
 
 def _print(con: Any, rep: Any, where: str) -> None:
+    """The refused candidates, the end-to-end table and the changed layers, on stdout (the results)."""
+    out = results()
     for r in rep.refused:
-        con.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
+        out.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
                   f"{escape(r['reason'])} on {where}")
-    t = Table(title=f"end to end ({where})", title_justify="left", header_style="bold")
-    for c in ("what", "before", "after", "change"):
-        t.add_column(c, justify="left" if c == "what" else "right")
-    for _, r in rep.end_to_end.iterrows():
-        t.add_row(escape(r["what"]), fmt_num(r["before"]), fmt_num(r["after"]), fmt_num(r["change"]))
-    con.print(t)
-    if not rep.recommended:
+    tables = [TableData(f"end to end ({where})", [Col("what", "what", "name"), Col("before", "before", "num"),
+                                                    Col("after", "after", "num"), Col("change", "change", "num")],
+                        rep.end_to_end.to_dict("records"))]
+    if rep.recommended:
+        tables.append(TableData(
+            f"changed layers ({len(rep.after.suggestions)})",
+            [Col("tensor", "tensor", "name"), Col("action", "action", drop=1), Col("SQNR before", "sqnr_before", "num"),
+             Col("after", "sqnr_after", "num", drop=2), Col("gain dB", "gain_db", "num")],
+            rep.changed.head(20).to_dict("records")))
+    emit(out, tables, resolve_format(None, out))
+    _print_check(out, rep, where)
+
+
+def _print_check(con: Any, rep: Any, where: str) -> None:
+    """The per-sample spread and, when the trials ran on CPU-QDQ, the recommended set measured on HTP."""
+    for side in ("before", "after"):
+        for w, v in getattr(rep, side).samples.items():
+            if v.get("n", 0) > 1:
+                con.print(f"{side}: {escape(w)} over {v['n']} evaluation samples: mean {v['mean']:.2f} dB, worst "
+                          f"sample {v['worst']:.2f} dB ({where})")
+    chk = rep.target_check or {}
+    if chk.get("same_as_trials") or not chk:
         return
-    t2 = Table(title=f"changed layers ({len(rep.after.suggestions)})", title_justify="left", header_style="bold")
-    for c in ("tensor", "action", "SQNR before", "after", "gain dB"):
-        t2.add_column(c, justify="left" if c in ("tensor", "action") else "right", overflow="fold")
-    for _, r in rep.changed.head(20).iterrows():
-        t2.add_row(escape(r["tensor"]), r["action"], fmt_num(r["sqnr_before"]), fmt_num(r["sqnr_after"]),
-                   fmt_num(r["gain_db"]))
-    con.print(t2)
+    if not chk.get("checked"):
+        con.print(f"[yellow]not checked on QNN HTP[/yellow]: {escape(chk.get('reason', ''))}")
+        return
+    for w, f in (chk.get("watch") or {}).items():
+        (cb, ca), (hb, ha) = f["cpu"], f["htp"]
+        con.print(f"{escape(w)}: CPU-QDQ {fmt_num(cb)} -> {fmt_num(ca)} dB; QNN HTP {fmt_num(hb)} -> {fmt_num(ha)} dB")
+    if chk.get("error"):
+        con.print(f"[red]QNN HTP[/red]: {escape(chk['error'])}")

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 
-from ivq_debug import defaults
+from ivq_debug import __version__, defaults
 from ivq_debug.api import compare
 from ivq_debug.cli.common import comma_list, escape, run, write_json
-from ivq_debug.cli.render import comparison_report
+from ivq_debug.cli.render import FORMATS, comparison_report, emit, print_line, resolve_format
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import results
 from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.errors import EXIT_FAIL, EXIT_OK, AlignmentError, UsageError
 from ivq_debug.report import write_report
 from ivq_debug.validate import check_outputs, read_baseline, read_name_map
 
@@ -72,6 +72,10 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
                         "only findings the baseline did not have)")
     p.add_argument("--force", action="store_true", help="overwrite existing --json/--report outputs")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="table (default on a terminal: fits its width, long names shortened in the middle), tsv "
+                        "(default when piped: one row per line, names whole) or json (the ivq-diff/1 document on "
+                        "stdout, as --json -); the verdict is the last line in table and tsv")
 
 
 def parse_allowance(value: str | None) -> int | float | None:
@@ -112,25 +116,34 @@ def execute_diff(args: argparse.Namespace) -> int:
     allowance = parse_allowance(args.max_unmatched)
     verdict = cmp.verdict = build_verdict(cmp, fail_on=fail_on, baseline=baseline, baseline_path=args.baseline,
                                           max_unmatched=args.max_unmatched)
-    if args.json:
-        write_json(cmp.to_json(), args.json, overwrite=args.force)
+    fmt = getattr(args, "format", None)
+    json_out = "-" if fmt == "json" and not args.json else args.json
+    if json_out:
+        write_json(cmp.to_json(), json_out, overwrite=args.force)
+    if fmt == "json" and args.json and args.json != "-":
+        write_json(cmp.to_json(), "-")
     if args.report:
-
         write_report(cmp, args.report, overwrite=args.force)
-    con = results(json_to_stdout=args.json == "-")
+    to_stdout = json_out == "-" or fmt == "json"
+    con = results(json_to_stdout=to_stdout)
     if not args.quiet:
-        for r in comparison_report(cmp, args.top):
-            con.print(r)
-    cmp.alignment.check(allowance)
+        emit(con, comparison_report(cmp, args.top), resolve_format(None if fmt == "json" else fmt, con))
+    try:
+        cmp.alignment.check(allowance)
+    except AlignmentError as e:  # the verdict is still the last line of the results
+        print_line(con, f"[bold red]FAIL[/bold red]: {escape(e.one_line())}")
+        raise
     ok = verdict.passed
-    con.print(("[bold green]PASS[/bold green]: " if ok else "[bold red]FAIL[/bold red]: ") + escape(verdict.sentence)
-              + (f" · json: {args.json}" if args.json and args.json != "-" else "")
-              + (f" · report: {args.report}" if args.report else ""))
+    print_line(con, ("[bold green]PASS[/bold green]: " if ok else "[bold red]FAIL[/bold red]: ")
+               + escape(verdict.sentence)
+               + (f" · json: {escape(args.json)}" if args.json and args.json != "-" else "")
+               + (f" · report: {escape(args.report)}" if args.report else ""))
     return EXIT_OK if ok else EXIT_FAIL
 
 
 def _main(argv: list[str]) -> int:
     p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI (docs/cli.md).")
+    p.add_argument("--version", action="version", version=f"ivq-debug {__version__}")
     add_diff_arguments(p)
     return execute_diff(p.parse_args(argv))
 

@@ -110,6 +110,7 @@ class Comparison:
     regressions: list[dict[str, Any]] | None = None
     contract: Any = None  # comparator.contract.ContractCheck (ivq.compare checks it before any metric)
     three_way: Any = None  # comparator.threeway.ThreeWay (ivq.compare(..., expected=CPU-QDQ))
+    backend_check: dict[str, Any] | None = None  # REF is TEST's QDQ model on CPU-QDQ (ivq.compare sets it)
     verdict: Any = None  # diagnose.verdict.Verdict (pass/fail and why)
 
     # ---------------------------------------------------------------- views
@@ -239,6 +240,8 @@ class Comparison:
         }
         if self.regressions is not None:
             doc["regressions"] = self.regressions
+        if self.backend_check is not None:
+            doc["backend_check"] = self.backend_check
         _extend_json(self, doc)
         return json_safe(doc)
 

@@ -12,7 +12,10 @@ both dumps hold, each input both list is compared by role:
   is a note for the diagnostics (a scheduler's position rule), not a failure.
 
 A dump written before input digests existed makes the contract **unknown**: the comparison still runs and says
-so. The identity of each side (backend, SDK, SoC, platform, model files with their SHA-256 and precision,
+so. Two dumps with no record in common are not compared at all (:func:`check_common_records`, exit 4: both
+sides' records listed, ``--part`` suggested). Session settings the inputs cannot show are checked too
+(:func:`session_warnings`: the ORT graph optimization level, ONNX Runtime session config entries and the QNN
+session options of each side): a difference is a warning naming both values. The identity of each side (backend, SDK, SoC, platform, model files with their SHA-256 and precision,
 preprocessing) is collected for the JSON; it differs by design between fp32 and a quantized backend, so it is
 reported, not checked.
 """
@@ -25,7 +28,7 @@ from typing import Any
 
 from ivq_debug.dump.contract import CONTRACT_META, INPUTS_META, PREPROCESS_META
 from ivq_debug.dump.reader import Dump
-from ivq_debug.errors import ContractError
+from ivq_debug.errors import AlignmentError, ContractError
 
 OK = "ok"
 BROKEN = "broken"
@@ -60,6 +63,8 @@ class ContractCheck:
         one_sided: input names only one side stored for a record both hold.
         unknown_records: records both dumps hold where a side lists no digests.
         identity: what ran on each side (:func:`dump_identity`).
+        warnings: session settings that differ between the sides (:func:`session_warnings`: the ORT graph
+            optimization level, QNN session options): the same inputs, but not the same graph as run.
         allowed: the mismatch was allowed (``--allow-input-mismatch``): the comparison runs and says so.
     """
 
@@ -74,6 +79,7 @@ class ContractCheck:
     unknown_records: int = 0
     identity: dict[str, Any] = field(default_factory=dict)
     allowed: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def first(self) -> dict[str, Any] | None:
@@ -84,7 +90,8 @@ class ContractCheck:
         """One line: the status and, when broken, the first differing input and record."""
         a, b = self.sides
         if self.status == UNKNOWN:
-            why = "a side lists no input digests (a dump written before the contract existed)"
+            why = ("a side lists no input digests (a dump written before the contract existed)" if self.unknown_records
+                   else "the dumps hold no record in common")
             return f"contract unknown ({a} vs {b}): {why}; inputs not checked"
         if self.status == BROKEN:
             m = self.first or {}
@@ -113,7 +120,8 @@ class ContractCheck:
         return {"status": self.status, "allowed": self.allowed, "line": self.line(), "sides": list(self.sides),
                 "records": self.records, "inputs_checked": self.inputs_checked, "first_mismatch": self.first,
                 "mismatches": self.mismatches, "derived_differences": self.derived, "skipped": self.skipped,
-                "one_sided": self.one_sided, "unknown_records": self.unknown_records, "identity": self.identity}
+                "one_sided": self.one_sided, "unknown_records": self.unknown_records, "identity": self.identity,
+                "warnings": self.warnings}
 
     def raise_if_broken(self) -> None:
         """Raise :class:`~ivq_debug.errors.ContractError` (exit 6) when broken and not allowed."""
@@ -135,7 +143,13 @@ def dump_identity(d: Dump) -> dict[str, Any]:
         if p is not None:
             pre = p
             break
+    qnn = info.get("qnn_config")
+    if isinstance(qnn, dict):  # where a run wrote its traces and profiles is not how the graph ran
+        qnn = {k: v for k, v in qnn.items() if not str(k).endswith(("_path", "_dir"))}
+    plat = info.get("platform") if isinstance(info.get("platform"), dict) else {}
     return {"path": str(d.path), "backend": d.backend, "sdk": sdk,
+            "ort_optimization": info.get("graph_optimization_level"),
+            "session_options": info.get("session_options", plat.get("session_options")), "qnn_options": qnn,
             "soc": {k: info[k] for k in ("soc_model", "htp_arch") if k in info},
             "emulated": info.get("emulated"), "platform": ident.get("platform"), "models": models,
             "precision": sorted({m.get("precision") for m in models.values() if m.get("precision")}),
@@ -184,11 +198,81 @@ def check_contract(ref: Dump, test: Dump, *, sides: tuple[str, str] = ("ref", "t
                 d = out.derived.setdefault(name, {"first": _rec(key), "count": 0})
                 d["count"] += 1
     out.one_sided = sorted(one_sided)
+    out.warnings = session_warnings(out.identity[a], out.identity[b], sides)
     if out.mismatches:
         out.status = BROKEN
     elif out.records:
         out.status = OK
     return out
+
+
+def session_warnings(ia: dict[str, Any], ib: dict[str, Any], sides: tuple[str, str] = ("ref", "test")) -> list[str]:
+    """How two captures' sessions differ where the inputs cannot show it: the ORT graph optimization level (a
+    capture at ``disable`` runs every node as written, one at ``all`` runs fused kernels that round differently),
+    ONNX Runtime session config entries, and the QNN session options both sides recorded."""
+    a, b = sides
+    out = []
+    la, lb = ia.get("ort_optimization"), ib.get("ort_optimization")
+    if la and lb and la != lb:
+        out.append(f"ORT optimization level differs: {a} {la}, {b} {lb} (not the same graph as run: fused kernels "
+                   "round differently; capture both at one level)")
+    sa, sb = ia.get("session_options") or {}, ib.get("session_options") or {}
+    if isinstance(sa, dict) and isinstance(sb, dict) and sa != sb:
+        keys = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
+        out.append("ORT session options differ: " + ", ".join(f"{k} {a} {sa.get(k)!r} vs {b} {sb.get(k)!r}"
+                                                                for k in keys))
+    qa, qb = ia.get("qnn_options"), ib.get("qnn_options")
+    if isinstance(qa, dict) and isinstance(qb, dict) and qa != qb:
+        keys = sorted(k for k in set(qa) | set(qb) if qa.get(k) != qb.get(k))
+        out.append("QNN session options differ: " + ", ".join(f"{k} {a} {qa.get(k)!r} vs {b} {qb.get(k)!r}"
+                                                               for k in keys))
+    return out
+
+
+def backend_pair(ref: Dump, test: Dump) -> dict[str, Any] | None:
+    """``{"ref", "test", "models"}`` when ``ref`` is the ORT CPU-QDQ capture of the very QDQ model(s) ``test`` ran
+    on another backend (same SHA-256 for every part both recorded), else None: then ``ref`` is what ``test``
+    should compute up to a backend's rounding, and a comparison checks that by default (``backend_check``)."""
+    if ref.backend != "onnxruntime-cpu-qdq" or test.backend == ref.backend:
+        return None
+    ma, mb = dump_identity(ref)["models"], dump_identity(test)["models"]
+    common = [p for p in ma if p in mb]
+    if not common or any(not ma[p].get("sha256") or ma[p].get("sha256") != mb[p].get("sha256") for p in common):
+        return None
+    return {"ref": ref.backend, "test": test.backend, "models": {p: ma[p].get("sha256") for p in common}}
+
+
+def describe_records(keys: Iterable[RecordKey]) -> str:
+    """The records of a dump per part, e.g. ``vision 0/vision/0, 1/vision/0; decode 0/decode/1 … (14)``."""
+    by_part: dict[str, list[RecordKey]] = {}
+    for k in sorted(keys, key=lambda k: (k[1], k[0], k[2])):
+        by_part.setdefault(k[1], []).append(k)
+    out = []
+    for part, ks in by_part.items():
+        shown = ", ".join(_rec(k) for k in ks[:3]) + (f" … ({len(ks)})" if len(ks) > 3 else "")
+        out.append(f"{part}: {shown}")
+    return "; ".join(out) or "no record"
+
+
+def check_common_records(ref: Dump, test: Dump, *, sides: tuple[str, str] = ("ref", "test"),
+                         records: Callable[[RecordKey], bool] | None = None) -> None:
+    """Raise :class:`~ivq_debug.errors.AlignmentError` (exit 4) when the two dumps hold no record in common
+    (records pair by ``(sample, part, step)``): both sides' records listed, and ``--part`` suggested, instead of
+    every tensor reported unmatched."""
+    rk, tk = set(ref.record_keys()), set(test.record_keys())
+    if records is not None:
+        rk, tk = {k for k in rk if records(k)}, {k for k in tk if records(k)}
+    if rk & tk or not rk or not tk:
+        return
+    a, b = sides
+    rparts, tparts = sorted({k[1] for k in rk}), sorted({k[1] for k in tk})
+    if set(rparts) & set(tparts):
+        hint = "the parts agree but not the samples or steps: capture the same inputs on both sides"
+    else:
+        hint = (f"records pair by (sample, part, step): capture {b} with --part {rparts[0]} (or {a} with --part "
+                f"{tparts[0]}) so both name the same part")
+    raise AlignmentError(f"no record is common to {a} {ref.path} ({describe_records(rk)}) and {b} {test.path} "
+                         f"({describe_records(tk)}); {hint}")
 
 
 def combine(checks: Iterable[ContractCheck]) -> str:

@@ -37,7 +37,13 @@ from ivq_debug.align.matcher import align
 from ivq_debug.comparator.contract import ContractCheck, check_contract
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, Entry, open_dump
-from ivq_debug.metrics import SHAPE_TEST_MIN_VALUES, ErrorHistogram, bhattacharyya, rel_linf
+from ivq_debug.metrics import (
+    SHAPE_TEST_MIN_VALUES,
+    ErrorHistogram,
+    MetricAccumulator,
+    bhattacharyya,
+    rel_linf,
+)
 from ivq_debug.util import as_float
 
 NUMERIC = ("rel_l2_test", "rel_l2_expected", "ratio_l2", "rel_linf_test", "rel_linf_expected", "ratio_linf", "bc")
@@ -56,48 +62,41 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 @dataclass
-class _Acc:
-    """One streaming pass over (r, t, e) blocks."""
+class _Triple:
+    """One streaming pass over (r, t, e) blocks: a :class:`~ivq_debug.metrics.MetricAccumulator` per side
+    (test and expected, each against the reference), fed the block's errors into the two histograms. A
+    block with a non-finite value or sum marks the triple ``non_finite`` and adds nothing."""
 
     hist_t: ErrorHistogram
     hist_e: ErrorHistogram
-    n: int = 0
-    sum_r2: float = 0.0
-    sum_t2: float = 0.0
-    sum_e2: float = 0.0
+    t: MetricAccumulator = field(default_factory=MetricAccumulator)
+    e: MetricAccumulator = field(default_factory=MetricAccumulator)
     max_r: float = 0.0
-    max_t: float = 0.0
-    max_e: float = 0.0
     nonfinite: bool = False
 
     def update(self, r: np.ndarray, t: np.ndarray, e: np.ndarray) -> None:
-        r64 = np.asarray(r, dtype=np.float64).reshape(-1)
-        dt = np.asarray(t, dtype=np.float64).reshape(-1) - r64
-        de = np.asarray(e, dtype=np.float64).reshape(-1) - r64
-        s_r, s_t, s_e = float(r64 @ r64), float(dt @ dt), float(de @ de)
-        if not (math.isfinite(s_r) and math.isfinite(s_t) and math.isfinite(s_e)):
+        bt, be = MetricAccumulator(), MetricAccumulator()
+        ht, he = ErrorHistogram(self.hist_t.scale), ErrorHistogram(self.hist_e.scale)
+        r64 = bt.update(r, t, ht)
+        max_r = float(np.abs(r64).max()) if r64.size else 0.0  # before the next update reuses the buffer
+        be.update(r, e, he)
+        if (bt.nonfinite_ref or bt.nonfinite_test or be.nonfinite_test
+                or not all(math.isfinite(x) for x in (bt.sum_r2, bt.sum_sq_err, be.sum_sq_err))):
             self.nonfinite = True
             return
-        if not r64.size:
-            return
-        self.n += r64.size
-        self.sum_r2 += s_r
-        self.sum_t2 += s_t
-        self.sum_e2 += s_e
-        self.max_r = max(self.max_r, float(np.abs(r64).max()))
-        np.abs(dt, out=dt)
-        np.abs(de, out=de)
-        self.max_t = max(self.max_t, float(dt.max()))
-        self.max_e = max(self.max_e, float(de.max()))
-        self.hist_t.update(dt)
-        self.hist_e.update(de)
+        self.t.merge(bt)
+        self.e.merge(be)
+        self.max_r = max(self.max_r, max_r)
+        self.hist_t.merge(ht)
+        self.hist_e.merge(he)
 
     def result(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in SUMS}
+        out = {"n": self.t.n, "sum_r2": self.t.sum_r2, "sum_t2": self.t.sum_sq_err, "sum_e2": self.e.sum_sq_err,
+               "max_r": self.max_r, "max_t": self.t.max_abs, "max_e": self.e.max_abs}
         if self.nonfinite:
             return {**out, **dict.fromkeys(NUMERIC), "status": "non_finite"}
-        out.update(metrics_from_sums(self.n, self.sum_r2, self.sum_t2, self.sum_e2, self.max_r, self.max_t,
-                                     self.max_e, self.hist_t.counts, self.hist_e.counts))
+        out.update(metrics_from_sums(out["n"], out["sum_r2"], out["sum_t2"], out["sum_e2"], self.max_r,
+                                     out["max_t"], out["max_e"], self.hist_t.counts, self.hist_e.counts))
         out["hist_t"], out["hist_e"] = self.hist_t.counts, self.hist_e.counts
         return out
 
@@ -140,7 +139,7 @@ def triple_metrics(ref: Dump, test: Dump, expected: Dump, a: Entry, b: Entry, c:
     if not (a.size == b.size == c.size):
         return {**dict.fromkeys(NUMERIC), **dict.fromkeys(SUMS), "status": "shape_mismatch"}
     s = _scale(a)
-    acc = _Acc(ErrorHistogram(s), ErrorHistogram(s))
+    acc = _Triple(ErrorHistogram(s), ErrorHistogram(s))
     if "summary" in (a.stored, b.stored, c.stored):
         acc.update(ref.read_sample(a), test.read_sample(b), expected.read_sample(c))
     else:

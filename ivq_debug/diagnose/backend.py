@@ -17,11 +17,18 @@ One finding per part, at its first departing layer in execution order (where the
 later layers inherit it), severity ``error`` from ``defaults.BACKEND_DIVERGENCE_ERROR_RATIO`` on, else
 ``warning``. A part whose inputs carry an earlier part's departure (a prefill after a departing vision part)
 is reported as downstream of it, at most a warning.
+
+Without an expected dump, when REF is itself the CPU-QDQ capture of the QDQ model TEST ran (``cmp.backend_check``,
+set by :func:`ivq_debug.api.compare` when nothing is declared), the same finding comes from the default backend
+check (:func:`backend_check_findings`): TEST should compute what REF holds up to a backend's rounding, so a tensor
+departs when its rmse against REF exceeds ``defaults.BACKEND_CHECK_LSB_RMSE`` steps of an 8-bit grid and its SQNR
+against REF is below ``defaults.BACKEND_CHECK_MAX_SQNR_DB`` (measurements beside the defaults).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ivq_debug import defaults
@@ -61,35 +68,107 @@ def departure(row: dict[str, Any], k: float) -> float | None:
     return by if by is not None and by > k else None
 
 
+def _bits(cmp: Any) -> dict[tuple[tuple[int, str, int], str], int]:
+    """The bitwidth of each pair's test encoding, keyed ``(record, ref_name)``."""
+    out = {}
+    for p in cmp.alignment.pairs:
+        enc = p.test.encoding
+        if isinstance(enc, dict) and isinstance(enc.get("bitwidth"), int | float):
+            out[(tuple(p.ref.record), p.ref.name)] = int(enc["bitwidth"])
+    return out
+
+
+def lsb8(lsb_rmse: Any, bits: int | None) -> float | None:
+    """``lsb_rmse`` in 8-bit steps (a ``bits``-bit step is 2^(8 - bits) of an 8-bit one); None when undefined."""
+    v = _num(lsb_rmse)
+    return None if v is None or bits is None else v * 2.0 ** (8 - bits)
+
+
+#: what every backend_divergence finding suggests
+SUGGESTION = ("the CPU-QDQ run of the same QDQ model does not show this error: compare this op's precision, encoding "
+              "and partition on the backend (ivq diagnose --backend qnn replays it alone)")
+Hit = tuple[dict[str, Any], float]
+
+
+def _per_part(table: Any, sort: list[str], depart: Callable[[dict[str, Any]], float | None],
+              make: Callable[[str, list[dict[str, Any]], list[Hit], str], Finding | None]) -> list[Finding]:
+    """One finding per part (pipeline order) at its first departing row: ``depart(row)`` is the amount a row departs
+    by (None: it does not), ``make(part, rows, hits, downstream)`` builds the finding; a part after a departing one
+    gets ``downstream`` text and at most a warning (its inputs carry the earlier departure)."""
+    out: list[Finding] = []
+    upstream: tuple[str, str] | None = None
+    for part in sorted(set(table["part"]), key=lambda p: PART_ORDER.get(p, 3)):
+        rows = table[table["part"] == part].sort_values(sort, kind="stable").to_dict("records")
+        hits = [(r, x) for r in rows for x in [depart(r)] if x is not None]
+        if not hits:
+            continue
+        down = "" if upstream is None else (f"; downstream of the {upstream[0]} part's departure at {upstream[1]} "
+                                            "(its inputs carry it)")
+        f = make(part, rows, hits, down)
+        if f is None:
+            continue
+        if down:
+            f.severity = "warning"
+        out.append(f)
+        if upstream is None:
+            upstream = (part, hits[0][0]["ref_name"])
+    return out
+
+
+def backend_check_findings(cmp: Any) -> list[Finding]:
+    """The default backend check (``cmp.backend_check``: REF is the CPU-QDQ capture of the QDQ model TEST ran):
+    per part, the first tensor in execution order whose rmse against CPU-QDQ exceeds ``lsb_rmse`` 8-bit steps and
+    whose SQNR against it is below ``max_sqnr_db`` (``defaults.BACKEND_CHECK_*``); later parts downstream of a
+    departure are warnings."""
+    chk = cmp.backend_check
+    t = cmp.table
+    if t is None or not len(t):
+        return []
+    bits = _bits(cmp)
+    budget, floor = float(chk["lsb_rmse"]), float(chk["max_sqnr_db"])
+
+    def depart(r: dict[str, Any]) -> float | None:
+        steps = lsb8(r.get("lsb_rmse"), bits.get(((int(r["sample"]), r["part"], int(r["step"])), r["ref_name"])))
+        sq = _num(r.get("sqnr_db"))
+        return steps if steps is not None and steps > budget and sq is not None and sq < floor else None
+
+    def make(part: str, rows: list[dict[str, Any]], hits: list[Hit], down: str) -> Finding:
+        (first, steps), worst = hits[0], max(hits, key=lambda h: h[1])
+        return Finding(
+            "backend_divergence", "error",
+            f"the backend departs from the CPU-QDQ run of the same QDQ model at {first['ref_name']} ({part}): "
+            f"{steps:.3g} 8-bit steps rms (limit {budget:g}), SQNR {_num(first['sqnr_db']):.3g} dB against CPU-QDQ"
+            + down,
+            where={"record": {"sample": int(first["sample"]), "part": part, "step": int(first["step"])},
+                   "tensor": first["ref_name"], "part": part, "order": int(first["order"])},
+            evidence={"lsb_rmse_8bit": steps, "lsb_rmse": _num(first.get("lsb_rmse")),
+                      "sqnr_db": _num(first.get("sqnr_db")), "limit_lsb_rmse_8bit": budget, "max_sqnr_db": floor,
+                      "departing_tensors": len(hits), "tensors": len(rows),
+                      "worst": {"tensor": worst[0]["ref_name"], "lsb_rmse_8bit": worst[1]},
+                      "reference": str(cmp.ref.path)},
+            suggestion=SUGGESTION)
+
+    return _per_part(t, ["sample", "step", "order"], depart, make)
+
+
 def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
-    """Findings for the layers where the backend departs from CPU-QDQ (module docstring); none without an
-    expected dump."""
+    """Findings for the layers where the backend departs from CPU-QDQ (module docstring): from the three-way
+    ratios with an expected dump, else from the default backend check when REF is itself the CPU-QDQ run
+    (:func:`backend_check_findings`); none otherwise."""
     tw = getattr(cmp, "three_way", None)
     if tw is None:
-        return []
+        return backend_check_findings(cmp) if getattr(cmp, "backend_check", None) else []
     k = float(k if k is not None else getattr(tw, "k", None) or defaults.BACKEND_DIVERGENCE_K)
     layers = tw.layers()
     if layers.empty:
         return []
-    out: list[Finding] = []
-    upstream: tuple[str, str] | None = None
-    parts = sorted(set(layers["part"]), key=lambda p: PART_ORDER.get(p, 3))
-    for part in parts:
-        rows = [r for r in layers[layers["part"] == part].sort_values("order", kind="stable").to_dict("records")]
-        hits = [(r, x) for r in rows for x in [departure(r, k)] if x is not None]
-        if not hits:
-            continue
-        first, x = hits[0]
-        worst = max(hits, key=lambda h: h[1])
-        sev = "error" if x >= defaults.BACKEND_DIVERGENCE_ERROR_RATIO else "warning"
-        down = ""
-        if upstream is not None:
-            sev = "warning"
-            down = f"; downstream of the {upstream[0]} part's departure at {upstream[1]} (its inputs carry it)"
+
+    def make(part: str, rows: list[dict[str, Any]], hits: list[Hit], down: str) -> Finding:
+        (first, x), worst = hits[0], max(hits, key=lambda h: h[1])
         s, p, st = (first["worst"] or "0/?/0").split("/")
         bc = _num(first.get("bc"))
-        out.append(Finding(
-            "backend_divergence", sev,
+        return Finding(
+            "backend_divergence", "error" if x >= defaults.BACKEND_DIVERGENCE_ERROR_RATIO else "warning",
             f"the backend departs from what quantization explains at {first['ref_name']} ({part}): error vs fp32 "
             f"{_ratio_text(first)} CPU-QDQ's"
             + (f", error-shape overlap (Bhattacharyya) {bc:.2f}" if bc is not None else "") + down,
@@ -103,12 +182,9 @@ def backend_divergence(cmp: Any, k: float | None = None) -> list[Finding]:
                       "departing_layers": len(hits), "layers": len(rows),
                       "worst": {"tensor": worst[0]["ref_name"], "ratio": worst[1]},
                       "expected": str(tw.expected.path)},
-            suggestion="the CPU-QDQ run of the same QDQ model does not show this error: compare this op's precision, "
-                       "encoding and partition on the backend (ivq diagnose --backend qnn replays it alone)",
-        ))
-        if upstream is None:
-            upstream = (part, first["ref_name"])
-    return out
+            suggestion=SUGGESTION)
+
+    return _per_part(layers, ["order"], lambda r: departure(r, k), make)
 
 
 def _ratio_text(r: dict[str, Any]) -> str:

@@ -82,8 +82,8 @@ def replay_jobs(executor: Executor, shards: str | os.PathLike | None, model: Mod
     for rid in rids:
         p, t, trid = pairs_for(cumulative, rid)
         pairs[rid] = (p, trid if t is not None else None)
-    meta = {"model_sha256": sha256_file(model_path), "reference_sha256": sha256_file(ref_path),
-            "test_sha256": sha256_file(test_path) if test_path else None, "backend": backend, "records": rids,
+    meta = {"model_sha256": sha256_file(model_path), "reference_sha256": ref.content_digest(),
+            "test_sha256": test.content_digest() if test is not None else None, "backend": backend, "records": rids,
             "versions": versions(), "selfcheck": do_check}
     # the alignment pairs change which reference a unit reads: a part of the key
     align = job_key(pairs={rid: {k: [e.name, e.rid, how] for k, (e, how) in p.items()} for rid, (p, _) in pairs.items()},

@@ -1,4 +1,4 @@
-"""Findings that summarize a replay: the worst introducer's *pattern*, its share of the output error, the fix.
+"""Findings that summarize a replay: the pattern that matters, its effect on the output, the fix by cause.
 
 A transformer repeats one block, so one bad encoding shows up once per block. Units are grouped by their *role*:
 the compute node's name with block indices replaced (``/blocks.3/ln1/Pow`` → ``/blocks.*/ln1/Pow``) and its op
@@ -6,19 +6,16 @@ type; units without indexed names stay alone. A group's figures:
 
 - ``units`` and ``over_budget``: members, and members whose introduced SQNR (ranking attribution) breaks the
   budget; ``blocks``: "11 of 12" when the indices are blocks;
-- ``worst``: the member with the lowest introduced SQNR, with both attributions;
-- ``weight_share``: the noise-weighted share of the members' error that comes from their weight encodings
-  (``replay`` docstring);
-- ``output_error_share``: the share of the model's final-output error noise power that disappears when the
-  group's encodings (outputs, and weights when the float weights are known) are lifted to float, measured on
-  CPU fake-quant with the first record's inputs (:func:`measure_lift`; ``None`` when not measured).
+- ``worst``: the member with the lowest introduced SQNR, with both attributions ("where it starts");
+- ``weight_share``: the noise-weighted share of the over-budget members' error that comes from their weight
+  encodings: the sum of those units' measured parts (``replay`` docstring), consistent with the unit rows;
+- ``effect``: the counterfactual run of the whole model with the group's over-budget units put back to float
+  (:mod:`ivq_debug.diagnose.effect`): ``output_error_share`` (never negative; ``why`` when ≈ 0) and
+  ``effect_gain_db``, the final outputs' SQNR gained.
 
-The headline finding names the group of the worst introducer (by the ranking attribution, ``local`` by
-default); the next groups over budget follow as warnings; "the first unit over budget" is evidence. The fix
-follows the evidence: weight-dominated → per-channel weights (when the weight's per-channel range spread is
-large, :mod:`ivq_debug.diagnose.weight_spread`) or 16-bit weights; activation-dominated → 16-bit activations
-on the group's tensors (fp16 when 16-bit is not enough), and for the LayerNorm statistics a fused
-``LayerNormalization`` (opset 17).
+The headline is the group with the largest measured effect (groups not measured follow, by introduced error);
+the next groups over budget follow as warnings; the first over-budget unit *of the group* is evidence. The fix is
+by cause (:mod:`ivq_debug.diagnose.remedy`), per unit, over the group's over-budget units only, worst first.
 """
 
 from __future__ import annotations
@@ -28,19 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ivq_debug import defaults
-from ivq_debug.capture.base import make_runner
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.diagnose.graphs import typed_inputs, unit_value
-from ivq_debug.onnxgraph.intake import load_float_model
-from ivq_debug.onnxgraph.load import load
-from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name, floors_at_zero
+from ivq_debug.diagnose.remedy import group_remedy, remedies_for
 
-#: the number of groups whose output share :func:`measure_lift` measures (one CPU run of a merged model holding
-#: the QDQ model once per group, plus once as it is)
-LIFT_GROUPS = 2
 #: a group is weight-dominated above this weight share
 WEIGHT_DOMINATED = 0.5
 #: extra pattern findings after the headline
@@ -83,10 +71,12 @@ class Group:
         """The member with the lowest SQNR in ``col``."""
         return min(self.rows, key=lambda r: sortable(r.get(col)))
 
-    def weight_share(self) -> float:
-        """Noise-weighted weight share of the members' introduced error."""
-        w = sum(float(r.get("weight_noise") or 0.0) for r in self.rows)
-        a = sum(float(r.get("act_noise") or 0.0) for r in self.rows)
+    def weight_share(self, rows: list[dict[str, Any]] | None = None) -> float:
+        """Noise-weighted weight share of the introduced error of ``rows`` (default: every member; the findings
+        use the members over budget, the units the fix changes): the sum of the units' measured parts."""
+        rows = self.rows if rows is None else rows
+        w = sum(float(r.get("weight_noise") or 0.0) for r in rows)
+        a = sum(float(r.get("act_noise") or 0.0) for r in rows)
         return w / (w + a) if (w + a) > 0 else 0.0
 
 
@@ -141,26 +131,26 @@ def _blocks_text(g: Group, over: list[dict[str, Any]]) -> str:
     return units
 
 
-def fix_for(g: Group, spread: dict[str, float] | None = None) -> tuple[str, str]:
-    """``(kind, text)`` of the fix the evidence points to (kinds: ``w_per_channel``, ``w16``, ``a16``)."""
-    ws = g.weight_share()
-    weights = sorted({w for r in g.rows for w in str(r.get("weights") or "").split(",") if w})
-    if ws >= WEIGHT_DOMINATED and weights:
-        sp = max((spread or {}).get(w, 0.0) for w in weights)
-        if sp >= defaults.WEIGHT_SPREAD_WARN:
-            return "w_per_channel", (f"per-channel weights for {', '.join(weights[:4])}"
-                                     f"{' …' if len(weights) > 4 else ''} (their channel ranges spread {sp:.0f}×; "
-                                     "`ivq quantize --per-channel`, or `ivq tune`)")
-        return "w16", (f"16-bit weights for {', '.join(weights[:4])}{' …' if len(weights) > 4 else ''} "
-                       "(or per-channel; `ivq tune` verifies both)")
-    text = (f"16-bit activations on these {len(g.rows)} tensor(s) (fp16 if 16-bit is not enough); "
-            "`ivq tune` writes and verifies the group's overrides")
-    if g.label.startswith("LayerNorm"):
-        text += "; or export the LayerNorm fused (opset ≥ 17 LayerNormalization) so its statistics stay internal"
-    return "a16", text
+def fix_for(res: Any, over: list[dict[str, Any]]) -> tuple[str, str, dict[str, Any], list[str]]:
+    """``(lever, text, override fragment, nodes left float)`` of a group's fix: the remedies by cause of its
+    over-budget units (``over``, worst first; :func:`~ivq_debug.diagnose.remedy.group_remedy`)."""
+    rs = [r for row in sorted(over, key=lambda r: sortable(r.get("intro_sqnr_db")))
+          for r in (remedies_for(res.evidence[row["node"]]) if row["node"] in getattr(res, "evidence", {}) else [])]
+    if not rs:
+        return "", "no rule matched the evidence (no encoding or weight of these units is known)", {}, []
+    return group_remedy(rs)
 
 
-def replay_findings(res: Any, spread: dict[str, float] | None = None) -> list[Finding]:
+def _effect_text(e: dict[str, Any] | None, n: int = 2) -> str:
+    if not e:
+        return ""
+    if e.get("why"):
+        return f"; effect on the output ≈ 0: {e['why']}"
+    return (f"; putting {'them' if n > 1 else 'it'} back to float gains {e['gain_db']:+.1f} dB at the output "
+            f"(removes {e['share']:.0%} of its error)")
+
+
+def replay_findings(res: Any) -> list[Finding]:
     """The findings of a :class:`~ivq_debug.diagnose.replay.ReplayResult` (module docstring)."""
     t = res.table
     out: list[Finding] = []
@@ -168,39 +158,58 @@ def replay_findings(res: Any, spread: dict[str, float] | None = None) -> list[Fi
         budget = res.budget_sqnr_db
         gs = groups(t)
         iso_order = [g.key for g in sorted(gs, key=lambda g: sortable(g.worst("iso_sqnr_db").get("iso_sqnr_db")))]
-        fb = res.first_breaking
-        shown = 0
-        for g in gs:
-            over = [r for r in g.rows if sortable(r.get("intro_sqnr_db")) < budget or r.get("intro_status") == "non_finite"]
-            if not over:
-                continue
-            w = g.worst()
-            kind, text = fix_for(g, spread)
-            share = (res.lift or {}).get(g.key)
+        lifted = res.lift or {}
+
+        def over_of(g: Group) -> list[dict[str, Any]]:
+            return [r for r in g.rows if sortable(r.get("intro_sqnr_db")) < budget or r.get("intro_status") == "non_finite"]
+
+        fix_units = (getattr(res, "effects", None) or {}).get("groups") or {}
+        evidence = getattr(res, "evidence", None) or {}
+
+        def copies_only(g: Group) -> bool:  # data-movement units repeating their producer's encoding (iso)
+            return all(r["op_type"] in defaults.VIEW_OPS and r["node"] in evidence and evidence[r["node"]].copies
+                       for r in over_of(g))
+
+        cands = [g for g in gs if (over_of(g) and not copies_only(g)) or g.key in fix_units]
+        # the headline: the largest measured effect on the output; groups not measured follow by introduced error
+        cands.sort(key=lambda g: (0, -lifted[g.key]["share"], -lifted[g.key]["gain_db"]) if g.key in lifted
+                   else (1, 0.0, 0.0))
+        for shown, g in enumerate(cands[:MORE_PATTERNS + 1]):
+            over = over_of(g)
+            within = not over
+            if within:  # a unit within the budget whose effect on the output is large (effect.replay_effects)
+                over = [r for r in g.rows if r["node"] in set(fix_units[g.key])]
+            w = min(over, key=lambda r: sortable(r.get("intro_sqnr_db")))
+            kind, text, override, exclude = fix_for(res, over)
+            if g.label.startswith("LayerNorm") and kind in ("a16", "fp16"):
+                text += "; or export the LayerNorm fused (opset ≥ 17 LayerNormalization) so its statistics stay internal"
+            eff = lifted.get(g.key)
             head = shown == 0
-            msg = (f"{g.label}: {_blocks_text(g, over)} introduce more error than the budget ({budget:g} dB, "
-                   f"{res.attribution}); worst {w['tensor']} at {_fmt(w['intro_sqnr_db'])} dB")
-            if share is not None and share.get("share") is not None:
-                msg += f"; lifting them removes {share['share']:.0%} of the output error"
+            if within:
+                msg = (f"{g.label}: {w['tensor']} introduces {_fmt(w['intro_sqnr_db'])} dB, within the budget "
+                       f"({budget:g} dB, {res.attribution}), yet costs the output" + _effect_text(eff, 1))
+            else:
+                msg = (f"{g.label}: {_blocks_text(g, over)} introduce more error than the budget ({budget:g} dB, "
+                       f"{res.attribution}); worst {w['tensor']} at {_fmt(w['intro_sqnr_db'])} dB" + _effect_text(eff, len(over)))
+            first = min(over, key=lambda r: r.get("order", 0))
             ev = {
-                "pattern": g.key, "label": g.label, "units": len(g.rows), "over_budget": len(over),
-                "tensors": g.tensors, "worst": {k: w.get(k) for k in ("tensor", "node", "intro_sqnr_db",
-                                                                        "local_sqnr_db", "iso_sqnr_db",
-                                                                        "cum_sqnr_db", "inherited_share")},
-                "weight_share": g.weight_share(), "output_error_share": share.get("share") if share else None,
-                "lift": share, "fix": kind, "attribution": res.attribution, "budget_sqnr_db": budget,
+                "pattern": g.key, "label": g.label, "units": len(g.rows), "over_budget": 0 if within else len(over),
+                "tensors": g.tensors, "fix_tensors": [r["tensor"] for r in over],
+                "worst": {k: w.get(k) for k in ("tensor", "node", "intro_sqnr_db", "local_sqnr_db", "iso_sqnr_db",
+                                                "cum_sqnr_db", "inherited_share")},
+                "weight_share": g.weight_share(over), "output_error_share": eff.get("share") if eff else None,
+                "effect_gain_db": eff.get("gain_db") if eff else None, "effect_why": eff.get("why") if eff else None,
+                "lift": eff, "fix": kind, "override": override, "exclude_nodes": exclude,
+                "attribution": res.attribution, "budget_sqnr_db": budget,
                 "iso_rank": iso_order.index(g.key) + 1, "backend": res.backend,
                 "approximate": [r["tensor"] for r in g.rows if r.get("approximate")],
+                # evidence of this group's own units only: its first unit over budget in execution order
+                "first_over_budget": {k: first.get(k) for k in ("tensor", "op_type", "intro_sqnr_db")},
             }
-            if head and fb is not None:
-                ev["first_over_budget"] = {k: fb.get(k) for k in ("tensor", "op_type", "intro_sqnr_db")}
             out.append(Finding(
                 "introduced_error", "error" if head else "warning", msg,
                 where={"record": res.record, "tensor": w["tensor"], "node": w["node"], "tensors": g.tensors},
                 evidence=ev, suggestion=text))
-            shown += 1
-            if shown > MORE_PATTERNS:
-                break
     approx = [r for r in (t.to_dict("records") if len(t) else []) if r.get("approximate")]
     if approx:
         out.append(Finding(
@@ -218,121 +227,3 @@ def replay_findings(res: Any, spread: dict[str, float] | None = None) -> list[Fi
 
 def _fmt(x: Any) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{float(x):.1f}"
-
-
-# ------------------------------------------------------------------------------------------ output share
-def _lifted_nodes(model: Any, const: set[str], tensors: set[str], floats: dict[str, np.ndarray], prefix: str,
-                  shared: bool, base_dir: str = "") -> tuple[list[Any], list[Any]]:
-    """The model's nodes renamed with ``prefix``, with the activation encodings of ``tensors`` and the weight
-    DequantizeLinear of the weights in ``floats`` bypassed; constant nodes only when ``shared`` (they are
-    shared by every variant). Returns (nodes, extra initializers)."""
-    import onnx
-    from onnx import numpy_helper
-
-    inputs = {i.name for i in model.graph.input}
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    lifted_w = {n.output[0]: n.input[0].removesuffix("_quantized") for n in model.graph.node
-                if n.op_type == "DequantizeLinear" and n.domain in QDQ_DOMAINS and n.input and n.input[0] in const
-                and n.input[0].removesuffix("_quantized") in floats}
-
-    def ren(x: str) -> str:
-        if x in lifted_w:
-            return unit_value(prefix, x)
-        return x if (not x or x in const or x in inputs) else unit_value(prefix, x)
-
-    extra: list[Any] = []
-    nodes = []
-    for n in model.graph.node:
-        if n.output and n.output[0] in lifted_w:
-            init = numpy_helper.from_array(np.asarray(floats[lifted_w[n.output[0]]], np.float32),
-                                           f"{prefix}float:{lifted_w[n.output[0]]}")
-            extra.append(init)
-            nodes.append(onnx.NodeProto(op_type="Identity", name=unit_value(prefix, n.name), input=[init.name],
-                                        output=[ren(n.output[0])]))
-            continue
-        if all((not o) or o in const for o in n.output):
-            if shared:
-                nodes.append(n)
-            continue
-        if n.op_type == "DequantizeLinear" and n.domain in QDQ_DOMAINS and n.input:
-            q = producer.get(n.input[0])
-            src = q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
-            if src is not None and float_name(src) in tensors:  # lifted: float, with the ReLU a Q may hold
-                nodes.append(onnx.NodeProto(op_type="Relu" if floors_at_zero(q, model, base_dir) else "Identity",
-                                            name=unit_value(prefix, n.name), input=[ren(src)],
-                                            output=[ren(n.output[0])]))
-                continue
-        c = onnx.NodeProto()
-        c.CopyFrom(n)
-        c.name = unit_value(prefix, n.name)
-        del c.input[:]
-        del c.output[:]
-        c.input.extend(ren(x) for x in n.input)
-        c.output.extend(ren(o) for o in n.output)
-        nodes.append(c)
-    return nodes, extra
-
-
-def measure_lift(qdq_model: Any, ref: Any, rid: str, gs: list[Group], *, float_model: Any = None
-                 ) -> dict[str, dict[str, Any]]:
-    """Output-error share of each group: ``1 − P(lifted) / P(all)`` of the final outputs (module docstring).
-
-    All variants run side by side in one CPU model (one session, one run; the model goes to the runner in memory).
-    ``qdq_model`` and ``float_model``: paths or loaded :class:`~ivq_debug.onnxgraph.load.Model` objects. Returns
-    ``{group key: {"share", "weights_lifted", "outputs"}}``; empty when the reference record lacks the model
-    inputs or outputs.
-    """
-    import onnx
-    from onnx import numpy_helper
-
-    qdq = load(qdq_model)
-    model = qdq.proto
-    g_in = [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]
-    g_out = [o.name for o in model.graph.output]
-    ins = {e.name: e for e in ref.tensors(rid, kind="input")}
-    outs = {e.name: e for e in ref.tensors(rid)} | ins
-    if not gs or any(n not in ins for n in g_in) or not any(n in outs for n in g_out):
-        return {}
-    g_out = [n for n in g_out if n in outs]
-    floats: dict[str, np.ndarray] = {}
-    if float_model is not None:
-        fmodel = load(float_model)
-        fm = load_float_model(fmodel)
-        floats = {i.name: numpy_helper.to_array(i, fmodel.base_dir) for i in fm.graph.initializer}
-    const, _ = qdq.constants
-    variants: list[tuple[str, set[str], dict[str, np.ndarray]]] = [("base", set(), {})]
-    for g in gs[:LIFT_GROUPS]:
-        ws = {w for r in g.rows for w in str(r.get("weights") or "").split(",") if w}
-        variants.append((g.key, set(g.tensors), {w: floats[w] for w in ws if w in floats}))
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    gr = m.graph
-    del gr.node[:]
-    del gr.output[:]
-    del gr.value_info[:]
-    for v, (_, tensors, fl) in enumerate(variants):
-        nodes, extra = _lifted_nodes(model, const, tensors, fl, f"v{v}::", shared=v == 0, base_dir=qdq.base_dir)
-        gr.node.extend(nodes)
-        gr.initializer.extend(extra)
-        for o in g_out:
-            name = o if o in const else unit_value(f"v{v}::", o)
-            gr.node.append(onnx.NodeProto(op_type="Identity", name=f"v{v}::out::{o}", input=[name],
-                                          output=[f"v{v}::out::{o}"]))
-            gr.output.append(onnx.ValueInfoProto(name=f"v{v}::out::{o}"))
-    feeds = {n: ref.read(ins[n]) for n in g_in}
-    typed_inputs(m, feeds)
-    with make_runner("onnx", qdq.derive(m), optimization="disable") as runner:
-        res = runner.run(feeds)
-    want = {o: ref.read(outs[o]).astype(np.float64).reshape(-1) for o in g_out}
-
-    def power(v: int) -> float:
-        return float(sum(np.sum((res[f"v{v}::out::{o}"].astype(np.float64).reshape(-1) - want[o]) ** 2)
-                         for o in g_out))
-
-    p_all = power(0)
-    out: dict[str, dict[str, Any]] = {}
-    for v, (key, _tensors, fl) in enumerate(variants[1:], 1):
-        p = power(v)
-        out[key] = {"share": (1.0 - p / p_all) if p_all > 0 else None, "weights_lifted": sorted(fl),
-                    "outputs": g_out, "noise_all": p_all, "noise_lifted": p}
-    return out

@@ -516,6 +516,14 @@ def _suggestion(cause: str | None) -> str:
     return CAUSES[cause][1] if cause else "decode step k must use max(prefill positions) + k (1-D RoPE: S + k − 1)"
 
 
+def device_folder(dump: Any, sample: int, step: int) -> dict[str, Any]:
+    """Where a decode step came from on the device: ``result_dir`` (``Result_<i>``) and the run ``folder`` of its
+    record (an ingested device session), else ``{}``."""
+    rid = dump.record_keys().get((sample, "decode", step))
+    meta = dump.record_meta(rid) if rid is not None else {}
+    return {k: meta[k] for k in ("result_dir", "folder") if meta.get(k) is not None}
+
+
 def position_findings(ref: Any, test: Any, *, base: float | None = None,
                       config: Mapping[str, Any] | str | os.PathLike | None = None, sample: int = 0,
                       min_fit: float = defaults.POSITION_MIN_FIT,
@@ -542,7 +550,8 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
             evidence={"offset": off, "constant_offset": chk.offset, "first_wrong_step": step,
                       "prefill_len": chk.prefill_len, "rope_delta": chk.rope_delta,
                       "expected": chk.expected, "observed": chk.observed, "method": "direct", "cause": cause,
-                      "reference_ok": ref_chk is not None and ref_chk.first_wrong_step is None},
+                      "reference_ok": ref_chk is not None and ref_chk.first_wrong_step is None}
+            | device_folder(test, sample, step),
             suggestion=_suggestion(cause),
         )]
     if config is not None:
@@ -579,6 +588,7 @@ def position_findings(ref: Any, test: Any, *, base: float | None = None,
                   "first_wrong_step": step, "fit": e.fit, "margin": e.margin, "confidence": e.confidence,
                   "fit_at_zero": e.fit_at_zero, "method": "inferred", "layer": st.layer, "cache": st.cache,
                   "prefill_len": S, "rope_delta": (mx + 1 - S) if mx is not None and S is not None else None,
-                  "rope": rope.to_dict(), "steps": {k: v.to_evidence() for k, v in est.items()}, "cause": cause},
+                  "rope": rope.to_dict(), "steps": {k: v.to_evidence() for k, v in est.items()}, "cause": cause}
+        | device_folder(test, sample, step),
         suggestion=_suggestion(cause),
     )]

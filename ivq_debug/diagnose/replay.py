@@ -55,11 +55,13 @@ from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.console import track
-from ivq_debug.diagnose.batch import Acc, BatchContext, RunnerFactory, replay_batch
+from ivq_debug.diagnose.batch import Acc, BatchContext, BatchResult, RunnerFactory, replay_batch
+from ivq_debug.diagnose.effect import replay_effects
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.jobs import describe_factory, replay_jobs
-from ivq_debug.diagnose.patterns import groups, measure_lift, replay_findings, sortable
+from ivq_debug.diagnose.patterns import replay_findings
 from ivq_debug.diagnose.refs import RefIndex, model_records, pairs_for, record_ids
+from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, remedies_for
 from ivq_debug.diagnose.units import (
     Unit,
     find_dynamic_units,
@@ -131,7 +133,11 @@ class ReplayResult:
     sessions: int = 0
     seconds: float = 0.0
     model_path: str | None = None
-    lift: dict[str, Any] = field(default_factory=dict)  # pattern key -> output share (patterns.measure_lift)
+    lift: dict[str, Any] = field(default_factory=dict)  # pattern key -> its effect (effect.measure_effects)
+    #: the unit evidence the remedies read (units over budget, :func:`~ivq_debug.diagnose.remedy.unit_evidence`)
+    evidence: dict[str, UnitEvidence] = field(default_factory=dict)
+    #: the counterfactual runs (:func:`~ivq_debug.diagnose.effect.measure_effects`): base, targets, runs, seconds
+    effects: dict[str, Any] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
     #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
     jobs: dict[str, Any] = field(default_factory=dict)
@@ -167,10 +173,16 @@ class ReplayResult:
         t = self.table
         return list(t.loc[t["approximate"].astype(bool), "tensor"]) if len(t) else []
 
+    def remedies(self, node: str) -> list[Remedy]:
+        """The fixes by cause of one unit over budget (:func:`~ivq_debug.diagnose.remedy.remedies_for`; empty for a
+        unit within budget)."""
+        ev = self.evidence.get(node)
+        return remedies_for(ev) if ev is not None else []
+
     def findings(self) -> list[Finding]:
         """The headline (worst introducer's pattern) first, then other patterns and the self-check
         (:mod:`ivq_debug.diagnose.patterns`)."""
-        return replay_findings(self, self.spread)
+        return replay_findings(self)
 
     def to_json(self) -> dict[str, Any]:
         """The ``ivq-replay/2`` document: record(s), backend, budget, attribution, every unit, skipped units with
@@ -181,6 +193,8 @@ class ReplayResult:
             "units": self.table.to_dict(orient="records"), "skipped": self.skipped_reasons,
             "approximate": self.approximate, "sessions": self.sessions, "seconds": self.seconds,
             "findings": [f.to_dict() for f in self.findings()],
+            "effects": self.effects,
+            "remedies": {n: [r.to_dict() for r in self.remedies(n)] for n in self.evidence},
         })
 
 
@@ -230,8 +244,10 @@ def replay(
         float_model: the float model the QDQ model was made from (a path or a loaded model): its float weights
             are lifted when measuring a weight pattern's output share, and its per-channel weight spreads choose
             the weight fix.
-        lift: measure the output-error share of the groups over budget (:func:`~ivq_debug.diagnose.patterns.
-            measure_lift`, one CPU run on the first record).
+        lift: measure the effect on the output of the worst groups and units over budget: counterfactual runs of
+            the whole model with each put back to float, on the replay's backend over the replayed records
+            (:mod:`~ivq_debug.diagnose.effect`; jobs on ``executor``, kept in ``shards``); the headline is
+            ranked by it.
         batch_bytes: maximum reference-input bytes per replay batch.
         executor: run the batches as jobs (:mod:`ivq_debug.diagnose.jobs`: a :class:`~ivq_debug.executor.
             LocalExecutor` process pool, a :class:`~ivq_debug.executor.RayExecutor`); default: in this process.
@@ -264,6 +280,26 @@ def replay(
     else:
         done, jobs = replay_jobs(executor, shards, model, ref, cumulative, rids, batches, runner_factory, do_check,
                                  progress)
+    accs, backend, info, sessions = _merged(done)
+    table = _table(runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
+    # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py
+    idx0 = index(rids[0])
+    evidence, effects, lifted = replay_effects(
+        model, ref, rids, table, budget, read=lambda t: idx0.read(t) if idx0.source(t) is not None else None,
+        float_model=fmodel, runner_factory=runner_factory, executor=executor, shards=shards, measure=lift,
+        progress=progress)
+    spread = spread_by_weight(fmodel if fmodel is not None else model)
+    by_rid = ref.records.set_index("rid")
+    recs = [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
+             "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+    return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
+                        attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
+                        seconds=round(time.perf_counter() - t_start, 3), model_path=str(model.origin), lift=lifted,
+                        spread=spread, jobs=jobs, evidence=evidence, effects=effects)
+
+
+def _merged(done: list[BatchResult]) -> tuple[dict[str, Acc], str | None, dict[str, Any], int]:
+    """The batches' accumulators, the backend that ran units (the last batch that ran any) and the sessions."""
     accs: dict[str, Acc] = {}
     backend, info, sessions = None, {}, 0
     for got in done:
@@ -271,21 +307,7 @@ def replay(
         if got.backend is not None:
             backend, info = got.backend, got.info
         sessions += got.sessions
-    table = _table(runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
-    lifted: dict[str, Any] = {}
-    if lift and len(table):
-        over = [g for g in groups(table) if any(sortable(r.get("intro_sqnr_db")) < budget for r in g.rows)]
-        if over:
-            lifted = measure_lift(model, ref, rids[0], over, float_model=fmodel)
-    spread = spread_by_weight(fmodel if fmodel is not None else model)
-    recs = []
-    for rid in rids:
-        rr = ref.records.set_index("rid").loc[rid]
-        recs.append({"sample": int(rr["sample"]), "part": rr["part"], "step": int(rr["step"])})
-    return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
-                        attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
-                        seconds=round(time.perf_counter() - t_start, 3), model_path=str(model.origin), lift=lifted,
-                        spread=spread, jobs=jobs)
+    return accs, backend, info, sessions
 
 
 def _indexer(ref: Any, model: Model, cumulative: Any) -> Any:

@@ -150,6 +150,9 @@ def build_verdict(cmp: Any, *, fail_on: str = defaults.DIFF_FAIL_ON, baseline: d
     exp = tw.contract if tw is not None else None
     if exp is not None and exp.status == "broken":
         notes.append("expected side inputs differ, compared anyway (--allow-input-mismatch): " + exp.line())
+    for c in (contract, exp):
+        for w in (getattr(c, "warnings", None) or []) if c is not None else []:
+            notes.append(w)
     unknown = [c.sides[1] for c in (contract, exp) if c is not None and c.status == "unknown"]
     if unknown:
         notes.append(f"contract unknown for {' and '.join(unknown)} (a dump lists no input digests): inputs not checked")
@@ -169,6 +172,10 @@ def build_verdict(cmp: Any, *, fail_on: str = defaults.DIFF_FAIL_ON, baseline: d
         checked.append(f"no regression against the baseline {baseline_path or ''}".rstrip())
     elif cmp.budgets:
         checked.append(f"{len(cmp.table)} tensor(s) within {', '.join(cmp.budgets.describe())}")
+    elif getattr(cmp, "backend_check", None):
+        bc = cmp.backend_check
+        checked.append(f"backend check against the CPU-QDQ reference (no tensor over {bc['lsb_rmse']:g} 8-bit "
+                       f"steps rms below {bc['max_sqnr_db']:g} dB)")
     else:
         checked.append("no threshold, budget or baseline declared")
     checked.append("no finding at --fail-on " + fail_on if fail_on != "never" else "findings not judged (--fail-on never)")
@@ -183,6 +190,7 @@ def build_verdict(cmp: Any, *, fail_on: str = defaults.DIFF_FAIL_ON, baseline: d
         "three_way": None if tw is None else {
             "expected": str(tw.expected.path), "k": tw.k, "error_ratio": defaults.BACKEND_DIVERGENCE_ERROR_RATIO,
             "min_rel_err": defaults.BACKEND_DIVERGENCE_MIN_REL_L2},
+        "backend_check": getattr(cmp, "backend_check", None),
         "allow_input_mismatch": bool(contract.allowed) if contract is not None else None,
         "rank_by": cmp.rank_by,
         "max_unmatched": max_unmatched,

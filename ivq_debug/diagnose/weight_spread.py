@@ -7,10 +7,12 @@ about one bit. Per-channel weights (one scale per output channel) remove that lo
 For every weight of a Conv / ConvTranspose / Gemm / MatMul (an initializer, through its DequantizeLinear in a
 QDQ model), the per-output-channel range ``max |w_c|`` gives:
 
-- ``spread``: the largest channel range over the smallest non-zero one;
-- ``min_bits``: the bits the smallest channel keeps under the tensor's encoding (``log2`` of its range over
-  the step; the step is the model's scale in a QDQ model, else ``max |w| / 127``);
-- ``zero_channels``: channels that are all zero (in a QDQ model: rounded away by the per-tensor scale);
+- ``spread``: the largest channel range over the smallest *live* one;
+- ``min_bits``: the bits the smallest live channel keeps under the tensor's encoding (``log2`` of its range over
+  the step, 0 when it is below one step; the step is the model's scale in a QDQ model, else ``max |w| / 127``);
+- ``zero_channels``: dead channels, counted and left out of the figures above: all zero, or at most
+  :data:`DEAD_CHANNEL` of the largest channel's range (float32 noise under it; in a QDQ model: rounded away by
+  the per-tensor scale). A dead channel would otherwise read as a spread of 1e39× and −98 bits;
 - ``per_channel``: the weight is already quantized per channel (no finding then).
 
 A weight with ``spread ≥ defaults.WEIGHT_SPREAD_WARN`` is a warning, ``≥ defaults.WEIGHT_SPREAD_ERROR`` an error.
@@ -30,11 +32,14 @@ from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import Model
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, quant_params
 
+#: a channel whose range is at most this share of the largest channel's is dead (all zero, or float32 noise: below
+#: the largest channel's float32 resolution)
+DEAD_CHANNEL = 2.0 ** -24
 #: compute ops whose weight input (index 1) has output channels, and how to find the channel axis
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def _channel_axis(node: Any, ndim: int) -> int:
+def channel_axis(node: Any, ndim: int) -> int:
     if node.op_type == "Conv":
         return 0
     if node.op_type == "ConvTranspose":
@@ -43,6 +48,14 @@ def _channel_axis(node: Any, ndim: int) -> int:
         trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
         return 0 if trans_b else 1
     return ndim - 1  # MatMul: [.., K, N]
+
+
+def channel_ranges(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel ``max |w_c|`` along ``axis`` and the mask of the live (not dead) channels."""
+    a = np.asarray(w, np.float64)
+    ranges = np.max(np.abs(np.moveaxis(a, axis, 0).reshape(a.shape[axis], -1)), axis=1)
+    top = float(ranges.max()) if ranges.size else 0.0
+    return ranges, ranges > top * DEAD_CHANNEL
 
 
 def weight_spreads(model: Any, base_dir: str = "") -> Any:
@@ -74,7 +87,7 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
         w = arrays.get(name)
         if w is None or w.ndim < 2:
             continue
-        axis = _channel_axis(node, w.ndim)
+        axis = channel_axis(node, w.ndim)
         qp = quant_params(dq, arrays) if dq is not None else None
         wf = w.astype(np.float64)
         if qp is not None:
@@ -85,14 +98,14 @@ def weight_spreads(model: Any, base_dir: str = "") -> Any:
                 shape[qp.axis] = sc.size
                 sc, zp = sc.reshape(shape), np.asarray(zp).reshape(shape)
             wf = (wf - zp) * sc
-        ranges = np.max(np.abs(np.moveaxis(wf, axis, 0).reshape(wf.shape[axis], -1)), axis=1)
-        nz = ranges[ranges > 0]
+        ranges, live = channel_ranges(wf, axis)
+        nz = ranges[live]
         if nz.size == 0:
             continue
         spread = float(nz.max() / nz.min())
         step = float(np.max(qp.scale)) if qp is not None else float(nz.max()) / 127.0
-        min_bits = math.log2(max(float(nz.min()) / step, 1e-30)) + 1.0 if step > 0 else None
-        order = np.argsort(ranges)
+        min_bits = max(math.log2(max(float(nz.min()) / step, 1e-30)) + 1.0, 0.0) if step > 0 else None
+        order = np.argsort(np.where(live, ranges, np.inf))  # the smallest live channels
         rows.append({
             "weight": name.removesuffix("_quantized"), "node": node.name, "op_type": node.op_type, "axis": axis,
             "channels": int(ranges.size), "spread": spread, "min_bits": min_bits,

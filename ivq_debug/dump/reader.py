@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.dump import digest
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump import validate as dv
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
@@ -118,6 +119,7 @@ class Dump:
         self.incomplete_reasons = r["incomplete_reasons"]
         self.summary_only = r.get("summary_only", False)
         self._summary_samples = r.get("summary_samples", 4096)
+        self._content_sha256: str | None = r.get(digest.ATTR)
         recs = dv.records(self._f, self.path)
         self._columns, self._rows = dv.manifest(self._f, {x["rid"] for x in recs}, self.path)
         self._records = sorted(recs, key=lambda r: r["rid"])
@@ -131,6 +133,13 @@ class Dump:
         self._dapl: Any = None
         self._sorted: dict[tuple[str, str], list[Entry]] | None = None
         self._by_name: dict[tuple[str, str], list[Entry]] | None = None
+
+    def content_digest(self) -> str:
+        """The SHA-256 of the dump's content (:mod:`ivq_debug.dump.digest`): stored by the writer, computed
+        (one pass over every tensor) for a dump written without it."""
+        if self._content_sha256 is None:
+            self._content_sha256 = digest.compute(self.entries, lambda e: self.read_any(e)[0])
+        return self._content_sha256
 
     # ---------------------------------------------------------------- listing
     @property

@@ -22,7 +22,10 @@ import numpy as np
 from ivq_debug import __version__, defaults, interrupt
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump.contract import INPUTS_META, input_fact
+from ivq_debug.dump.digest import ATTR as DIGEST_ATTR
+from ivq_debug.dump.digest import ContentDigest
 from ivq_debug.dump.guard import WriteGuard, guarded, trim
+from ivq_debug.dump.reader import logical
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import _umask
@@ -187,6 +190,7 @@ class DumpWriter:
         self._incomplete: list[str] = []
         self._groups: dict[tuple[str, str], Any] = {}  # (rid, group name) -> h5py group, made on first use
         self._attrs = _AttrWriter()
+        self._digest = ContentDigest()
         self._closed = False
         try:
             self._start(backend, backend_info, model, command)
@@ -336,11 +340,15 @@ class DumpWriter:
         if kind == "tensor" and self.summary_only and arr.size > self.summary_samples:
             stored = "summary"
             idx = sample_indices(arr.size, self.summary_samples)
-            self._group(rid, fmt.SAMPLE_GROUP).create_dataset(key, data=arr.reshape(-1)[idx])
+            kept = arr.reshape(-1)[idx]
+            self._group(rid, fmt.SAMPLE_GROUP).create_dataset(key, data=kept)
             ds = grp.create_dataset(key, shape=arr.shape, dtype=arr.dtype)  # shape only, no data written
             attrs.append(("summary_only", True))
         else:
+            kept = arr
             ds = self._create(grp, key, arr, quantized=encoding is not None)
+        # one SHA-256 pass over the values kept (dump/digest.py; a thread beside the HDF5 write was slower)
+        self._digest.add((rec["sample"], rec["part"], rec["step"]), kind, name, logical(kept, dtype_name), dtype_name)
         if order is None:
             order = self._order[rid]
         self._order[rid] = max(self._order[rid], order + 1)
@@ -450,6 +458,7 @@ class DumpWriter:
         f.attrs["n_tensors"] = len(self._rows)
         f.attrs["complete"] = not self._incomplete
         f.attrs["incomplete_reasons"] = fmt.to_json(self._incomplete)
+        f.attrs[DIGEST_ATTR] = self._digest.hexdigest()
         f.attrs["finalized"] = True
         f.flush()
         f.close()

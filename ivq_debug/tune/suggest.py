@@ -35,7 +35,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,10 @@ from ivq_debug.errors import InputError, UsageError
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.sites import constant_arrays
 from ivq_debug.qnn.encodings import Encoding, EncodingSet, read_encodings, write_encodings
+from ivq_debug.tune.legal import WEIGHT_PAIR_OPS, forbidden
 from ivq_debug.util import atomic_write_text
 
-ACTIONS = ("a16", "widen", "a16+widen", "fp16", "w_per_channel", "w16")
+ACTIONS = ("a16", "widen", "a16+widen", "a8", "fp16", "w_per_channel", "w16")
 #: actions on weights (initializers) rather than activations
 WEIGHT_ACTIONS = ("w_per_channel", "w16")
 #: the sidecar of an ORT overrides file listing the nodes left float (ORT overrides cannot express fp16)
@@ -64,7 +65,7 @@ class Suggestion:
     """One proposed override."""
 
     tensor: str
-    action: str  # one of ACTIONS
+    action: str  # one of ACTIONS ("a8": 8-bit on the given range, a type the quantizer resolved)
     reason: str
     rmin: float | None = None
     rmax: float | None = None
@@ -78,6 +79,8 @@ class Suggestion:
     @property
     def bitwidth(self) -> int | None:
         """Bitwidth the override asks for (None: keep)."""
+        if self.action == "a8":
+            return 8
         return 16 if ("a16" in self.action or self.action == "w16") else None
 
     @property
@@ -118,6 +121,8 @@ def suggest(
     resolution_db: float = defaults.RESOLUTION_WARN_DB,
     saturation: float = defaults.SATURATION_WARN,
     projector: bool = True,
+    preset: str = "a8w8",
+    backend: str | None = "qnn",
 ) -> list[Suggestion]:
     """Override suggestions for the test side of a comparison, most important first.
 
@@ -134,6 +139,12 @@ def suggest(
         resolution_db: grid SNR below which a tensor gets 16-bit activations.
         saturation: clipped share above which a tensor's range is widened.
         projector: apply the projector-drift rule.
+        preset: the quantization the suggestions are added to (its activation bits decide which weight
+            precisions the backend runs).
+        backend: the deployment backend whose precision table (:mod:`ivq_debug.tune.legal`) every entry must
+            respect: a 16-bit weight under an 8-bit activation (illegal on HTP) is paired with a 16-bit activation
+            on the op's input (a16w16) when that input's calibrated range is known, else it becomes per-channel
+            (when the weights are not already) or is dropped. ``None``: no table.
     """
 
     t = cmp.table
@@ -250,7 +261,45 @@ def suggest(
                                     f"{sp['min_bits']:.1f} bits)", priority=10 * math.log10(sp["spread"]),
                                     evidence={"spread": sp["spread"], "min_bits": sp["min_bits"]}, axis=sp["axis"],
                                     node=sp["node"])
-    return sorted(by_name.values(), key=lambda s: -s.priority)
+    out = sorted(by_name.values(), key=lambda s: -s.priority)
+    if backend is not None and float_model is not None:
+        out = legalize(out, float_model, preset, backend, enc_range, per_channel)
+    return out
+
+
+def legalize(suggestions: list[Suggestion], float_model: Any, preset: str, backend: str,
+             enc_range: Any, per_channel: bool) -> list[Suggestion]:
+    """The suggestions made legal on ``backend`` (:func:`suggest`, argument ``backend``)."""
+    sug = list(suggestions)
+    m = load_float_model(float_model)
+    if not forbidden(sug, m, preset, backend):
+        return sug
+    reader = {n.input[1]: n for n in m.graph.node if n.op_type in WEIGHT_PAIR_OPS and len(n.input) > 1}
+    by = {s.tensor: s for s in sug}
+    out: list[Suggestion] = []
+    for s in sug:
+        if not s.is_weight or not forbidden([*out, s], m, preset, backend):
+            out.append(s)
+            continue
+        node = reader.get(s.tensor)
+        act = node.input[0] if node is not None else None
+        rng = enc_range(act) if act else None
+        why = f"{backend.upper()} runs 16-bit weights only under 16-bit activations (a16w16)"
+        if act and rng is not None:
+            cur = by.get(act)
+            if cur is not None and cur in out:
+                cur.action = "a16+widen" if "widen" in cur.action else "a16"
+                cur.reason += f"; {why}: the input of {node.name}"
+            else:
+                out.append(Suggestion(act, "a16", f"{why}: the input of {node.name} (16-bit weight {s.tensor})",
+                                      rng[0], rng[1], node=None, priority=s.priority, group=s.group))
+            out.append(s)
+        elif s.action == "w16" and not per_channel:
+            out.append(replace(s, action="w_per_channel", reason=s.reason + f"; {why} and the input's range is "
+                               "unknown: per-channel instead"))
+        if forbidden(out, m, preset, backend):  # still illegal (e.g. a bias): leave the entry out
+            out = [x for x in out if x is not s and x.tensor != s.tensor]
+    return out
 
 
 def _finite(x: Any) -> float:
@@ -382,7 +431,7 @@ def from_encodings(encs: Any, nodes_to_exclude: Sequence[str] = ()) -> list[Sugg
             out.append(Suggestion(name, "fp16", "from file"))
             continue
         lo, hi = (e.grid_range() if e.scale else (e.min, e.max))
-        action = "a16" if e.bitwidth == 16 else "widen"
+        action = "a16" if e.bitwidth == 16 else "a8"
         out.append(Suggestion(name, action, "from file", lo[0] if lo else None, hi[0] if hi else None))
     for name, e in encs.params.items():
         out.append(Suggestion(name, "w_per_channel" if e.per_channel else "w16", "from file", axis=e.axis,

@@ -35,7 +35,6 @@ tried instead.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import math
 import os
 import shutil
@@ -69,6 +68,7 @@ from ivq_debug.tune.verify import (
     _default_watch,
     _jsonable_overrides,
     _suggestion_key,
+    confirm_on_target,
     judge,
     load_task_metric,
 )
@@ -233,15 +233,10 @@ def _calibration_digest(cal: Any) -> str:
 
 
 def dump_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a dump's content: every entry's record, kind, name, dtype, shape and values (a summary-only
-    entry: its stored sample). Two captures of the same data agree; their files do not (provenance, time)."""
-    h = hashlib.sha256()
+    """The dump's content digest (:meth:`~ivq_debug.dump.reader.Dump.content_digest`, the one the replay's
+    shards use too): two captures of the same data agree; their files do not (provenance, time)."""
     with open_dump(path) as d:
-        for e in sorted(d.entries, key=lambda e: (e.sample, e.part, e.step, e.kind, e.name)):
-            arr, _ = d.read_any(e)
-            h.update(f"{e.record}|{e.kind}|{e.name}|".encode())
-            h.update(input_digest(arr, e.dtype).encode())
-    return h.hexdigest()
+        return d.content_digest()
 
 
 def _meta(tuner: Tuner) -> dict[str, Any]:
@@ -249,7 +244,8 @@ def _meta(tuner: Tuner) -> dict[str, Any]:
                 "quantize_kw": {k: str(v) for k, v in sorted(tuner.quantize_kw.items())},
                 "base_overrides": _jsonable_overrides(tuner.base_overrides),
                 "runner": _describe(tuner.runner_factory), "task": _describe(tuner.task),
-                "output_metric": _describe(tuner.output_metric)}
+                "output_metric": _describe(tuner.output_metric), "target": tuner.target,
+                "qnn": tuner.qnn_options() if tuner.backend == "qnn" else None}
     return {"model_sha256": sha256_file(tuner.source()), "reference_sha256": dump_digest(tuner.reference),
             "inputs_sha256": job_key(feeds=[{k: input_digest(v) for k, v in sorted(f.items())}
                                             for f in tuner.feeds]),
@@ -415,7 +411,8 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
     meta = _meta(tuner)
     # what a worker needs, by absolute paths (a Ray worker runs in another folder)
     worker = replace(tuner, float_model=tuner.source().resolve(), reference=Path(tuner.reference).resolve(),
-                     resume=False, preprocess=False, _checkpoint=None, _source=None, _ranges=None)
+                     resume=False, preprocess=False, _checkpoint=None, _source=None, _ranges=None,
+                     _calibrated=tuner.calibrated(), _digests={})
     jobs, cands = [], []
     for gi, g in enumerate(gs):
         for pi, p in enumerate(precisions):
@@ -448,11 +445,14 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
     steps: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
     after, ok = before, False
+    check: dict[str, Any] = {}
     tries = [("sweep", chosen)] + ([("sweep-top", chosen[:1])] if len(chosen) > 1 else [])
     for label, labels in tries if chosen else []:
         sug = [s for lb in labels for s in by_label[lb]["suggestions"]]
         tr = tuner.trial(label, sug)
         why = judge(before, tr, watch)
+        if why is None:
+            why, check = confirm_on_target(tuner, before, tr, watch)
         steps.append({"candidate": "+".join(labels), "label": label, "kept": why is None})
         if why is None:
             after, ok = tr, True
@@ -460,7 +460,7 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
         refused.append({"candidate": "+".join(labels), "label": label, "overrides": [s.tensor for s in sug],
                         "reason": why})
     rep = TuneReport(before, after if ok else replace(before, suggestions=[]), watch, steps, refused,
-                     recommended=ok, backend=tuner.backend, format=tuner.fmt)
+                     recommended=ok, backend=tuner.backend, format=tuner.fmt, target_check=check)
     jobs_info = {"executor": type(executor).__name__, "total": len(jobs), "run": len(jobs) - len(report.skipped),
                  "resumed": len(report.skipped), "retried": sorted(set(report.retried)), "shards": str(shards)}
     return SweepResult(table, chosen, picked["predicted_db"], rep, gs, precisions, jobs_info, picked["cost_basis"])

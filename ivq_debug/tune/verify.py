@@ -42,10 +42,19 @@ from ivq_debug.console import track
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph.load import load_model, model_file_bytes
-from ivq_debug.qnn.encodings import EncodingSet, to_ort_overrides
+from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
 from ivq_debug.qnn.quantize import load_calibration, preprocess_float_model, quantize_for_qnn
+from ivq_debug.tune.legal import forbidden, split_legal, violations
 from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
-from ivq_debug.util import atomic_write_text, check_schema, is_inside, json_safe, load_json, regular_file
+from ivq_debug.util import (
+    atomic_write_text,
+    check_schema,
+    is_inside,
+    json_safe,
+    load_json,
+    regular_file,
+    sha256_file,
+)
 
 CHECKPOINT = "checkpoint.json"
 #: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
@@ -82,8 +91,8 @@ def read_checkpoint(path: str | os.PathLike, workdir: str | os.PathLike) -> dict
     doc = load_json(path, "tune checkpoint")
     check_schema(doc, CHECKPOINT_SCHEMA, path)
     for key, t in doc["trials"].items():
-        for k in ("qdq_model", "dump", "overrides"):
-            if t.get(k) is not None and not is_inside(t[k], workdir):
+        for k in ("qdq_model", "dump", "overrides"):  # relative to the workdir (absolute in older checkpoints)
+            if t.get(k) is not None and not is_inside(os.path.join(workdir, t[k]), workdir):
                 raise InputError(f"trials[{key!r}].{k}: {t[k]!r} is not a file of the workdir {str(workdir)!r}", path)
     return doc
 
@@ -140,11 +149,19 @@ class Trial:
     error: str | None = None
     overrides: Path | None = None
     reused: bool = False
+    #: ``{tensor: worst SQNR}`` kept when the dump is not (:func:`worst_sqnr`)
+    sqnr_table: dict[str, float] = field(default_factory=dict)
+    #: the types the quantizer resolved, as suggestions (dicts) now part of :attr:`suggestions`
+    fixes: list[dict[str, Any]] = field(default_factory=list)
+    #: per watched tensor: mean and worst SQNR over the evaluation samples (:func:`per_sample`)
+    samples: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def sqnr(self, name: str) -> float | None:
         """Worst SQNR of a tensor over the records (None when absent or the trial failed)."""
-        if self.comparison is None:
+        if self.error:
             return None
+        if self.comparison is None:
+            return self.sqnr_table.get(name)
         t = self.comparison.table
         v = t.loc[(t["ref_name"] == name) | (t["test_name"] == name), "sqnr_db"]
         return float(v.min()) if len(v) else None
@@ -162,6 +179,8 @@ class TuneReport:
     recommended: bool = True
     backend: str = "qnn"
     format: str = "legacy"
+    #: the recommended set measured on the target backend when the trials ran elsewhere (:func:`confirm_on_target`)
+    target_check: dict[str, Any] = field(default_factory=dict)
 
     @property
     def changed(self):
@@ -207,8 +226,13 @@ class TuneReport:
             "overrides": [s.to_dict() for s in self.after.suggestions] if self.recommended else [],
             "refused": self.refused,
             "steps": self.steps,
-            "before": {"qdq_model": str(self.before.qdq_model), "dump": str(self.before.dump)},
-            "after": {"qdq_model": str(self.after.qdq_model), "dump": str(self.after.dump),
+            "target_check": self.target_check,
+            "samples": {"before": self.before.samples, "after": self.after.samples},
+            "resolved_types": self.after.fixes,
+            "before": {"qdq_model": str(self.before.qdq_model),
+                       "dump": str(self.before.dump) if self.before.dump.exists() else None},
+            "after": {"qdq_model": str(self.after.qdq_model),
+                      "dump": str(self.after.dump) if self.after.dump.exists() else None,
                       "overrides": str(self.after.overrides) if self.after.overrides else None},
         })
 
@@ -263,6 +287,10 @@ class Tuner:
         preprocess: run the quantizer's ``qnn_preprocess_model`` once (``<workdir>/preprocessed.onnx``) and
             quantize that model in every trial, so overrides can name the tensors it creates (the ``Gemm``
             outputs between reshapes); the overrides files name the quantizer's tensors.
+        target: the backend the recommendation is for (``qnn``: HTP, whatever ``backend`` verifies): every trial's
+            suggestions and quantized model are checked against its precision table (:mod:`ivq_debug.tune.legal`).
+        optimization: the ORT graph optimization level of the HTP sessions (``ivq capture qnn --optimization``).
+        qnn_session: other QNN runner options (``soc_model``, ``htp_arch``, ``fast_compile``, ``qnn_cache``).
     """
 
     float_model: Path
@@ -281,6 +309,13 @@ class Tuner:
     fmt: str = "legacy"
     resume: bool = True
     preprocess: bool = True
+    target: str = "qnn"
+    optimization: str = "disable"
+    qnn_session: dict[str, Any] = field(default_factory=dict)
+    #: how the evaluation set was made (:func:`evaluation_split`), reported in ``tune.json``
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    _calibrated: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
+    _digests: dict[str, str] = field(default_factory=dict, repr=False)
     _ranges: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
     _checkpoint: dict[str, Any] | None = field(default=None, repr=False)
     _source: Path | None = field(default=None, repr=False)
@@ -343,39 +378,77 @@ class Tuner:
         atomic_write_text(Path(self.workdir) / CHECKPOINT, json.dumps(doc, indent=1, default=str) + "\n",
                           overwrite=True)
 
+    def _digest(self, what: str, path: Path) -> str:
+        if what not in self._digests:
+            self._digests[what] = sha256_file(path) if Path(path).exists() else str(path)
+        return self._digests[what]
+
     def key(self, suggestions: Sequence[Suggestion]) -> str:
-        """The checkpoint key of a trial: its suggestions and every setting that changes its result."""
+        """The checkpoint key of a trial: its suggestions and every setting that changes its result. The model
+        and the reference enter by content (SHA-256), so a run resumed from another working directory, with
+        other relative paths to the same files, reuses the trials."""
         blob = json.dumps({"s": [_suggestion_key(s) for s in suggestions], "preset": self.preset, "fmt": self.fmt,
                            "backend": self.backend, "kw": {k: str(v) for k, v in sorted(self.quantize_kw.items())},
-                           "base": _jsonable_overrides(self.base_overrides), "model": str(self.float_model),
-                           "ref": str(self.reference)}, sort_keys=True, default=str)
+                           "base": _jsonable_overrides(self.base_overrides),
+                           "model": self._digest("model", Path(self.float_model)),
+                           "ref": self._digest("ref", Path(self.reference)), "target": self.target,
+                           "qnn": self.qnn_options() if self.backend == "qnn" else None},
+                          sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def qnn_options(self) -> dict[str, Any]:
+        """The QNN session settings of every HTP session of the tune (recorded in each trial)."""
+        return {"optimization": self.optimization, **dict(sorted(self.qnn_session.items()))}
+
+    def _rel(self, p: Path) -> str:
+        """A workdir file as the checkpoint records it: relative to the workdir."""
+        return os.path.relpath(p, self.workdir)
+
+    def _abs(self, p: str) -> Path:
+        return Path(p) if os.path.isabs(p) else Path(self.workdir) / p
+
     # ------------------------------------------------------------------ a trial
-    def trial(self, label: str, suggestions: list[Suggestion]) -> Trial:
-        """Write, read back and apply ``suggestions``; quantize, capture, compare (and score the task)."""
+    def trial(self, label: str, suggestions: list[Suggestion], *, keep_dump: bool | None = None) -> Trial:
+        """Write, read back and apply ``suggestions``; quantize, check the pairs against the target backend's table
+        (:mod:`ivq_debug.tune.legal`), capture, compare (and score the task).
+
+        Type conflicts the quantizer raises are resolved in the *suggestions* (:meth:`_quantize`), so the trial's
+        :attr:`Trial.suggestions` — what is delivered — hold the type of every tensor the trial changed.
+        ``keep_dump``: keep the trial's dump (default: only the baseline's, which the suggestions read); the
+        others are measured and removed (``tune.json`` and the checkpoint hold the figures).
+        """
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
+        keep = (not suggestions) if keep_dump is None else keep_dump
         key = self.key(suggestions)
         qdq = wd / f"{label}.qdq.onnx"
         dump = wd / f"{label}.h5"
         done = self._ckpt()["trials"].get(key)
-        if self.resume and done is not None and not done.get("error") and Path(done["dump"]).exists() \
-                and Path(done["qdq_model"]).exists():
-            cmp = compare(self.reference, done["dump"], progress=False)
-            ov = Path(done["overrides"]) if done.get("overrides") else None
-            return Trial(done["label"], list(suggestions), Path(done["qdq_model"]), Path(done["dump"]), cmp,
+        if self.resume and done is not None and not done.get("error") and self._abs(done["qdq_model"]).exists() \
+                and (self._abs(done["dump"]).exists() or done.get("sqnr") is not None):
+            dpath = self._abs(done["dump"])
+            cmp = compare(self.reference, dpath, progress=False) if dpath.exists() else None
+            ov = self._abs(done["overrides"]) if done.get("overrides") else None
+            applied = _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []])
+            return Trial(done["label"], applied, self._abs(done["qdq_model"]), dpath, cmp,
                          dict(done.get("task") or {}), int(done.get("model_bytes") or 0), done.get("cycles"),
-                         float(done.get("seconds") or 0.0), None, ov, reused=True)
+                         float(done.get("seconds") or 0.0), None, ov, reused=True,
+                         sqnr_table=dict(done.get("sqnr") or {}), fixes=list(done.get("fixes") or []),
+                         samples=dict(done.get("samples") or {}))
         entry: dict[str, Any] = {"label": label, "suggestions": [s.to_dict() for s in suggestions],
-                                 "qdq_model": str(qdq), "dump": str(dump)}
+                                 "qdq_model": self._rel(qdq), "dump": self._rel(dump),
+                                 "target": self.target, "session": self.qnn_options() if self.backend == "qnn" else None}
+        applied, fixes = list(suggestions), []
         try:
-            ov_path, overrides, exclude = self._overrides(label, suggestions)
-            kw = dict(self.quantize_kw) | {"preprocess": False}
-            if exclude:
-                kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
-            quantize_consistent(self.source(), qdq, self.calibration, self.preset, overrides, kw)
+            why = forbidden(suggestions, self.source(), self.preset, self.target)
+            if why:
+                raise UsageError(f"not run by {self.target.upper()}: " + "; ".join(why))
+            ov_path, applied, fixes, exclude = self._quantize(label, suggestions, qdq)
+            bad = violations(qdq, self.target)
+            if bad:
+                raise UsageError(f"the quantized model is not run by {self.target.upper()}: "
+                                 + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
             runner = self._runner(qdq, prof, bool(exclude))
             capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
@@ -384,16 +457,25 @@ class Tuner:
             task = dict(self.task(qdq)) if self.task else {}
             if self.output_metric is not None:
                 task.update(_score(self.output_metric, dump, self.float_model))
-        except Exception as e:  # a failed trial is a result: recorded, checkpointed, refused
-            msg = one_line(e, 400) if isinstance(e, IvqError) else f"{type(e).__name__}: {one_line(e, 400)}"
-            entry |= {"error": msg, "seconds": round(time.perf_counter() - t0, 2)}
+            if not suggestions:
+                self._calibrated = None  # the baseline's encodings are the calibrated ranges of later fixes
+        except Exception as e:  # a failed trial is a result: recorded, checkpointed, refused (the whole reason)
+            msg = one_line(e) if isinstance(e, IvqError) else f"{type(e).__name__}: {one_line(e)}"
+            entry |= {"error": msg, "seconds": round(time.perf_counter() - t0, 2),
+                      "fixes": [f.to_dict() for f in fixes]}
             self._save(key, entry)
-            return Trial(label, list(suggestions), qdq, dump, None, error=entry["error"],
-                         seconds=entry["seconds"])
-        tr = Trial(label, list(suggestions), qdq, dump, cmp, task, model_file_bytes(qdq), _cycles(dump),
-                   time.perf_counter() - t0, None, ov_path)
-        entry |= {"overrides": str(ov_path) if ov_path else None, "task": task, "model_bytes": tr.model_bytes,
-                  "cycles": tr.cycles, "seconds": round(tr.seconds, 2)}
+            return Trial(label, applied, qdq, dump, None, error=entry["error"], seconds=entry["seconds"])
+        tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), _cycles(dump),
+                   time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes])
+        tr.sqnr_table = worst_sqnr(cmp)
+        tr.samples = per_sample(cmp, _default_watch(tr))
+        if not keep:
+            dump.unlink(missing_ok=True)
+            for extra in (prof,):
+                extra.unlink(missing_ok=True)
+        entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task,
+                  "model_bytes": tr.model_bytes, "cycles": tr.cycles, "seconds": round(tr.seconds, 2),
+                  "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples}
         self._save(key, entry)
         return tr
 
@@ -403,9 +485,25 @@ class Tuner:
         if self.backend == "cpu":
             return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
         return make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
-                           overwrite=True, allow_cpu_fallback=fallback)
+                           overwrite=True, allow_cpu_fallback=fallback, optimization=self.optimization,
+                           **self.qnn_session)
 
-    def _overrides(self, label: str, suggestions: list[Suggestion]) -> tuple[Path | None, dict[str, Any], list[str]]:
+    def calibrated(self) -> dict[str, tuple[float, float]]:
+        """``{tensor: (min, max)}`` the calibration gave (the baseline's activation encodings, grid ranges): the
+        range of a type the quantizer had to resolve. Falls back to :meth:`calibration_ranges` before a baseline."""
+        if self._calibrated is None:
+            base = Path(self.workdir) / "before.qdq.onnx"
+            if not base.exists():
+                return self.calibration_ranges()
+            out = {}
+            for name, e in encodings_from_qdq_model(base).activations.items():
+                if e.scale:
+                    (lo,), (hi,) = e.grid_range()
+                    out[name] = (float(lo), float(hi))
+            self._calibrated = out
+        return self._calibrated
+
+    def _write_read(self, label: str, suggestions: list[Suggestion]) -> tuple[Path | None, dict[str, Any], list[str]]:
         """The suggestions written in the tuner's format and read back: (file, ORT overrides, float nodes)."""
         if not suggestions:
             return None, dict(self.base_overrides), []
@@ -420,6 +518,72 @@ class Tuner:
         nodes = {s.tensor: s.node for s in suggestions if s.node}
         exclude = [*exclude, *[nodes[n] for n in floats if nodes.get(n)]]
         return path, {**self.base_overrides, **to_ort_overrides(ints)}, exclude
+
+    def _quantize(self, label: str, suggestions: list[Suggestion], out: Path, max_fixes: int = 16
+                  ) -> tuple[Path | None, list[Suggestion], list[Suggestion], list[str]]:
+        """Quantize with the suggestions as delivered; each type conflict ORT's mixed-precision fixer raises
+        ("Desired producer quant_type for X ...") becomes a suggestion giving X the other activation type on its
+        calibrated range, and the file is written again: the quantized model is always the file's.
+        Returns (overrides file, the suggestions applied, the fixes among them, the nodes left float)."""
+        fixes: list[Suggestion] = []
+        default16 = self.preset.startswith("a16")
+        while True:
+            applied = _with_fixes(suggestions, fixes)
+            ov_path, overrides, exclude = self._write_read(label, applied)
+            kw = dict(self.quantize_kw) | {"preprocess": False}
+            if exclude:
+                kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
+            try:
+                quantize_for_qnn(self.source(), out, self.calibration, preset=self.preset,
+                                 overrides=overrides or None, overwrite=True, **kw)
+                return ov_path, applied, fixes, exclude
+            except InputError as e:
+                m = _CONFLICT.search(str(e))
+                if not m or len(fixes) >= max_fixes:
+                    raise
+                name = m.group(1)
+                cur = next((s for s in applied if s.tensor == name), None)
+                is16 = cur.bitwidth == 16 if cur is not None and cur.bitwidth else default16
+                rng = (cur.rmin, cur.rmax) if cur is not None and cur.rmin is not None else self.calibrated().get(name)
+                if rng is None or any(f.tensor == name for f in fixes):
+                    raise
+                fixes.append(Suggestion(name, "a8" if is16 else "a16",
+                                        f"type resolved by the quantizer: {name} is produced in the type its "
+                                        f"neighbours imply ({8 if is16 else 16}-bit), on its calibrated range",
+                                        float(rng[0]), float(rng[1]), node=cur.node if cur else None,
+                                        group=cur.group if cur else None))
+
+
+def _with_fixes(suggestions: Sequence[Suggestion], fixes: Sequence[Suggestion]) -> list[Suggestion]:
+    """The suggestions with the resolved types replacing the entries of the same tensors."""
+    names = {f.tensor for f in fixes}
+    return [s for s in suggestions if s.tensor not in names] + list(fixes)
+
+
+def worst_sqnr(cmp: Any) -> dict[str, float]:
+    """``{tensor: worst SQNR over the records}`` of a comparison (reference and test names): what a trial keeps."""
+    t = cmp.table
+    if t.empty:
+        return {}
+    out: dict[str, float] = {}
+    for col in ("ref_name", "test_name"):
+        g = t.groupby(col)["sqnr_db"].min()
+        out.update({str(k): float(v) for k, v in g.items() if v == v})
+    return out
+
+
+def per_sample(cmp: Any, watch: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{watched tensor: {"mean": dB, "worst": dB, "n": samples}}`` over the evaluation samples."""
+    t = cmp.table
+    out: dict[str, dict[str, float]] = {}
+    if t.empty or "sample" not in t.columns:
+        return out
+    for w in watch:
+        v = t.loc[(t["ref_name"] == w) | (t["test_name"] == w)].groupby("sample")["sqnr_db"].min()
+        v = v[np.isfinite(v.to_numpy(dtype=float))] if len(v) else v
+        if len(v):
+            out[w] = {"mean": float(v.mean()), "worst": float(v.min()), "n": len(v)}
+    return out
 
 
 def preprocessed_model(float_model: str | os.PathLike, folder: Path) -> Path | None:
@@ -450,34 +614,39 @@ def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], dump: Path, float_m
 _CONFLICT = re.compile(r"Desired producer quant_type for (.+?) doesn't match existing type")
 
 
-def quantize_consistent(float_model: Path, out: Path, calibration: Any, preset: str, overrides: dict[str, Any],
-                        kw: dict[str, Any], max_fixes: int = 16) -> list[str]:
-    """Quantize with overrides, resolving ORT's mixed-precision type conflicts; returns the fixes made.
+# ---------------------------------------------------------------------------------------------- evaluation set
+#: with one evaluation sample, hold out this share of the calibration samples (at least one) for evaluation
+HOLDOUT_SHARE = 0.25
+#: the fewest calibration samples a held-out split is made from
+HOLDOUT_MIN_CALIBRATION = 4
 
-    ORT's QNN mixed-precision fixer wants a tensor at a precision boundary to be produced in the type its
-    neighbours imply; when an override disagrees it raises "Desired producer quant_type for X ...". Each such
-    X is given the other activation type (8 ↔ 16 bit) and the quantization retried; the fixes are recorded.
+
+def evaluation_split(calibration: Sequence[dict[str, np.ndarray]], feeds: Sequence[dict[str, np.ndarray]]
+                     ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], dict[str, Any]]:
+    """The evaluation set a tune verifies on: every evaluation input; with only one, the last
+    :data:`HOLDOUT_SHARE` of the calibration samples are held out (no longer calibrated on) and evaluated too.
+
+    Returns (calibration samples to quantize with, evaluation feeds, a description with ``warning``): the first
+    ``calibration_samples`` of the calibration data stay, so ``ivq quantize --max-samples N`` reproduces a
+    delivered model. With one input and fewer than :data:`HOLDOUT_MIN_CALIBRATION` calibration samples nothing is
+    held out and the warning says the figures come from one sample.
     """
-    from onnxruntime.quantization import QuantType
-
-    fixes: list[str] = []
-    default = QuantType.QUInt16 if preset.startswith("a16") else QuantType.QUInt8
-    for _ in range(max_fixes + 1):
-        try:
-            quantize_for_qnn(float_model, out, calibration, preset=preset, overrides=overrides or None,
-                             overwrite=True, **kw)
-            return fixes
-        except InputError as e:
-            m = _CONFLICT.search(str(e))
-            if not m or len(fixes) >= max_fixes:
-                raise
-            name = m.group(1)
-            entry = dict((overrides.get(name) or [{}])[0])
-            cur = entry.get("quant_type", default)
-            entry["quant_type"] = QuantType.QUInt8 if cur == QuantType.QUInt16 else QuantType.QUInt16
-            overrides = {**overrides, name: [entry]}
-            fixes.append(f"{name} -> {entry['quant_type'].name}")
-    return fixes
+    cal, ev = list(calibration), list(feeds)
+    info: dict[str, Any] = {"inputs": len(ev), "held_out": 0, "calibration_samples": len(cal), "warning": None}
+    if len(ev) == 1:
+        if len(cal) >= HOLDOUT_MIN_CALIBRATION:
+            k = max(1, int(len(cal) * HOLDOUT_SHARE))
+            ev += cal[len(cal) - k:]
+            cal = cal[: len(cal) - k]
+            info |= {"held_out": k, "calibration_samples": len(cal),
+                     "warning": f"one evaluation input: the last {k} of {len(calibration)} calibration samples are "
+                                f"held out and evaluated too (trials calibrate on the first {len(cal)}; `ivq quantize "
+                                f"--max-samples {len(cal)}` reproduces the delivered model)"}
+        else:
+            info["warning"] = (f"one evaluation input and {len(cal)} calibration sample(s), too few to hold any "
+                               "out: every figure comes from one sample, which flatters (give more --inputs)")
+    info["samples"] = len(ev)
+    return cal, ev, info
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -537,19 +706,53 @@ def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (
     if before.error:
         raise InputError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
-    refused: list[dict[str, Any]] = []
     cands = list(candidates) if candidates is not None else candidate_sets(suggestions)
+    cands, refused = split_legal(cands, tuner.source(), tuner.preset, tuner.target)  # never tried: illegal
+    checks: list[dict[str, Any]] = []
     for i, (name, sset) in enumerate(cands[:max_candidates]):
         tr = tuner.trial("after" if i == 0 else f"candidate{i + 1}", list(sset))
         why = judge(before, tr, watch)
         if why is None:
-            return TuneReport(before, tr, watch, refused=refused, backend=tuner.backend, format=tuner.fmt,
-                              steps=[{"candidate": name, "label": tr.label, "kept": True}])
+            why, check = confirm_on_target(tuner, before, tr, watch)
+            checks.append(check)
+            if why is None:
+                return TuneReport(before, tr, watch, refused=refused, backend=tuner.backend, format=tuner.fmt,
+                                  steps=[{"candidate": name, "label": tr.label, "kept": True}], target_check=check)
         refused.append({"candidate": name, "label": tr.label, "overrides": [s.tensor for s in sset],
                         "reason": why, "watch": {w: [before.sqnr(w), tr.sqnr(w)] for w in watch},
                         "task": {k: [before.task.get(k), tr.task.get(k)] for k in tr.task}})
     return TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
-                      backend=tuner.backend, format=tuner.fmt)
+                      backend=tuner.backend, format=tuner.fmt, target_check=checks[-1] if checks else {})
+
+
+def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence[str]) -> tuple[str | None, dict]:
+    """Before a set verified on CPU-QDQ is recommended for HTP (``tuner.target == "qnn"``): its model compiled
+    and measured once on HTP over the evaluation set, with the baseline's. Returns (why it must not be
+    recommended or None, the figures): HTP refuses it (the whole reason), or a watched tensor / task metric is
+    worse on HTP than the baseline's on HTP. Without the QNN EP here the set is not refused, and the figures
+    say it was not checked. Trials that ran on the target already are their own check."""
+    if tuner.backend == tuner.target or tuner.target != "qnn":
+        return None, {"backend": tuner.target, "checked": True, "same_as_trials": True}
+    from ivq_debug.capture.qnn_ep.session import qnn_ep_status
+
+    st = qnn_ep_status()
+    if not st.available:
+        return None, {"backend": "qnn", "checked": False, "reason": f"QNN EP unavailable: {st.reason}"}
+    htp = replace(tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
+    b = htp.trial("htp-before", list(before.suggestions), keep_dump=False)
+    a = htp.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
+    figs = {w: {"cpu": [before.sqnr(w), after.sqnr(w)], "htp": [b.sqnr(w), a.sqnr(w)]} for w in watch}
+    check = {"backend": "qnn", "checked": True, "watch": figs, "samples": {"before": b.samples, "after": a.samples},
+             "task": {k: {"cpu": [before.task.get(k), after.task.get(k)], "htp": [b.task.get(k), a.task.get(k)]}
+                      for k in after.task}}
+    if b.error:
+        check["error"] = b.error
+        return f"the baseline does not run on QNN HTP: {b.error}", check
+    if a.error:
+        check["error"] = a.error
+        return f"QNN HTP refuses the set: {a.error}", check
+    why = judge(b, a, watch)
+    return (None if why is None else f"on QNN HTP: {why}"), check
 
 
 def _default_watch(trial: Trial) -> list[str]:
@@ -588,6 +791,11 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
     for s in it:
         if best_score >= budget_sqnr_db or n >= max_trials:
             break
+        illegal = forbidden([*active, s], tuner.source(), tuner.preset, tuner.target)
+        if illegal:
+            refused.append({"candidate": f"+{s.tensor} {s.action}", "label": None,
+                            "reason": f"not run by {tuner.target.upper()}: " + "; ".join(illegal)})
+            continue
         n += 1
         tr = tuner.trial(f"step{n}", [*active, s])
         sc = score(tr)
@@ -613,8 +821,14 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
                 if keep2:
                     active[-1] = fp
                     best, best_score = tr2, sc2
-    return TuneReport(before, best, watch, steps, refused=refused, recommended=best is not before,
-                      backend=tuner.backend, format=tuner.fmt)
+    check: dict[str, Any] = {}
+    if best is not before:
+        why, check = confirm_on_target(tuner, before, best, watch)
+        if why is not None:
+            refused.append({"candidate": "greedy set", "label": best.label, "reason": why})
+            best = replace(before, suggestions=[])
+    return TuneReport(before, best, watch, steps, refused=refused, recommended=best.label != before.label,
+                      backend=tuner.backend, format=tuner.fmt, target_check=check)
 
 
 def tune_dir_cleanup(workdir: str | os.PathLike, keep: Sequence[str] = ()) -> None:

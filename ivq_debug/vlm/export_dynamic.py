@@ -155,6 +155,7 @@ def export_dynamic_parts(
     verify_samples: int = 1,
     decode_position_input: bool = True,
     decode_position_offset: int = 0,
+    pin_output_dims: bool = True,
 ) -> ExportResult:
     """Export vision (per bucket), prefill and decode of ``model`` with a dynamic KV cache into ``folder``.
 
@@ -172,6 +173,9 @@ def export_dynamic_parts(
         decode_position_input: the decode graph takes ``position_ids``; ``False`` exports the variant that
             computes them from the cache length (``P + decode_position_offset``).
         decode_position_offset: see ``decode_position_input``.
+        pin_output_dims: legacy exporter: give the outputs' static dims their values (:func:`_pin_output_dims`);
+            ``False`` keeps the exporter's producer-named axes (``Concatpresent.1.key_dim_0``), as third-party
+            legacy exports ship them.
     """
     import onnx
     import torch
@@ -216,7 +220,7 @@ def export_dynamic_parts(
                     dynamic_axes=spec if exporter == "legacy" else None,
                     dynamic_shapes=spec if exporter == "dynamo" else None)
         proto = onnx.load(str(tmp))
-        if exporter == "legacy":
+        if exporter == "legacy" and pin_output_dims:
             with torch.no_grad():
                 example = module(*[torch.from_numpy(v) for v in feeds[part][0].values()])
             _pin_output_dims(proto, [tuple(t.shape) for t in example], spec)

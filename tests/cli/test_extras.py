@@ -53,6 +53,9 @@ def test_core_commands_run_without_any_extra(tmp_path: Path) -> None:
                                                  "pip install 'ivq-debug[analysis]'"),
     (("analysis",), IVQ, ("diff", "a.h5", "a.h5"), "`ivq diff` needs pandas"),
     (("torch",), IVQ, ("demo", "--golden", "g", "--reports", "r", "--workdir", "w"), "pip install 'ivq-debug[torch]'"),
+    (("qnn",), IVQ, ("tune", "m.onnx", "--calibration", "cal", "--inputs", "x.npz", "-o", "wd"),
+     "`ivq tune --backend qnn` (the default; --backend cpu verifies on ORT CPU-QDQ) needs onnxruntime_qnn, which is "
+     "not installed: pip install 'ivq-debug[qnn]'"),
     (("ray",), IVQ, ("diagnose", "a.h5", "a.h5", "--model", "m.onnx", "--executor", "ray"),
      "--executor ray needs ray, which is not installed: pip install 'ivq-debug[ray]'"),
 ])
@@ -65,6 +68,12 @@ def test_a_missing_extra_exits_5_naming_it(tmp_path: Path, extras, script, args,
     assert r.returncode == 5, (r.stdout, r.stderr)
     errors = [line for line in r.stderr.strip().splitlines() if "error" in line]  # (ivq demo prints a banner first)
     assert len(errors) == 1 and needle in errors[0] and "Traceback" not in r.stderr
+    assert not [p for p in ("g", "r", "w", "wd") if (tmp_path / p).exists()]  # no folder made before failing
+
+
+def test_diff_version_exits_0(tmp_path: Path) -> None:
+    r = without((), IVQ_DIFF, "--version", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("ivq-debug "), r.stderr
 
 
 def test_helpers() -> None:

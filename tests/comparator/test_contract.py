@@ -138,3 +138,38 @@ def test_device_session_reference_passes_the_contract(device_sessions, session_p
     # side's own vision output (carried / recomputed), so that record has no external input
     assert c.records == 7 and c.inputs_checked == c.records - 1
     assert "recomputed" in c.skipped["position_ids"] and "model's" in c.skipped["position_ids"]
+
+
+def test_dumps_without_a_common_record_say_so_and_suggest_part(dumps, capfd, tmp_path: Path) -> None:
+    """Issue 32: a ``--part model`` capture against ``vision`` records is not "N of N tensors unmatched" nor
+    "contract unknown (written before the contract existed)": no record is common, both sides listed, --part."""
+    _m, x, onnx_path = tiny.build(tmp_path)
+    from ivq_debug.capture.base import Selection, capture
+    from ivq_debug.capture.onnxrt.runner import OrtRunner
+
+    vision = capture(OrtRunner(onnx_path, selection=Selection()), [{"x": x}], tmp_path / "vision.h5", part="vision",
+                     progress=None)
+    capfd.readouterr()
+    assert ivq_diff(dumps["a"], vision) == 4
+    _, err = capfd.readouterr()
+    line = err.strip().splitlines()[-1]
+    assert len(err.strip().splitlines()) == 1 and "no record is common" in line, err
+    assert "model: 0/model/0" in line and "vision: 0/vision/0" in line and "--part vision" in line
+    assert "tensors unmatched" not in line and "contract unknown" not in line and "--map" not in line
+
+
+def test_optimization_level_is_part_of_the_contract(dumps, capfd, tmp_path: Path) -> None:
+    """Issue 32: dumps captured at different ORT optimization levels compare with a warning naming both."""
+    _m, x, onnx_path = tiny.build(tmp_path)
+    fused = tiny.capture_ort(onnx_path, x, tmp_path / "all.h5", optimization="all")
+    chk = check_contract(open_dump(dumps["a"]), open_dump(fused))
+    assert chk.status == "ok" and chk.identity["test"]["ort_optimization"] == "ORT_ENABLE_ALL"
+    (w,) = chk.warnings
+    assert "ORT optimization level differs" in w and "ref ORT_DISABLE_ALL" in w and "test ORT_ENABLE_ALL" in w
+    assert check_contract(open_dump(dumps["a"]), open_dump(dumps["b"])).warnings == []
+    capfd.readouterr()
+    assert ivq_diff(dumps["a"], fused, "--json", tmp_path / "d.json") == 0
+    out, _ = capfd.readouterr()
+    assert "warning: ORT optimization level differs" in out
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert doc["contract"]["warnings"] == [w] and w in doc["verdict"]["notes"]

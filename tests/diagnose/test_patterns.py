@@ -1,10 +1,10 @@
-"""Pattern grouping of replay units and the fix each pattern's evidence points to (tables written here)."""
+"""Pattern grouping of replay units (tables written here; the fix by cause: tests/diagnose/test_remedy.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from ivq_debug.diagnose.patterns import fix_for, groups, role
+from ivq_debug.diagnose.patterns import groups, role
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
@@ -32,13 +32,3 @@ def test_layernorm_statistics_group_across_blocks_and_norms() -> None:
     assert [g.label for g in gs] == ["LayerNorm x² (Pow)", "LayerNorm variance (ReduceMean)",
                                      "LayerNorm mean (ReduceMean)"]
     assert len(gs[0].rows) == 6 and gs[0].total_blocks == 3 and gs[0].worst()["tensor"] == "p0layernorm_before"
-
-
-def test_fix_follows_the_dominant_part() -> None:
-    act = groups(_table([{"node": "/b.0/fc/Gemm", "op_type": "Gemm", "tensor": "a", "intro_sqnr_db": 5.0,
-                          "weights": "w", "weight_noise": 0.1, "act_noise": 1.0}]))[0]
-    assert fix_for(act)[0] == "a16"
-    wt = groups(_table([{"node": "/b.0/fc/Gemm", "op_type": "Gemm", "tensor": "a", "intro_sqnr_db": 5.0,
-                         "weights": "w", "weight_noise": 9.0, "act_noise": 1.0}]))[0]
-    assert fix_for(wt, {"w": 5000.0})[0] == "w_per_channel"
-    assert fix_for(wt, {"w": 3.0})[0] == "w16"

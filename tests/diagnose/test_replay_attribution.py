@@ -11,6 +11,7 @@ import pytest
 import ivq_debug as ivq
 from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.diagnose.patterns import groups
 from ivq_debug.diagnose.replay import intro_budget, replay
 from ivq_debug.onnxgraph.load import load_model
 from tests.support import vit
@@ -89,11 +90,15 @@ def test_x2_outliers_local_names_pow_iso_names_the_variance(m) -> None:
                  attribution="iso")
     h_loc, h_iso = loc.findings()[0], iso.findings()[0]
     assert h_loc.evidence["label"] == "LayerNorm x² (Pow)" and h_loc.evidence["fix"] == "a16"
-    assert h_iso.evidence["label"] == "LayerNorm variance (ReduceMean)"
     assert h_loc.evidence["units"] == 5 and "blocks" in h_loc.message  # 2 LayerNorms per block + the final one
     # lifting the x² encodings removes most of the output error; lifting the variance's removes none of it
     assert h_loc.evidence["output_error_share"] > 0.3
-    assert iso.lift[h_iso.evidence["pattern"]]["share"] < 0.1
+    # iso's worst introducer is the variance (where it shows); ranked by the effect on the output, iso's headline is
+    # the x² group too, and the variance group says why its effect is ≈ 0
+    assert groups(iso.table)[0].label == "LayerNorm variance (ReduceMean)"
+    assert h_iso.evidence["label"] == "LayerNorm x² (Pow)"
+    var = next(f for f in iso.findings() if f.evidence.get("label") == "LayerNorm variance (ReduceMean)")
+    assert var.evidence["output_error_share"] < 0.1 and var.evidence["effect_why"]
     assert h_loc.evidence["first_over_budget"]["tensor"]
 
 

@@ -77,6 +77,21 @@ def test_a_pool_gives_the_sequential_replay_to_the_bit_and_resumes(m, tmp_path: 
     assert other.jobs["resumed"] == 0
 
 
+def test_a_recapture_of_the_same_data_resumes_every_shard(m, tmp_path: Path) -> None:
+    """Shards name a dump by its content digest, not its file: a second capture of the same images (another
+    file: another creation time) replays nothing again."""
+    shards = tmp_path / "shards"
+    first = replay(m["act"], m["ref"], record="all", cumulative=m["cmp"], progress=False, lift=False,
+                   executor=LocalExecutor(2), shards=shards)
+    again = capture(make_runner("onnx", m["act"], selection=Selection()), [vit.image(7), vit.image(8)],
+                    tmp_path / "act-again.h5", progress=None)
+    assert Path(again).read_bytes() != Path(m["test"]).read_bytes()
+    rerun = replay(m["act"], m["ref"], record="all", cumulative=ivq.compare(m["ref"], again, progress=False),
+                   progress=False, lift=False, executor=LocalExecutor(2), shards=shards)
+    assert rerun.jobs["resumed"] == rerun.jobs["total"] == first.jobs["total"] > 1
+    same(first, rerun)
+
+
 def test_a_failing_batch_is_reported_and_the_other_shards_kept(m, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     with pytest.raises(JobsFailedError) as e:

@@ -48,3 +48,20 @@ def test_spread_of_a_conv_weight(conv: Path, tmp_path: Path) -> None:
     assert [x.where["tensor"] for x in weight_range_spread(per_tensor)] == ["0.weight"]
     per_channel = quantize_for_qnn(conv, tmp_path / "pc.onnx", cal, per_channel=True).model_path
     assert weight_range_spread(per_channel) == []
+
+
+def test_dead_channels_are_counted_and_left_out_of_the_figures(conv: Path, tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(conv))
+    init = next(i for i in m.graph.initializer if i.name == "2.weight")
+    w = numpy_helper.to_array(init).copy()
+    w[0] = 0.0  # a dead channel
+    w[1] = 1e-40  # float32 noise (a denormal): the "1.5e39×" of issue 28
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    onnx.save(m, str(tmp_path / "dead.onnx"))
+    t = weight_spreads(tmp_path / "dead.onnx").set_index("weight")
+    assert t.loc["2.weight", "zero_channels"] == 2
+    assert t.loc["2.weight", "spread"] < 100 and t.loc["2.weight", "min_bits"] >= 0
+    assert not set(t.loc["2.weight", "worst_channels"][:2]) & {0, 1}

@@ -67,13 +67,24 @@ def test_a_valid_dump_reads_back(tmp_path: Path) -> None:
     (lambda f: f.attrs.__setitem__("backend_info", "[1, 2]"), "attribute: backend_info: must be an object"),
     (lambda f: f.attrs.__setitem__("backend", np.arange(3)), "attribute 'backend' must be a scalar"),
     (lambda f: f.attrs.__setitem__("model", "[" * 5000 + "]" * 5000), "nested more than 200 levels"),
-    (lambda f: f["records/r000000"].attrs.__setitem__("step", "one"), "record 'r000000' step: must be integer"),
-    (_manifest(lambda d: d["rows"][0].__setitem__(10, [-1, 4])), "manifest row 0 shape[0]: must be bigger than"),
+    (lambda f: f["records/r000000"].attrs.__setitem__("step", "one"), "record 'r000000' step: must be an integer, got 'one'"),
+    (_manifest(lambda d: d["rows"][0].__setitem__(10, [-1, 4])), "manifest row 0 shape[0]: -1 is out of range"),
+    # the manifest is checked by column over distinct cells: the row named is the first bad one
+    (_manifest(lambda d: d["rows"][1].__setitem__(d["columns"].index("order"), 2.5)),
+     "manifest row 1 order: must be an integer, got 2.5"),
+    (_manifest(lambda d: d["rows"][1].__setitem__(d["columns"].index("sample"), True)),
+     "manifest row 1 sample: must be an integer, got True"),
+    (_manifest(lambda d: d["rows"][1].__setitem__(d["columns"].index("encoding"), {"scale": {"x": 1}})),
+     "manifest row 1 encoding.scale"),
+    (_manifest(lambda d: d["rows"][1].__setitem__(d["columns"].index("min"), "low")),
+     "manifest row 1 min: must be a number or null, got 'low'"),
+    (_manifest(lambda d: d["rows"][1].__setitem__(d["columns"].index("key"), "")), "key '' is not one HDF5 link"),
+    (_manifest(lambda d: d["columns"].__setitem__(d["columns"].index("layout"), "name")), "a column is listed twice"),
     (_manifest(lambda d: d["rows"][0].__setitem__(6, "../x")), "key '../x' is not one HDF5 link name"),
     (_manifest(lambda d: d["rows"][0].__setitem__(14, 7)), "nbytes 7 is not shape"),
     (_manifest(lambda d: d.__setitem__("rows", [[1, 2]])), "manifest row 0"),
     (_manifest(lambda d: d["rows"][0].__setitem__(d["columns"].index("qnn_name"), 5)),
-     "manifest row 0 qnn_name: must be string or null"),
+     "manifest row 0 qnn_name: must be a string or null, got 5"),
 ])
 def test_bad_attributes_and_manifests_are_refused_at_open(tmp_path: Path, edit: Any, message: str) -> None:
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("(", r"\(")):

@@ -610,7 +610,7 @@ def _create(model: bytes | str | os.PathLike, config: QnnSessionConfig, eff: Qnn
         native_txt = getattr(getattr(e, "native_stdout", None), "text", "")
         extra = [ln for ln in native_txt.splitlines() if ln.strip() and "LIBNATIVE" not in ln]
         tail = f" | native: {' '.join(extra)[:200]}" if extra else ""
-        raise CaptureError(f"QNN HTP session creation failed ({target}): {msg[:400]}{tail}") from None
+        raise CaptureError(f"QNN HTP session creation failed ({target}): {msg}{tail}") from None
     providers = list(sess.get_providers())
     if EP_NAME not in providers:
         raise CaptureError(f"session did not get the QNN EP (providers {providers})")

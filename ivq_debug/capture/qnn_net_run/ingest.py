@@ -12,7 +12,7 @@ sizes, unknown names) are collected: the dump is then marked incomplete with the
 ``strict=True``, the first one is raised as a one-line ``InputError``.
 
 With only the ONNX graph (:func:`capture_net_run_model`, :func:`capture_session`): names, dtypes and shapes
-come from the graph (:func:`~ivq_debug.capture.qnn_net_run.io.read_net_run_folder`), the inputs of
+come from the graph (:func:`~ivq_debug.capture.qnn_net_run.folders.read_net_run_folder`), the inputs of
 ``input_list.txt`` become the record inputs, and every problem is a one-line ``InputError`` (nothing is
 written). A *session* puts a device's vision, prefill and decode folders of one or more samples into one dump.
 """
@@ -29,15 +29,9 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.capture.base import model_facts
-from ivq_debug.capture.qnn_net_run.io import (
-    GraphIO,
-    Ingest,
-    IngestProblem,
-    NetRunCall,
-    NetRunFolder,
-    ingest_output,
-    read_net_run_folder,
-)
+from ivq_debug.capture.qnn_net_run.folders import NetRunCall, NetRunFolder, read_net_run_folder
+from ivq_debug.capture.qnn_net_run.outputs import Ingest, IngestProblem, ingest_output
+from ivq_debug.capture.qnn_net_run.shapes import GraphIO, UnresolvedAxes
 from ivq_debug.dump.writer import DumpWriter, check_writable
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap
@@ -67,13 +61,15 @@ class NetRunCapture:
     unmatched: list[dict[str, str]] = field(default_factory=list)
     parts: dict[str, Path] = field(default_factory=dict)
     config_source: str | None = None
+    llm: bool = False
+    not_fed: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``ivq-ingest/1`` document of ``ivq ingest --json``."""
         return {"schema": INGEST_SCHEMA, "dump": str(self.path), "complete": self.complete,
                 "records": [{"sample": s, "part": p, "step": k} for s, p, k in self.records],
                 "parts": {k: str(v) for k, v in self.parts.items()}, "config": self.config_source,
-                "tensors": self.mapping, "unmatched": self.unmatched,
+                "tensors": self.mapping, "unmatched": self.unmatched, "not_fed": self.not_fed,
                 "problems": [{"kind": p.kind, "file": p.path, "message": p.message, "fatal": p.fatal}
                              for p in self.problems]}
 
@@ -104,7 +100,7 @@ def write_ingest(
     sample: int = 0,
     parts: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[int, str, int]], int]:
-    """Stream an :class:`~ivq_debug.capture.qnn_net_run.io.Ingest` into an open ``DumpWriter``.
+    """Stream an :class:`~ivq_debug.capture.qnn_net_run.outputs.Ingest` into an open ``DumpWriter``.
 
     Returns ``(records, tensor count)``. Fatal problems already in ``ing`` and float/native disagreements
     found while reading are passed to ``writer.mark_incomplete`` / recorded under ``/meta``.
@@ -267,7 +263,7 @@ def _record_rows(writer: Any, call: NetRunCall, key: tuple[int, str, int],
     s, part, step = key
     check_step(part, step, f" ({call.result_dir})")
     writer.begin_record(sample=s, part=part, step=step, result_dir=call.result_dir.name if call.result_dir else None,
-                        input_list_line=call.line, **meta)
+                        input_list_line=call.line, **meta, **({"not_fed": call.not_fed} if call.not_fed else {}))
     rows = []
     for t in call.inputs:
         writer.add_input(t.name, t.load(), qnn_name=t.qnn_name, source_file=str(t.path), role=session_role(part, t.name))
@@ -398,6 +394,8 @@ class SessionSpec:
         native_inputs: input files are in the graph's dtypes (``--use_native_input_files``); default float32.
         allow_outside_inputs: read input paths that leave their session folder.
         dims: dynamic axis values to pin (``{"batch_size": 1}``).
+        missing_inputs: inputs the device did not feed (``NAME``: every part whose graph takes it;
+            ``PART:NAME``: that part), for positional input lists; ``name:=path`` lists just leave them out.
     """
 
     folders: dict[str, list[Path]]
@@ -407,6 +405,19 @@ class SessionSpec:
     native_inputs: bool = False
     allow_outside_inputs: bool = False
     dims: dict[str, int] = field(default_factory=dict)
+    missing_inputs: list[str] = field(default_factory=list)
+
+    def missing_for(self, part: str, graph: GraphIO) -> list[str]:
+        """The ``missing_inputs`` of one part: ``PART:NAME`` entries of that part, plain names its graph takes."""
+        names = {t.name for t in graph.inputs}
+        out = []
+        for m in self.missing_inputs:
+            p, sep, n = m.partition(":")
+            if sep and p in SESSION_PARTS:
+                out += [n] if p == part else []
+            elif m in names:
+                out.append(m)
+        return out
 
     @classmethod
     def from_json(cls, path: str | os.PathLike, allow_outside: bool = False) -> SessionSpec:
@@ -440,7 +451,8 @@ class SessionSpec:
         return cls(folders, path_of(doc["model_dir"]) if doc.get("model_dir") else None,
                    {k: path_of(v) for k, v in (doc.get("models") or {}).items()},
                    path_of(doc["config"]) if doc.get("config") else None, bool(doc.get("native_inputs", False)),
-                   bool(doc.get("allow_outside_inputs", False)), {k: int(v) for k, v in (doc.get("dims") or {}).items()})
+                   bool(doc.get("allow_outside_inputs", False)), {k: int(v) for k, v in (doc.get("dims") or {}).items()},
+                   list(doc.get("missing_inputs") or []))
 
 
 #: field -> (JSON types, what it is) of an ``ivq-session/1`` spec
@@ -455,6 +467,7 @@ SPEC_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "native_inputs": ((bool,), "true or false"),
     "allow_outside_inputs": ((bool,), "true or false"),
     "dims": ((dict,), "an object {axis name: integer 1 .. 2^31-1}"),
+    "missing_inputs": ((list,), "a list of input names (NAME or PART:NAME) the device did not feed"),
 }
 
 
@@ -480,18 +493,28 @@ def _validate_spec(doc: Any, path: Path) -> None:
         raise InputError("field 'prefill' is required (the prefill folder(s))", path)
 
 
-def _read_part(folders: Sequence[Path], model: Path, spec: SessionSpec) -> list[NetRunFolder]:
+def _read_part(part: str, folders: Sequence[Path], model: Path, spec: SessionSpec, cfg: Mapping[str, Any] | None
+               ) -> list[NetRunFolder]:
     graph = GraphIO.from_model(model)
     return [read_net_run_folder(f, model, native_inputs=spec.native_inputs,
                                 allow_outside_inputs=spec.allow_outside_inputs, dims=spec.dims,
-                                require_inputs=True, graph=graph) for f in folders]
+                                require_inputs=True, graph=graph, missing_inputs=spec.missing_for(part, graph),
+                                config=cfg) for f in folders]
 
 
-def _fits(folder: Path, spec: SessionSpec) -> Callable[[Path], str | None]:
+def is_llm(graph: GraphIO) -> bool:
+    """A decoder part: it takes or returns a KV cache, or returns ``logits`` (the RoPE hints apply)."""
+    names = [t.name for t in graph.inputs + graph.outputs]
+    return any(_PAST.match(n) or n.startswith("present") or n == LOGITS for n in names)
+
+
+def _fits(part: str, folder: Path, spec: SessionSpec) -> Callable[[Path], str | None]:
     def check(model: Path) -> str | None:
         try:
-            read_net_run_folder(folder, model, native_inputs=spec.native_inputs,
-                                allow_outside_inputs=spec.allow_outside_inputs, dims=spec.dims)
+            graph = GraphIO.from_model(model)
+            read_net_run_folder(folder, model, native_inputs=spec.native_inputs, graph=graph,
+                                allow_outside_inputs=spec.allow_outside_inputs, dims=spec.dims,
+                                missing_inputs=spec.missing_for(part, graph))
         except InputError as e:
             return e.one_line()
         return None
@@ -522,6 +545,27 @@ def split_sessions(calls: list[tuple[NetRunFolder, NetRunCall]], n: int, folder:
     return out
 
 
+def _read_parts(spec: SessionSpec, cfg: Mapping[str, Any] | None
+                ) -> tuple[dict[str, Path], dict[str, list[NetRunFolder]]]:
+    """Each part's graph and folders read; the axes no part could resolve raised together."""
+    models = {part: find_part_model(part, spec.model_dir, spec.models.get(part), _fits(part, fs[0], spec))
+              for part in SESSION_PARTS if (fs := spec.folders.get(part))}
+    named = {m.partition(":")[2] if m.partition(":")[0] in SESSION_PARTS else m for m in spec.missing_inputs}
+    takes = {t.name for m in models.values() for t in GraphIO.from_model(m).inputs}
+    if named - takes:
+        raise UsageError(f"--missing-input {', '.join(sorted(named - takes))}: no part's graph takes it")
+    read: dict[str, list[NetRunFolder]] = {}
+    open_axes = []
+    for part, model in models.items():
+        try:
+            read[part] = _read_part(part, spec.folders[part], model, spec, cfg)
+        except UnresolvedAxes as e:
+            open_axes += e.axes
+    if open_axes:
+        raise UnresolvedAxes(open_axes)
+    return models, read
+
+
 def capture_session(spec: SessionSpec, dump_path: str | os.PathLike, *, overwrite: bool = False,
                     backend_info: Mapping[str, Any] | None = None) -> NetRunCapture:
     """Ingest a device session (vision, prefill, decode folders) into one dump.
@@ -545,14 +589,7 @@ def capture_session(spec: SessionSpec, dump_path: str | os.PathLike, *, overwrit
     if not spec.folders.get("prefill"):
         raise UsageError("a session needs its prefill folder(s) (--prefill DIR)")
     cfg, cfg_src = load_config(spec.config, spec.model_dir)
-    models: dict[str, Path] = {}
-    read: dict[str, list[NetRunFolder]] = {}
-    for part in SESSION_PARTS:
-        folders = spec.folders.get(part) or []
-        if not folders:
-            continue
-        models[part] = find_part_model(part, spec.model_dir, spec.models.get(part), _fits(folders[0], spec))
-        read[part] = _read_part(folders, models[part], spec)
+    models, read = _read_parts(spec, cfg)
     calls = {p: [(f, c) for f in fs for c in f.calls] for p, fs in read.items()}
     n = len(calls["prefill"])
     if "vision" in calls and len(calls["vision"]) != n:
@@ -596,7 +633,9 @@ def capture_session(spec: SessionSpec, dump_path: str | os.PathLike, *, overwrit
         unmatched = [u for fs in read.values() for f in fs for u in f.unmatched]
         w.set_meta("ingest_unmatched", unmatched)
         path = w.path
-    return NetRunCapture(Path(path), records, n_tensors, True, [], 0, mapping, unmatched, models, cfg_src)
+    return NetRunCapture(Path(path), records, n_tensors, True, [], 0, mapping, unmatched, models, cfg_src,
+                         any(is_llm(fs[0].graph) for fs in read.values()),
+                         {p: fs[0].not_fed for p, fs in read.items() if fs[0].not_fed})
 
 
 def capture_net_run_model(
@@ -612,6 +651,7 @@ def capture_net_run_model(
     allow_outside_inputs: bool = False,
     dims: Mapping[str, int] | None = None,
     config: str | os.PathLike | None = None,
+    missing_inputs: Sequence[str] = (),
     overwrite: bool = False,
     backend_info: Mapping[str, Any] | None = None,
 ) -> NetRunCapture:
@@ -619,7 +659,7 @@ def capture_net_run_model(
 
     ``Result_<i>`` (with line ``i`` of ``input_list.txt`` as its inputs, when the folder has one) becomes
     record ``(i, part, 0)``, or ``(0, part, first_step + i)`` with ``as_steps`` (decode calls; ``first_step``
-    >= 1). See :func:`~ivq_debug.capture.qnn_net_run.io.read_net_run_folder` for what is read and checked.
+    >= 1). See :func:`~ivq_debug.capture.qnn_net_run.folders.read_net_run_folder` for what is read and checked.
 
     Raises:
         UsageError: the dump exists, an unknown part, a decode record at step 0.
@@ -631,9 +671,10 @@ def capture_net_run_model(
     if as_steps and first_step < 1:
         raise UsageError(f"first_step {first_step}: decode steps start at 1 (step 0 is the prefill)")
     check_step(part, first_step if as_steps else 0)
-    folder = read_net_run_folder(output_dir, model, input_list=input_list, native_inputs=native_inputs,
-                                 allow_outside_inputs=allow_outside_inputs, dims=dims)
     cfg, cfg_src = load_config(config, Path(model).parent)
+    folder = read_net_run_folder(output_dir, model, input_list=input_list, native_inputs=native_inputs,
+                                 allow_outside_inputs=allow_outside_inputs, dims=dims, missing_inputs=missing_inputs,
+                                 config=cfg)
     info = {"source": "qnn-net-run output folder", "output_dir": str(folder.output_dir.resolve()),
             "input_list": str(folder.input_list.resolve()) if folder.input_list else None, "emulated": None,
             "native_inputs": native_inputs}
@@ -649,4 +690,5 @@ def capture_net_run_model(
             records.append(key)
         w.set_meta("ingest_unmatched", folder.unmatched)
         path = w.path
-    return NetRunCapture(Path(path), records, n, True, [], 0, mapping, folder.unmatched, {part: Path(model)}, cfg_src)
+    return NetRunCapture(Path(path), records, n, True, [], 0, mapping, folder.unmatched, {part: Path(model)}, cfg_src,
+                         is_llm(folder.graph), {part: folder.not_fed} if folder.not_fed else {})

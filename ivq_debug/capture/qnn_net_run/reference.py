@@ -35,7 +35,7 @@ import numpy as np
 
 from ivq_debug.capture.base import Selection, capture, make_runner, model_facts
 from ivq_debug.capture.qnn_net_run.ingest import LOGITS, find_part_model, load_config, token_of
-from ivq_debug.capture.qnn_net_run.io import GraphIO
+from ivq_debug.capture.qnn_net_run.shapes import GraphIO
 from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError
@@ -309,7 +309,12 @@ class SessionReplay:
                 v = buf
             cache[k] = v
         prefill_len = int(out[next(iter(pnames.values()))].shape[-2])
-        # ---- decode
+        self._decode(writer, sample, steps, top, prefill_len, cache, info)
+
+    def _decode(self, writer: Any, sample: int, steps: list[int], top: int, prefill_len: int,
+                cache: dict[tuple[int, str], np.ndarray], info: dict[str, Any]) -> None:
+        """Decode steps ``k`` at ``top + k`` (``top`` = max prefill position), each on the reference's own cache."""
+        keys = self.session.record_keys()
         dec = self.graphs["decode"]
         dpos = next((t for t in dec.inputs if t.name == POSITIONS), None)
         if dpos is None:

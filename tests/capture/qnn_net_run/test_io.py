@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ivq_debug.capture.qnn_net_run.io import ingest_output
+from ivq_debug.capture.qnn_net_run.outputs import ingest_output
 from ivq_debug.errors import InputError
 from ivq_debug.onnxgraph.sites import dequantize
 from ivq_debug.qnn.netjson import read_net_json

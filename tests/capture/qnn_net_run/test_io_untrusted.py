@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ivq_debug.capture.qnn_net_run.io import ingest_output
+from ivq_debug.capture.qnn_net_run.outputs import ingest_output
 from tests.support.qnn_fixtures import MODEL, SINGLE
 
 RAW = "_attn_Softmax_output_0_QuantizeLinear_Output.raw"

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from ivq_debug.capture.qnn_net_run.folders import parse_input_list
 from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
-from ivq_debug.capture.qnn_net_run.io import parse_input_list
 from ivq_debug.cli.common import run
 from ivq_debug.cli.main import _main as ivq_main
 from ivq_debug.dump import DumpWriter, open_dump
@@ -80,7 +80,7 @@ BAD: dict[str, Callable[[Path], tuple[Path, str]]] = {
     "header after the first line": lambda r: (_edit_line(r, 4, lambda s: "#late\n" + s) or
                                               r / "decode/input_list.txt", "line 4: a '#' line"),
     "a token missing": lambda r: (_edit_line(r, 2, lambda s: s.split(" ", 1)[1]) or r / "decode/input_list.txt",
-                                  "line 2: 5 token(s) for the 6 input(s)"),
+                                  "line 2: no token for input(s) inputs_embeds, which line 3 feeds"),
     "unknown tensor name": lambda r: (_edit_line(r, 2, lambda s: s.replace("attention_mask:=", "mask:=")) or
                                       r / "decode/input_list.txt", "line 2: tensor 'mask' is not an input"),
     "relative path outside": lambda r: (_edit_line(r, 2, lambda s: s.replace(
@@ -156,7 +156,7 @@ def test_positional_tokens_and_unmatched_files(session, capfd):
         for name in ("inputs_embeds", "attention_mask", "position_ids"):
             assert np.array_equal(d.read(name, (0, "prefill", 0), kind="input"),
                                   sched.read(name, (0, "prefill", 0), kind="input"))
-        assert d.meta("ingest_unmatched")[0]["reason"].startswith("no tensor of decode.onnx")
+        assert d.meta("ingest_unmatched")[0]["reason"].startswith("name: no tensor of decode.onnx")
 
 
 def test_native_inputs(device_sessions, tmp_path, capfd):
@@ -199,9 +199,12 @@ def test_ambiguous_axes_name_the_file_and_dim_pins_them(tmp_path, capfd):
     capfd.readouterr()
     assert ivq("ingest", "qnn-net-run", run_dir, "--model", model, "-o", tmp_path / "a.h5") == 3
     err = capfd.readouterr().err.strip()
-    assert err.startswith(f"ivq: error: {run_dir / 'inputs' / 'x.raw'}: cannot resolve dynamic axes batch, seq")
+    assert err.startswith(f"ivq: error: {run_dir / 'inputs' / 'x.raw'}: 2 dynamic axes that the byte sizes")
+    # every open axis in one error, with the values the size allows
+    assert "batch (x.raw [batch, seq]: candidates 1, 2, 3, 6); seq (x.raw" in err and len(err.splitlines()) == 1
     assert "--dim NAME=VALUE" in err and not (tmp_path / "a.h5").exists()
     assert ivq("ingest", "qnn-net-run", run_dir, "--model", model, "--dim", "batch=2", "-o", tmp_path / "a.h5") == 0
+    assert "config" not in capfd.readouterr().out  # no KV cache, no logits: no --config / rope_theta hint
     with open_dump(tmp_path / "a.h5") as d:
         assert d.read("x", (0, "model", 0), kind="input").shape == (2, 3)
         assert d.entry("y", (0, "model", 0)).shape == (2, 3)

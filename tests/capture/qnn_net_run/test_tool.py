@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ivq_debug.capture.qnn_net_run.io import ingest_output, quantize_like_sdk, write_inputs
+from ivq_debug.capture.qnn_net_run.io import quantize_like_sdk, write_inputs
+from ivq_debug.capture.qnn_net_run.outputs import ingest_output
 from ivq_debug.capture.qnn_net_run.tool import (
     NetRunSpec,
     build_command,

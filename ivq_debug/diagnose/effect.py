@@ -1,0 +1,455 @@
+"""Effect on the output: the whole quantized model run with a unit or a group put back to float (issue 28).
+
+Introduced error says *where* the error starts; it does not say what fixing it buys: a unit's error can be absorbed
+downstream (a gate multiplied into a residual it cannot move) or be most of the output's. A *counterfactual* run
+measures it: the QDQ model with a *target* put back to float, run on the replay's backend over the replayed
+records, against the reference's final outputs.
+
+A target puts back to float
+
+- the output encodings of its units **and every encoding shared with them** (:func:`shared_encodings`: a Reshape /
+  Transpose / other data-movement copy re-quantized with the same scale and zero point carries the same clipping
+  or coarseness; lifting only the unit's own Q/DQ leaves the copy's in place and measures nothing);
+- the weights its units read: the float model's initializer of the same name (``--float-model``), else the QDQ
+  model's own float initializer when it keeps one (a weight quantized in the graph: QuantizeLinear of a float
+  initializer); a weight with neither is listed in ``unreached`` and stays quantized.
+
+Figures per target (``noise`` = ``Σ (out − ref)²`` over every final output and record):
+
+- ``share = 1 − noise_lifted / noise_base``: the share of the output error that disappears (negative when lifting
+  makes the output worse: errors that cancelled; reported as 0 with ``why``);
+- ``gain_db = sqnr_lifted − sqnr_base``: the final outputs' SQNR gained (dB);
+- ``why``: when the share is ≈ 0 (< :data:`ABSORBED_SHARE`), the reason: the lift could not reach a weight, or
+  the error is absorbed downstream.
+
+Cost: one run of the whole model per distinct target plus the unchanged model, each a job on the executor
+(:mod:`ivq_debug.executor`) keyed by content (the model's, the reference's and the float model's SHA-256, the
+records, the lifted tensors and weights, the backend and the versions), so ``--shards`` keeps them and a rerun
+skips them. The targets are bounded: the :data:`EFFECT_GROUPS` worst groups over budget and the
+:data:`EFFECT_UNITS` worst units (``replay`` picks them; identical targets share one run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ivq_debug import defaults
+from ivq_debug.diagnose.graphs import typed_inputs
+from ivq_debug.diagnose.patterns import groups, sortable
+from ivq_debug.dump import open_dump
+from ivq_debug.errors import UsageError
+from ivq_debug.executor import Executor, Job, LocalExecutor, job_key, versions
+from ivq_debug.metrics import dot
+from ivq_debug.onnxgraph.intake import load_float_model
+from ivq_debug.onnxgraph.load import Model, load
+from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, floors_at_zero, quant_params
+from ivq_debug.util import sha256_file
+
+#: the worst groups over budget whose effect is measured (by their worst unit's introduced SQNR)
+EFFECT_GROUPS = 6
+#: the worst units over budget whose effect is measured on their own
+EFFECT_UNITS = 5
+#: an effect below this share of the output error counts as none: ``why`` says why
+ABSORBED_SHARE = 0.02
+#: a unit within the budget whose effect removes at least this share of the output error is a finding too
+EFFECT_MATTERS = 0.25
+
+
+@dataclass
+class Target:
+    """What one counterfactual run puts back to float."""
+
+    key: str
+    tensors: list[str]  # activation tensors whose encodings are bypassed (with their copies)
+    weights: list[str]  # weights replaced by their float values
+
+
+def _is(node: Any, op: str) -> bool:
+    return node is not None and node.op_type == op and node.domain in QDQ_DOMAINS
+
+
+def shared_encodings(model: Any) -> dict[str, list[str]]:
+    """``{float tensor: every float tensor sharing its encoding}`` of a QDQ model (a path, proto or
+    :class:`~ivq_debug.onnxgraph.load.Model`): tensors joined by a data-movement op (``defaults.VIEW_OPS``) whose
+    input and output are quantized with the same scale and zero point (values), in graph order. Tensors with no
+    copy are left out."""
+    m = load(model)
+    nodes = list(m.proto.graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    consumers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
+    qs = [n for n in nodes if _is(n, "QuantizeLinear")]
+    arrays = m.arrays({x for q in qs for x in q.input[1:3] if x})
+
+    def sig(q: Any) -> tuple[Any, ...] | None:
+        qp = quant_params(q, arrays)
+        if qp is None:
+            return None
+        zp = qp.zero_point if qp.zero_point is not None else np.zeros((), np.uint8)
+        return (qp.scale.tobytes(), np.asarray(zp).tobytes(), str(zp.dtype))
+
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    order: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op_type not in defaults.VIEW_OPS or n.domain not in ("", "ai.onnx") or not n.input or not n.output:
+            continue
+        dq = producer.get(n.input[0])
+        q_in = producer.get(dq.input[0]) if _is(dq, "DequantizeLinear") else None
+        q_out = next((c for c in consumers.get(n.output[0], []) if _is(c, "QuantizeLinear")), None)
+        if not _is(q_in, "QuantizeLinear") or q_out is None:
+            continue
+        s_in, s_out = sig(q_in), sig(q_out)
+        if s_in is None or s_in != s_out:
+            continue
+        a, b = float_name(q_in.input[0]), float_name(n.output[0])
+        order.setdefault(a, i)
+        order.setdefault(b, i + 0.5)
+        parent[find(b)] = find(a)
+    fams: dict[str, list[str]] = {}
+    for t in order:
+        fams.setdefault(find(t), []).append(t)
+    out: dict[str, list[str]] = {}
+    for members in fams.values():
+        members.sort(key=lambda t: order[t])
+        for t in members:
+            out[t] = members
+    return out
+
+
+def float_weights(qdq: Model, fmodel: Model | None, names: set[str]) -> dict[str, np.ndarray]:
+    """Float values of the weights ``names``: the float model's initializers (or ``Constant`` nodes), else the
+    QDQ model's own float initializers of the same name (a weight the graph quantizes itself)."""
+    out: dict[str, np.ndarray] = {}
+    if fmodel is not None:
+        out.update(constant_arrays(load_float_model(fmodel), set(names), fmodel.base_dir))
+    rest = {n for n in names if n not in out}
+    if rest:
+        out.update({k: v for k, v in qdq.arrays(rest).items() if v.dtype.kind == "f"})
+    return out
+
+
+def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], base_dir: str = "") -> Any:
+    """A copy of the QDQ model with the activation encodings of ``tensors`` bypassed (their DequantizeLinear
+    becomes an Identity, or a Relu when the encoding holds a folded ReLU) and the weights in ``floats`` replaced
+    by their float values."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    inits = {i.name for i in model.graph.initializer}
+    new_nodes = []
+    added: set[str] = set()
+    for n in g.node:
+        if _is(n, "DequantizeLinear") and n.input:
+            src = n.input[0]
+            q = producer.get(src)
+            if src in inits:  # a quantized initializer
+                w = float_name(src).removesuffix("_quantized")
+            elif _is(q, "QuantizeLinear") and q.input[0] in inits:  # a float initializer the graph quantizes
+                w = q.input[0]
+            else:
+                w = None
+            if w is not None and w in floats:
+                name = f"ivq_float::{w}"
+                if name not in added:
+                    g.initializer.append(numpy_helper.from_array(np.asarray(floats[w], np.float32), name))
+                    added.add(name)
+                new_nodes.append(onnx.helper.make_node("Identity", [name], [n.output[0]], name=f"{n.name}::float"))
+                continue
+            if w is None and _is(q, "QuantizeLinear") and float_name(q.input[0]) in tensors:
+                op = "Relu" if floors_at_zero(q, model, base_dir) else "Identity"
+                new_nodes.append(onnx.helper.make_node(op, [q.input[0]], [n.output[0]], name=f"{n.name}::float"))
+                continue
+        new_nodes.append(n)
+    del g.node[:]
+    g.node.extend(new_nodes)
+    return m
+
+
+def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weights: list[str],
+                fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
+    its runner in memory)."""
+    from ivq_debug.diagnose.batch import cpu_runner
+
+    t0 = time.perf_counter()
+    model = qdq.proto
+    floats = float_weights(qdq, fmodel, set(weights)) if weights else {}
+    m = lifted_model(model, set(tensors), floats, qdq.base_dir) if (tensors or floats) else None
+    if m is None:
+        import onnx
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    inits = {i.name for i in model.graph.initializer}
+    g_in = [i.name for i in model.graph.input if i.name not in inits]
+    g_out = [o.name for o in model.graph.output]
+    factory = runner_factory or cpu_runner
+    noise = signal = 0.0
+    outputs: list[str] = []
+    backend = ""
+    runner = None
+    try:
+        for rid in rids:
+            ins = {e.name: e for e in ref.tensors(rid, kind="input")}
+            outs = {e.name: e for e in ref.tensors(rid)} | ins
+            feeds = {n: ref.read(ins[n]) for n in g_in}
+            if runner is None:
+                typed_inputs(m, feeds)
+                runner = factory(qdq.derive(m))
+                backend = getattr(runner, "backend", "")
+            got = runner.run(feeds)
+            for o in g_out:
+                if o not in outs or o not in got:
+                    continue
+                r = ref.read(outs[o]).astype(np.float64).reshape(-1)
+                t = np.asarray(got[o], np.float64).reshape(-1)
+                if r.size != t.size:
+                    continue
+                d = t - r
+                noise += dot(d, d)
+                signal += dot(r, r)
+                if o not in outputs:
+                    outputs.append(o)
+    finally:
+        if runner is not None and hasattr(runner, "close"):
+            runner.close()
+    return {"noise": noise, "signal": signal, "outputs": outputs, "weights_lifted": sorted(floats),
+            "unreached": sorted(set(weights) - set(floats)), "backend": backend,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
+                float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """One counterfactual run as a job (a worker reads the models from their files)."""
+    return _effect_run(load(model_path), open_dump(ref_path), rids, tensors, weights,
+                       load(float_model) if float_model else None, runner_factory)
+
+
+def _sqnr(signal: float, noise: float) -> float:
+    import math
+
+    if noise <= 0:
+        return math.inf
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Target], *,
+                    float_model: Any = None, runner_factory: Callable[[Any], Any] | None = None,
+                    executor: Executor | None = None, shards: str | os.PathLike | None = None,
+                    progress: bool = False) -> dict[str, Any]:
+    """The effect of each target (module docstring): ``{"base": {...}, "targets": {key: {...}}, "runs": n,
+    "resumed": n, "seconds": s}``; empty when the reference lacks the model's inputs or outputs for the records.
+
+    ``qdq_model`` / ``float_model``: paths or :class:`~ivq_debug.onnxgraph.load.Model` objects. Models read from
+    files run as jobs on ``executor`` (default: in this process) with their shards in ``shards``; a model built
+    in memory runs in this process, unkept.
+    """
+    from ivq_debug.diagnose.jobs import describe_factory
+
+    t0 = time.perf_counter()
+    qdq = load(qdq_model)
+    fmodel = load(float_model) if float_model is not None else None
+    model = qdq.proto
+    inits = {i.name for i in model.graph.initializer}
+    g_in = [i.name for i in model.graph.input if i.name not in inits]
+    g_out = [o.name for o in model.graph.output]
+    for rid in rids:
+        names = {e.name for e in ref.tensors(rid, kind="input")}
+        outs = {e.name for e in ref.tensors(rid)} | names
+        if any(n not in names for n in g_in) or not any(n in outs for n in g_out):
+            return {}
+    todo = [Target("base", [], []), *targets]
+    spec = {t.key: (sorted(set(t.tensors)), sorted(set(t.weights))) for t in todo}
+    files = qdq.path is not None and (fmodel is None or fmodel.path is not None)
+    resumed = 0
+    if files:
+        try:
+            backend = describe_factory(runner_factory)
+        except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
+            backend = repr(runner_factory)
+        ref_path = str(Path(ref.path).resolve())
+        meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": sha256_file(ref_path),
+                "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
+                "backend": backend, "versions": versions()}
+        kw = {"model_path": str(qdq.path.resolve()), "ref_path": ref_path, "rids": list(rids),
+              "float_model": str(fmodel.path.resolve()) if fmodel is not None else None,
+              "runner_factory": runner_factory}
+        jobs: dict[str, Job] = {}
+        key_of: dict[str, str] = {}
+        for key, (tensors, weights) in spec.items():
+            k = job_key(kind="effect/1", tensors=tensors, weights=weights, **meta)
+            key_of[key] = k
+            jobs.setdefault(k, Job(k, _effect_job, kw | {"tensors": tensors, "weights": weights}, meta))
+        tmp = None
+        if shards is None:
+            tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
+        try:
+            report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
+                                                        progress=progress)
+            report.raise_failures()
+            by_job = {k: report.load(k)["result"] for k in jobs}
+            resumed = len(report.skipped)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        docs = {key: by_job[key_of[key]] for key in spec}
+        runs = len(jobs)
+    else:
+        memo: dict[tuple[Any, ...], dict[str, Any]] = {}
+        docs = {}
+        for key, (tensors, weights) in spec.items():
+            mk = (tuple(tensors), tuple(weights))
+            if mk not in memo:
+                memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
+            docs[key] = memo[mk]
+        runs = len(memo)
+    base = docs["base"]
+    pb, sig = float(base["noise"]), float(base["signal"])
+    out: dict[str, Any] = {"base": {"noise": pb, "signal": sig, "sqnr_db": _sqnr(sig, pb), "outputs": base["outputs"],
+                                    "backend": base["backend"]},
+                           "targets": {}, "runs": runs, "resumed": resumed,
+                           "seconds": round(time.perf_counter() - t0, 3)}
+    for t in targets:
+        d = docs[t.key]
+        pl = float(d["noise"])
+        share = (1.0 - pl / pb) if pb > 0 else 0.0
+        out["targets"][t.key] = {
+            "tensors": spec[t.key][0], "weights_lifted": d["weights_lifted"], "unreached": d["unreached"],
+            "noise": pl, "sqnr_db": _sqnr(sig, pl), "gain_db": _sqnr(sig, pl) - _sqnr(sig, pb), "change": share,
+            "share": max(share, 0.0)}
+    return out
+
+
+def why_small(effect: dict[str, Any], weight_share: float | None) -> str | None:
+    """Why a measured effect is ≈ 0 (< :data:`ABSORBED_SHARE`), or None when it is not: the lift could not reach
+    the weights (no float values) when the weights dominate, else the error is absorbed downstream; a negative
+    change says so (errors that cancelled)."""
+    if effect.get("change") is None or effect["change"] >= ABSORBED_SHARE:
+        return None
+    if effect.get("unreached") and (weight_share or 0.0) >= 0.5:
+        return (f"the lift could not reach the weights {', '.join(effect['unreached'][:3])} (no float values: give "
+                "--float-model)")
+    if effect["change"] < 0:
+        return (f"putting it back to float makes the output worse ({effect['gain_db']:+.2f} dB): its error cancels "
+                "another one downstream")
+    return (f"absorbed downstream: putting it back to float changes the final outputs' SQNR by "
+            f"{effect['gain_db']:+.2f} dB")
+
+
+def _over(rows: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
+    return [r for r in rows if sortable(r.get("intro_sqnr_db")) < budget or r.get("intro_status") == "non_finite"]
+
+
+def is_copy(row: dict[str, Any], copies: dict[str, list[str]]) -> bool:
+    """A data-movement unit whose output shares its encoding with another tensor (its producer's): its error is
+    that encoding's, charged to the producer (``iso`` repeats it); never a target nor a candidate of its own."""
+    return row.get("op_type") in defaults.VIEW_OPS and len(copies.get(str(row["tensor"]), [])) > 1
+
+
+def unit_target(row: dict[str, Any], copies: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """What putting one unit back to float lifts: its output and every tensor sharing that encoding, and its
+    weights (bias included)."""
+    t = str(row["tensor"])
+    return list(dict.fromkeys([t, *copies.get(t, [])])), [w for w in str(row.get("weights") or "").split(",") if w]
+
+
+def replay_effects(model: Model, ref: Any, rids: list[str], table: Any, budget: float, *,
+                   read: Callable[[str], np.ndarray | None], float_model: Model | None = None,
+                   runner_factory: Callable[[str], Any] | None = None, executor: Executor | None = None,
+                   shards: str | os.PathLike | None = None, measure: bool = True, progress: bool = False
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A replay's remedies evidence and effects: ``(evidence by node, effects document, effect by group key)``.
+
+    Measured only when a unit breaks the budget. The targets: the :data:`EFFECT_GROUPS` worst groups over budget
+    (their units over budget: what the group fix changes) and the :data:`EFFECT_UNITS` worst units by introduced
+    error, within the budget or not (a unit just inside it can still cost the output most). A group with no
+    unit over budget whose measured unit removes at least :data:`EFFECT_MATTERS` of the output error joins the
+    candidates with that unit (``effects["groups"]`` lists each group's fix units). Adds ``effect_share`` /
+    ``effect_gain_db`` columns to ``table`` (NaN for units not measured alone).
+    """
+    from ivq_debug.diagnose.remedy import unit_evidence
+    from ivq_debug.diagnose.units import activation_bits
+
+    table["effect_share"] = np.nan
+    table["effect_gain_db"] = np.nan
+    if not len(table):
+        return {}, {}, {}
+    rows = table.to_dict("records")
+    over = _over(rows, budget)
+    if not over:
+        return {}, {}, {}
+    copies = shared_encodings(model)
+    finite = [r for r in rows if sortable(r.get("intro_sqnr_db")) < float("inf") and not is_copy(r, copies)]
+    top = sorted(finite, key=lambda r: sortable(r.get("intro_sqnr_db")))[:EFFECT_UNITS] if measure else []
+    nodes = list(dict.fromkeys([r["node"] for r in over] + [r["node"] for r in top]))
+    chosen = [r for r in rows if r["node"] in set(nodes)]
+    weights = {w for r in chosen for w in str(r.get("weights") or "").split(",") if w}
+    fw = float_weights(model, float_model, weights) if float_model is not None else {}
+    evidence = unit_evidence(model.proto, table, read, budget, nodes=nodes, base_dir=model.base_dir, float_weights=fw,
+                             copies=copies, activation_bits=activation_bits(model))
+    if not measure:
+        return evidence, {}, {}
+    targets: list[Target] = []
+    all_groups = groups(table)
+    gs = [g for g in all_groups if [r for r in _over(g.rows, budget) if not is_copy(r, copies)]][:EFFECT_GROUPS]
+    fix_units: dict[str, list[str]] = {}
+    for g in gs:
+        ts: list[str] = []
+        ws: list[str] = []
+        for r in _over(g.rows, budget):
+            a, b = unit_target(r, copies)
+            ts += a
+            ws += b
+        targets.append(Target(g.key, ts, ws))
+        fix_units[g.key] = [r["node"] for r in _over(g.rows, budget)]
+    for r in top:
+        a, b = unit_target(r, copies)
+        targets.append(Target(f"unit:{r['node']}", a, b))
+    effects = measure_effects(model, ref, rids, targets, float_model=float_model, runner_factory=runner_factory,
+                              executor=executor, shards=shards, progress=progress)
+    if not effects:
+        return evidence, {}, {}
+    by_node = {r["node"]: r for r in rows}
+    for key, e in effects["targets"].items():
+        if key.startswith("unit:"):
+            node = key[len("unit:"):]
+            sel = table["node"] == node
+            table.loc[sel, "effect_share"] = e["share"]
+            table.loc[sel, "effect_gain_db"] = e["gain_db"]
+            e["why"] = why_small(e, by_node[node].get("weight_share"))
+        else:
+            g = next(g for g in gs if g.key == key)
+            e["why"] = why_small(e, g.weight_share(_over(g.rows, budget)))
+    lifted = {g.key: effects["targets"][g.key] for g in gs}
+    for g in all_groups:  # within the budget, but one of its units costs the output this much
+        if g.key in lifted:
+            continue
+        hits = [r for r in g.rows if effects["targets"].get(f"unit:{r['node']}", {}).get("share", 0.0) >= EFFECT_MATTERS]
+        if hits:
+            best = max(hits, key=lambda r: effects["targets"][f"unit:{r['node']}"]["share"])
+            lifted[g.key] = effects["targets"][f"unit:{best['node']}"]
+            fix_units[g.key] = [best["node"]]
+    effects["groups"] = fix_units
+    return evidence, effects, lifted

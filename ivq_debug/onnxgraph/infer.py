@@ -1,0 +1,85 @@
+"""ONNX shape inference as facts about a graph: every value's element type and dims, optionally for given input dims.
+
+Exports without shape inference (a legacy TorchScript export saved without ``value_info``, a graph an optimizer
+rewrote) declare types only for their inputs and outputs, and the outputs' dynamic axes carry names made up by
+the exporter (``Concatpresent.1.key_dim_0``). :func:`value_types` runs ONNX Runtime's symbolic shape inference
+(``onnxruntime.tools.symbolic_shape_infer``: it evaluates the ``Shape -> Gather -> Range / Expand`` arithmetic a
+legacy export builds its masks with; on the InternVL legacy prefill it leaves 0 of 359 values unshaped where
+onnx's own inference with data propagation leaves 78), else onnx's, over a copy of the graph whose inputs take
+the dims given and whose own ``value_info`` and output shapes are dropped, so the inference, not the
+exporter's guess, decides them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: element type and dims (int, a symbolic name, or None for an unknown dim); dims None: rank unknown
+ValueType = tuple[int, tuple[int | str | None, ...] | None]
+
+
+def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]] | None = None
+                ) -> dict[str, ValueType]:
+    """``{value name: (elem_type, dims)}`` of every graph input, node output and graph output as onnx shape
+    inference gives them; ``input_dims`` replaces the dims of the named graph inputs (ints for known values,
+    names for symbolic ones). Empty when inference fails (custom domains, a graph too large for protobuf).
+    """
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    del g.value_info[:]
+    for vi in g.input:
+        if input_dims and vi.name in input_dims:
+            _set_dims(vi, input_dims[vi.name])
+    for vi in g.output:
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    inferred = _ort_symbolic(m)
+    if inferred is None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+        except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
+            return {}
+    out: dict[str, ValueType] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dims = None
+        if tt.HasField("shape"):
+            dims = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        out[vi.name] = (int(tt.elem_type), dims)
+    return out
+
+
+def _set_dims(vi: Any, dims: Sequence[int | str | None]) -> None:
+    shape = vi.type.tensor_type.shape
+    shape.ClearField("dim")
+    for d in dims:
+        nd = shape.dim.add()
+        if isinstance(d, int):
+            nd.dim_value = d
+        elif d:
+            nd.dim_param = d
+
+
+def _ort_symbolic(model: Any) -> Any:
+    """ONNX Runtime's symbolic shape inference of ``model``, or None (not installed, or it gave up)."""
+    import logging
+
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
+        return None
+    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    except Exception:  # an op it does not know, an inconsistent graph: onnx's inference instead
+        return None
+    finally:
+        log.setLevel(level)

@@ -1,0 +1,141 @@
+"""Only what the backend runs (issue 29): the HTP precision table against real HTP sessions, one test per
+forbidden pair, and the table enforced in ``suggest()`` (legalize), in every trial and in ``verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.tune.legal import TABLES, forbidden, violations
+from ivq_debug.tune.suggest import Suggestion, legalize
+from ivq_debug.tune.verify import Tuner, verify
+from tests.diagnose.test_weight_spread import build_conv
+
+_NP = {"uint8": np.uint8, "uint16": np.uint16, "int8": np.int8, "int16": np.int16, "int32": np.int32}
+_BITS = {"uint8": 8, "uint16": 16}
+
+
+def qdq_conv(path: Path, act: str, weight: str, bias: str = "int32") -> Path:
+    """A hand-written QDQ Conv(4→8, 3×3) whose activations, weight and bias have the given integer types."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    inits: list = []
+
+    def init(name: str, arr: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    amax = np.iinfo(_NP[act]).max
+    wmax = np.iinfo(_NP[weight]).max // 2
+    ws = np.float32(np.abs(w).max() / wmax)
+    wq = (np.round(w / ws) + wmax + 1).astype(_NP[weight])
+    nodes = [helper.make_node("QuantizeLinear", ["x", init("xs", np.float32(8 / amax)),
+                                                 init("xz", _NP[act](amax // 2))], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", [init("wq", wq), init("ws", ws), init("wz", _NP[weight](wmax + 1))],
+                              ["wd"]),
+             helper.make_node("DequantizeLinear", [init("bq", np.zeros(8, _NP[bias])),
+                                                   init("bs", np.float32(ws * 8 / amax)),
+                                                   init("bz", np.zeros((), _NP[bias]))], ["bd"]),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["y0"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["y0", init("ys", np.float32(20 / amax)),
+                                                 init("yz", _NP[act](amax // 2))], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
+PAIRS = [("uint8", "uint8"), ("uint16", "uint8"), ("uint16", "uint16"), ("uint8", "uint16")]
+
+
+@pytest.mark.parametrize("act,weight", PAIRS)
+def test_the_table_judges_each_pair_of_a_written_model(tmp_path: Path, act: str, weight: str) -> None:
+    p = qdq_conv(tmp_path / "c.onnx", act, weight)
+    bad = violations(p, "qnn")
+    legal = TABLES["qnn"].allows(_BITS[act], _BITS[weight])
+    assert bool(bad) is not legal
+    if bad:
+        assert bad[0].node == "conv" and "8-bit activation x 16-bit weight" in str(bad[0])
+    assert not violations(p, "cpu")  # CPU-QDQ runs every pair
+
+
+def test_htp_forbids_exactly_a8w16() -> None:
+    assert TABLES["qnn"].forbidden() == [(8, 16)]
+
+
+@pytest.mark.qnn
+@pytest.mark.parametrize("act,weight", PAIRS)
+def test_the_table_is_what_htp_compiles(tmp_path: Path, act: str, weight: str) -> None:
+    """Each pair on the real (emulated) HTP: the table's legal pairs compile and run, its forbidden pair is
+    refused at session creation (the measurement the table rests on)."""
+    pytest.importorskip("onnxruntime_qnn")
+    from ivq_debug.errors import CaptureError
+
+    p = qdq_conv(tmp_path / "c.onnx", act, weight)
+    x = {"x": np.random.default_rng(1).random((1, 4, 8, 8), dtype=np.float32)}
+    if TABLES["qnn"].allows(_BITS[act], _BITS[weight]):
+        out = make_runner("qnn", p, selection=Selection(), qnn_cache=False).run(x)
+        assert out["y"].shape == (1, 8, 8, 8)
+    else:
+        with pytest.raises(CaptureError, match="session creation failed"):
+            make_runner("qnn", p, selection=Selection(), qnn_cache=False).run(x)
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("legal")
+    model = build_conv(d)
+    cal = [{"x": np.random.RandomState(i).randn(1, 3, 16, 16).astype(np.float32)} for i in range(6)]
+    feeds = [{"x": np.random.RandomState(99).randn(1, 3, 16, 16).astype(np.float32)}]
+    ref = capture(make_runner("onnx", model, selection=Selection()), feeds, d / "ref.h5", progress=None)
+    return {"model": model, "cal": cal, "feeds": feeds, "ref": ref}
+
+
+def test_forbidden_names_the_op_and_its_activation(conv) -> None:
+    w16 = Suggestion("2.weight", "w16", "t")
+    why = forbidden([w16], conv["model"], "a8w8", "qnn")
+    assert len(why) == 1 and "16-bit weight of" in why[0] and "8-bit activation" in why[0]
+    assert not forbidden([w16], conv["model"], "a16w8", "qnn")  # a16w16: legal
+    assert not forbidden([w16], conv["model"], "a8w8", "cpu")
+    act = next(n.input[0] for n in onnx.load(str(conv["model"])).graph.node if n.op_type == "Conv" and
+               n.input[1] == "2.weight")
+    assert not forbidden([w16, Suggestion(act, "a16", "t", 0.0, 1.0)], conv["model"], "a8w8", "qnn")
+    bias = forbidden([Suggestion("2.bias", "w16", "t")], conv["model"], "a16w16", "qnn")
+    assert bias and "bias" in bias[0]
+
+
+def test_suggest_never_leaves_a_16_bit_weight_under_an_8_bit_activation(conv) -> None:
+    w16 = Suggestion("2.weight", "w16", "weight-dominated", priority=5.0)
+    act = next(n.input[0] for n in onnx.load(str(conv["model"])).graph.node if n.input[1:2] == ["2.weight"])
+    # the input's calibrated range known: the op goes a16w16
+    out = legalize([w16], conv["model"], "a8w8", "qnn", lambda n: (0.0, 4.0) if n == act else None, False)
+    assert {(s.tensor, s.action) for s in out} == {("2.weight", "w16"), (act, "a16")}
+    assert not forbidden(out, conv["model"], "a8w8", "qnn")
+    # unknown range: per-channel 8-bit weights instead; already per-channel: the entry is left out
+    out = legalize([w16], conv["model"], "a8w8", "qnn", lambda n: None, False)
+    assert [(s.tensor, s.action) for s in out] == [("2.weight", "w_per_channel")]
+    assert legalize([w16], conv["model"], "a8w8", "qnn", lambda n: None, True) == []
+
+
+def test_verify_refuses_an_illegal_set_without_running_it_and_trials_check_the_written_model(conv, tmp_path) -> None:
+    tuner = Tuner(conv["model"], conv["cal"], conv["feeds"], conv["ref"], tmp_path / "wd", backend="cpu",
+                  target="qnn")
+    before = tuner.trial("before", [])
+    illegal = [Suggestion("2.weight", "w16", "t")]
+    legal = [Suggestion("0.weight", "w_per_channel", "t", axis=0)]
+    rep = verify(tuner, [], before=before, candidates=[("a8w16", illegal), ("per-channel", legal)])
+    assert rep.refused[0]["candidate"] == "a8w16" and rep.refused[0]["label"] is None  # never quantized
+    assert "not run by QNN" in rep.refused[0]["reason"] and "2.weight" in rep.refused[0]["reason"]
+    assert rep.recommended and [s.tensor for s in rep.after.suggestions] == ["0.weight"]
+    assert not violations(rep.after.qdq_model, "qnn")
+    bad = tuner.trial("bad", illegal)  # a trial asked directly refuses too, with the whole reason
+    assert bad.error and bad.error.startswith("not run by QNN") and not bad.qdq_model.exists()
