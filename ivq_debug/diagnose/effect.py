@@ -240,11 +240,29 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
+#: the models of the current run by (file, size, mtime): a job in this process (or in a forked worker) reads no
+#: model file again; a worker started otherwise reads each once
+_LOADED: dict[tuple[str, int, int], Model] = {}
+
+
+def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
+
+
+def _loaded(path: str) -> Model:
+    """The model of ``path``, parsed once per process and file version."""
+    key = _file_key(path)
+    if key not in _LOADED:
+        _LOADED[key] = load(path)
+    return _LOADED[key]
+
+
 def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
                 float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run as a job (a worker reads the models from their files)."""
-    return _effect_run(load(model_path), open_dump(ref_path), rids, tensors, weights,
-                       load(float_model) if float_model else None, runner_factory)
+    """One counterfactual run as a job (the models as loaded by this process, :func:`_loaded`)."""
+    return _effect_run(_loaded(model_path), open_dump(ref_path), rids, tensors, weights,
+                       _loaded(float_model) if float_model else None, runner_factory)
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -289,6 +307,8 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
             backend = describe_factory(runner_factory)
         except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
             backend = repr(runner_factory)
+        _LOADED.clear()  # this run's models, already parsed
+        _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
         ref_path = str(Path(ref.path).resolve())
         meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": sha256_file(ref_path),
                 "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
