@@ -9,12 +9,20 @@ The notebook API::
     cmp.worst(10)
     cmp.first_divergence
 
-Heavy modules (torch, onnxruntime, transformers) are imported only when a function needs them.
+Heavy modules (torch, onnxruntime, transformers) are imported only when a function needs them. On an install
+without the extra a name needs (``pip install ivq-debug``: no pandas for ``ivq.compare``), the name raises
+:class:`~ivq_debug.errors.MissingExtraError` (a ``ToolNotFoundError``, exit 5 in the CLI) naming the extra to
+install, not a bare ``ModuleNotFoundError``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 from typing import Any
+
+from ivq_debug.errors import missing_extra
 
 __version__ = "0.1.0"
 
@@ -44,8 +52,26 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         mod, attr = _LAZY[name]
-        return getattr(importlib.import_module(mod), attr)
+        try:
+            obj = getattr(importlib.import_module(mod), attr)
+        except ImportError as e:
+            extra = missing_extra(e, f"ivq.{name}")
+            if extra is None:
+                raise
+            raise extra from e
+        if not inspect.isfunction(obj):
+            return obj
+
+        @functools.wraps(obj)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return obj(*args, **kwargs)
+            except ImportError as e:  # a module of an optional extra, imported when the function needs it
+                extra = missing_extra(e, f"ivq.{name}")
+                if extra is None:
+                    raise
+                raise extra from e
+
+        return call
     raise AttributeError(f"module 'ivq_debug' has no attribute {name!r}")

@@ -24,8 +24,7 @@ from ivq_debug.comparator.contract import backend_pair, check_common_records, ch
 from ivq_debug.comparator.threeway import three_way
 from ivq_debug.console import status
 from ivq_debug.diagnose import diagnose as run_diagnostics
-from ivq_debug.diagnose.refs import chosen_record
-from ivq_debug.diagnose.replay import ReplayResult, replay
+from ivq_debug.diagnose.replay import ReplayResult, replay, replay_records
 from ivq_debug.diagnose.verdict import build_verdict
 from ivq_debug.dump import Dump, open_dump
 from ivq_debug.errors import UsageError
@@ -176,9 +175,10 @@ def diagnose(
     qdq = load(model)
     fmodel = load(float_model) if float_model is not None else None
     factory = replay_factory(backend, **runner_options)
-    chosen = chosen_record(ref_d, record)
-    # the cumulative error of the replayed record only (the other records are not replayed)
-    only = (lambda k: k == chosen) if chosen is not None and chosen in test_d.record_keys() else None
+    # the cumulative error of the replayed records only (the first record holding the model's inputs by default: a
+    # session dump's vision record for the vision part), every record with "all"
+    keys = set(replay_records(qdq, ref_d, record)) if record != "all" else set()
+    only = (lambda k: k in keys) if keys and keys <= set(test_d.record_keys()) else None
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
         cmp = compare(reference, test_d, records=only, allow_input_mismatch=allow, diagnose=False)

@@ -62,9 +62,18 @@ def _escape_char(m: re.Match[str]) -> str:
 
 def one_line(e: BaseException | str, limit: int | None = None) -> str:
     """An exception's (or a text's) message folded onto one line (runs of whitespace become one space),
-    with control characters escaped (:func:`printable`), cut to ``limit`` characters."""
+    with control characters escaped (:func:`printable`), at most ``limit`` characters: a longer text is cut at
+    the last space that fits and ends with ``…`` (a single word longer than the limit is cut inside it)."""
     text = printable(" ".join(str(e).split()))
-    return text[:limit] if limit is not None else text
+    if limit is None or len(text) <= limit:
+        return text
+    if limit <= 1:
+        return text[:limit]
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    if space >= limit // 2:  # a word boundary not too far back
+        head = head[:space]
+    return head.rstrip(" ;,:") + "…"
 
 
 class IvqError(Exception):
@@ -133,7 +142,7 @@ class CheckError(RunError):
 
 #: third-party modules of the optional extras (``pyproject.toml``): top-level module -> extra
 EXTRAS: dict[str, str] = {
-    "pandas": "analysis", "matplotlib": "analysis",
+    "pandas": "analysis", "PIL": "analysis",
     "torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "onnxscript": "torch",
     "onnxruntime_qnn": "qnn", "ray": "ray",
 }

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.validate import check_feeds, check_outputs, read_baseline, read_name_map
+from ivq_debug.onnxgraph.inputs import check_feeds
+from ivq_debug.validate import check_outputs, read_baseline, read_name_map
 from tests.support.qnn_fixtures import FIX
 
 MODEL = FIX / "model.onnx"  # inputs input.1 float32 [1, 3, 8, 8], text.embeds float32 [1, 4, 16]

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
+from ivq_debug.dump.format import part_rank
 from ivq_debug.dump.reader import Dump, Entry
 from ivq_debug.errors import AlignmentError, UsageError
 from ivq_debug.qnn.names import qnn_sanitize
@@ -64,7 +65,6 @@ FUSED_OPS = ("Gemm", "Gelu", "FastGelu", "LayerNormalization", "SimplifiedLayerN
 FUSED_MIN_COSINE = 0.8
 
 _INDEX_RE = re.compile(r"^(?P<base>.*?)(?P<call>#\d+)?(?P<idx>(\[\d+\]|\.[A-Za-z_]\w*)*)$")
-PART_ORDER = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
 
 
 def strip_qdq(name: str) -> str:
@@ -405,7 +405,7 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         un_ref_recs: list[Any] = []
         un_test_recs: list[Any] = []
     else:
-        for key in sorted(set(rk) & set(tk), key=lambda k: (k[0], PART_ORDER.get(k[1], 9), k[2])):
+        for key in sorted(set(rk) & set(tk), key=lambda k: (k[0], part_rank(k[1]), k[2])):
             rec_pairs.append((rk[key], tk[key]))
         un_ref_recs = sorted(set(rk) - set(tk))
         un_test_recs = sorted(set(tk) - set(rk))
@@ -434,5 +434,5 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         pairs.extend(match_record(rp))
         un_ref.extend(rp.ref.values())
         un_test.extend(rp.test.values())
-    pairs.sort(key=lambda p: (p.ref.sample, PART_ORDER.get(p.ref.part, 9), p.ref.step, p.ref.order))
+    pairs.sort(key=lambda p: (p.ref.sample, part_rank(p.ref.part), p.ref.step, p.ref.order))
     return Alignment(pairs, un_ref, un_test, un_ref_recs, un_test_recs)

@@ -8,22 +8,35 @@ from typing import Any
 
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import comma_list, escape, fmt_bytes
-from ivq_debug.cli.sessions import add_session_arguments, session_options
+from ivq_debug.cli.sessions import (
+    add_onnx_session_arguments,
+    add_optimization_argument,
+    add_qnn_session_arguments,
+    session_options,
+)
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
+from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_feeds, check_outputs
+from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    """Arguments of ``ivq capture``."""
-    p.add_argument("backend", choices=list(BACKENDS),
-                   help="; ".join(f"{b.name}: {b.help}" for b in BACKENDS.values()))
+    """Arguments of ``ivq capture``: one sub-command per registered backend, each with the common flags and its
+    own (``ivq capture onnx --help`` lists no QNN flag, ``ivq capture qnn --help`` no ONNX Runtime-only one)."""
+    sub = p.add_subparsers(dest="backend", metavar="BACKEND", required=True, parser_class=type(p))
+    for b in BACKENDS.values():
+        sp = sub.add_parser(b.name, help=b.help, description=f"ivq capture {b.name}: {b.help}")
+        _common_arguments(sp)
+        BACKEND_ARGUMENTS.get(b.name, lambda _p: None)(sp)
+
+
+def _common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model (.onnx; a QDQ model for qnn)")
     p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
                    help="model inputs, one .npz per sample (keys = input names; a .npy is one input named after the "
                         "file); repeat for several samples. Pickled (object) arrays are refused")
-    p.add_argument("-o", "--output", required=True, help="dump to write (.h5)")
+    p.add_argument("-o", "--output", required=True, help="dump to write (.h5; its folder must exist)")
     p.add_argument("--part", default="model", help="record part name (vision, prefill, decode, model)")
     p.add_argument("--include", action="append", default=None, metavar="GLOB", help="tensor names to capture")
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="tensor names to skip")
@@ -36,17 +49,29 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="capture in groups of at most N tensors (bounds memory); on the CPU EP each group is a "
                         "consecutive subgraph, so the capture still costs one forward (default on the CPU EP: "
                         "groups of about 1 GiB when a record's tensors would take more)")
-    p.add_argument("--whole-model-runs", action="store_true",
-                   help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
+    add_optimization_argument(p, "ORT graph optimization level (default disable: exact reference, every node output). "
+                                 "Above disable only the tensors of the optimized graph are exposed (no fusion is "
+                                 "stopped) and the model outputs are checked bit-identical with and without the "
+                                 "exposure; recorded in the dump (a comparison warns when the two sides differ)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads (default: ONNX Runtime's, one per core); recorded in the dump")
     p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
-    p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="qnn: QNN profiling")
-    add_session_arguments(p, "ORT graph optimization level (default disable: exact reference, every node output). "
-                             "Above disable only the tensors of the optimized graph are exposed (no fusion is "
-                             "stopped) and the model outputs are checked bit-identical with and without the exposure")
     p.add_argument("--force", action="store_true", help="overwrite the output dump")
 
+
+def _onnx_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--whole-model-runs", action="store_true",
+                   help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
+    add_onnx_session_arguments(p)
+
+
+def _qnn_arguments(p: argparse.ArgumentParser) -> None:
+    add_qnn_session_arguments(p)
+    p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="QNN profiling")
+
+
+#: the flags only one backend takes (``ivq capture <backend> --help``), by registered backend name
+BACKEND_ARGUMENTS: dict[str, Any] = {"onnx": _onnx_arguments, "qnn": _qnn_arguments}
 
 
 def runner_options(args: argparse.Namespace) -> dict[str, Any]:

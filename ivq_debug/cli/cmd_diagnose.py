@@ -15,7 +15,12 @@ from rich.table import Table
 from ivq_debug import api, validate
 from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
-from ivq_debug.cli.sessions import add_session_arguments, session_options
+from ivq_debug.cli.sessions import (
+    add_onnx_session_arguments,
+    add_optimization_argument,
+    add_qnn_session_arguments,
+    session_options,
+)
 from ivq_debug.console import results
 from ivq_debug.diagnose.replay import ATTRIBUTIONS, ReplayResult
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
@@ -30,9 +35,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                          "model was made by ORT's QNN flow, its preprocessed graph as reference")
     p.add_argument("--backend", choices=["cpu", "qnn"], default="cpu",
                    help="replay backend: cpu (exact fake-quant, ORT_DISABLE_ALL) or qnn (QNN HTP)")
-    add_session_arguments(p, "ORT graph optimization level of the replayed units (cpu: all runs dynamic INT8 units "
-                             "fused, DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them; qnn: "
-                             "the level before QNN partitions, as in ivq capture qnn)")
+    add_optimization_argument(p, "ORT graph optimization level of the replayed units (cpu: all runs dynamic INT8 "
+                                 "units fused, DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs "
+                                 "them; qnn: the level before QNN partitions, as in ivq capture qnn)")
+    add_onnx_session_arguments(p, "cpu: ")
+    add_qnn_session_arguments(p, "qnn: ")
     p.add_argument("--attribution", choices=list(ATTRIBUTIONS), default="local",
                    help="rank by local (producer-charged, default) or iso (input re-quantization included)")
     p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first record "

@@ -9,7 +9,7 @@ from ivq_debug.cli.common import comma_list, escape, write_json
 from ivq_debug.console import console, results, status
 from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
 from ivq_debug.errors import EXIT_OK, UsageError
-from ivq_debug.qnn.quantize import CALIBRATE_METHODS, quantize_for_qnn
+from ivq_debug.qnn.quantize import CALIBRATE_METHODS, IMAGE_RESIZE, quantize_for_qnn
 from ivq_debug.validate import check_outputs
 
 
@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="QDQ: the calibration method (ORT's quantizer; default %(default)s)")
     p.add_argument("--overrides", help="QDQ: quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
     p.add_argument("--max-samples", type=int, default=None, help="QDQ: use at most N calibration samples")
+    p.add_argument("--image-resize", default=None, choices=list(IMAGE_RESIZE),
+                   help="QDQ: how calibration images are resized to the model's size (Pillow; bicubic and bilinear "
+                        "antialiased; default bicubic)")
+    p.add_argument("--image-processor", metavar="FOLDER", default=None,
+                   help="QDQ: a model folder whose HF image processor (preprocessor_config.json) makes calibration "
+                        "images into inputs, as the deployment does")
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic INT8 (onnxruntime quantize_dynamic): weights quantized once, activations at run "
                         "time (DynamicQuantizeLinear + MatMulInteger / ConvInteger); no calibration")
@@ -58,11 +64,12 @@ def effective_line(effective: dict) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
-    check_outputs([args.json], [args.model, args.calibration, args.overrides, args.output], args.force)
+    check_outputs([args.output, args.json], [args.model, args.calibration, args.overrides], args.force)
     con = results(json_to_stdout=args.json == "-")
     if args.dynamic:
         for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),
-                            ("--max-samples", args.max_samples),
+                            ("--max-samples", args.max_samples), ("--image-resize", args.image_resize),
+                            ("--image-processor", args.image_processor),
                             ("--calibrate-method", None if args.calibrate_method == "minmax" else 1)):
             if given is not None:
                 raise UsageError(f"{flag} applies to QDQ quantization, not --dynamic")
@@ -89,7 +96,8 @@ def execute(args: argparse.Namespace) -> int:
     with status(f"quantizing {args.model} ({args.preset})"):
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
                              per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
-                             calibrate_method=args.calibrate_method, overwrite=args.force)
+                             calibrate_method=args.calibrate_method, image_resize=args.image_resize or "bicubic",
+                             image_processor=args.image_processor, overwrite=args.force)
     if args.json:
         write_json(r.to_dict(), args.json, overwrite=args.force)
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "

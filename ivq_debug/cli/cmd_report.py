@@ -19,6 +19,7 @@ from ivq_debug.console import results
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.qnn.profiling import profiling_tables
 from ivq_debug.report import write_junit, write_model_explorer, write_perfetto, write_report
 from ivq_debug.report.html import comparison_label
 from ivq_debug.validate import check_model, check_outputs, read_name_map
@@ -65,7 +66,7 @@ def execute(args: argparse.Namespace) -> int:
     parts = set(comma_list(args.records, "--records") or []) or None
     records = (lambda k: k[1] in parts) if parts else None
     ref, test = open_dump(args.ref), open_dump(args.test)
-    if args.perfetto and "profiling" not in test.table_names():
+    if args.perfetto and not profiling_tables(test.table_names()):
         raise UsageError("--perfetto needs a test dump with a profiling table (capture with profiling on)", test.path)
     cmp = compare(ref, test, budgets=budgets, rank_by=args.rank_by, mapping=mapping, records=records)
     extras = {}

@@ -16,6 +16,7 @@ from ivq_debug.console import results, status, warn
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, RunError, UsageError, require_extra
+from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
@@ -39,7 +40,7 @@ from ivq_debug.tune.verify import (
     verify,
 )
 from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_feeds, check_outputs
+from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -124,7 +125,8 @@ def execute(args: argparse.Namespace) -> int:
         open_dump(args.reference).close()
     inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
     outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"])]
-    check_outputs([wd / n for n in outputs], inputs, overwrite=True)  # even --force never replaces an input
+    check_outputs([wd / n for n in outputs], inputs, overwrite=True,  # even --force never replaces an input
+                  folders_exist=False)  # the workdir is made below (and removed if this run fails)
     missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
     wd.mkdir(parents=True, exist_ok=True)
     try:

@@ -83,6 +83,8 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("backend_divergence", 4, backend_divergence,
                "layers where the backend departs from CPU-QDQ (ivq-diff --expected)"),
     Diagnostic("introduced_error", 5, None, "units that introduce the error (ivq diagnose: replay)"),
+    Diagnostic("accumulated_error", 5, None, "no unit over budget, the output is: where the error accumulates "
+               "(ivq diagnose: replay)"),
     Diagnostic("weight_range_spread", 6, None, "per-tensor weights whose channel ranges spread (needs the model)"),
     Diagnostic("saturation", 7, saturation, "values outside the encoding's range"),
     Diagnostic("non_finite", 8, non_finite, "NaN / Inf in a dump"),

@@ -33,9 +33,9 @@ from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
+from ivq_debug.dump.format import part_rank
 
 #: pipeline order of the parts (a departure in an earlier part is carried into the later ones)
-PART_ORDER = {"vision": 0, "prefill": 1, "model": 1, "decode": 2}
 
 
 def _num(v: Any) -> float | None:
@@ -97,7 +97,7 @@ def _per_part(table: Any, sort: list[str], depart: Callable[[dict[str, Any]], fl
     gets ``downstream`` text and at most a warning (its inputs carry the earlier departure)."""
     out: list[Finding] = []
     upstream: tuple[str, str] | None = None
-    for part in sorted(set(table["part"]), key=lambda p: PART_ORDER.get(p, 3)):
+    for part in sorted(set(table["part"]), key=part_rank):
         rows = table[table["part"] == part].sort_values(sort, kind="stable").to_dict("records")
         hits = [(r, x) for r in rows for x in [depart(r)] if x is not None]
         if not hits:

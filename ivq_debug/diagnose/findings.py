@@ -12,6 +12,7 @@ from typing import Any
 KINDS = (
     "first_divergence",
     "introduced_error",
+    "accumulated_error",
     "projector_drift",
     "preprocess_mismatch",
     "position_id_offset",

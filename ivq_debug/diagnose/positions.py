@@ -47,7 +47,7 @@ from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.util import read_json
-from ivq_debug.validate import check_hf_config
+from ivq_debug.vlm.config import check_hf_config
 
 
 def _pos_array(v: Any) -> np.ndarray:

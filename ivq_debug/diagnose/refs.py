@@ -119,19 +119,6 @@ def pairs_for(cumulative: Any, ref_rid: str) -> tuple[dict[str, Any], Any, str |
 
 
 # ------------------------------------------------------------------------------------------ records
-def chosen_record(ref: Any, record: Any) -> tuple[int, str, int] | None:
-    """The key of the one record ``record`` names in ``ref`` (a key, a record id, or None: the first record by
-    sample, step, part); None for ``"all"`` or a dump without records."""
-    keys = ref.record_keys()
-    if record == "all" or not keys:
-        return None
-    if isinstance(record, tuple):
-        return record
-    if isinstance(record, str):  # a record id
-        return next((k for k, v in keys.items() if v == record), None)
-    return min(keys, key=lambda k: (k[0], k[2], k[1]))
-
-
 def record_ids(ref: Any, record: Any) -> list[str]:
     """The record ids of ``record`` (a key / rid, a list of them, ``"all"`` or None: every record, in order)."""
     keys = ref.record_keys()

@@ -55,9 +55,11 @@ from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.console import track
+from ivq_debug.diagnose.accumulation import Accumulation, explain_accumulation
 from ivq_debug.diagnose.batch import Acc, BatchContext, BatchResult, RunnerFactory, replay_batch
 from ivq_debug.diagnose.effect import replay_effects
 from ivq_debug.diagnose.findings import Finding
+from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.jobs import describe_factory, replay_jobs
 from ivq_debug.diagnose.patterns import replay_findings
 from ivq_debug.diagnose.refs import RefIndex, model_records, pairs_for, record_ids
@@ -81,7 +83,7 @@ from ivq_debug.util import json_safe
 
 #: public names of the replay's modules that callers import from here
 __all__ = ["ATTRIBUTIONS", "SCHEMA", "ReplayResult", "Unit", "describe_factory", "find_dynamic_units", "find_units",
-           "intro_budget", "replay", "replay_units"]
+           "intro_budget", "replay", "replay_records", "replay_units"]
 
 #: the ``ivq-replay/2`` document (:meth:`ReplayResult.to_json`, ``ivq diagnose --json``)
 SCHEMA = "ivq-replay/2"
@@ -143,6 +145,9 @@ class ReplayResult:
     jobs: dict[str, Any] = field(default_factory=dict)
     #: how the reference was chosen when it was not the given dump (``ivq_debug.api.diagnose``), for the reader
     note: str | None = None
+    #: when no unit breaks the budget but the part's output does: where the error accumulates
+    #: (:func:`~ivq_debug.diagnose.accumulation.explain_accumulation`; needs ``cumulative``)
+    accumulation: Accumulation | None = None
 
     def column(self, attribution: str | None = None) -> str:
         """The SQNR column of an attribution (default: the ranking one)."""
@@ -182,7 +187,8 @@ class ReplayResult:
     def findings(self) -> list[Finding]:
         """The headline (worst introducer's pattern) first, then other patterns and the self-check
         (:mod:`ivq_debug.diagnose.patterns`)."""
-        return replay_findings(self)
+        out = replay_findings(self)
+        return ([self.accumulation.finding()] if self.accumulation is not None else []) + out
 
     def to_json(self) -> dict[str, Any]:
         """The ``ivq-replay/2`` document: record(s), backend, budget, attribution, every unit, skipped units with
@@ -192,6 +198,7 @@ class ReplayResult:
             "budget_sqnr_db": self.budget_sqnr_db, "attribution": self.attribution,
             "units": self.table.to_dict(orient="records"), "skipped": self.skipped_reasons,
             "approximate": self.approximate, "sessions": self.sessions, "seconds": self.seconds,
+            "accumulation": self.accumulation.to_dict() if self.accumulation is not None else None,
             "findings": [f.to_dict() for f in self.findings()],
             "effects": self.effects,
             "remedies": {n: [r.to_dict() for r in self.remedies(n)] for n in self.evidence},
@@ -292,10 +299,36 @@ def replay(
     by_rid = ref.records.set_index("rid")
     recs = [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
              "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+    accumulation = _accumulation(model, table, budget, recs[0], attribution, cumulative, ref, rids, runnable)
     return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
                         seconds=round(time.perf_counter() - t_start, 3), model_path=str(model.origin), lift=lifted,
-                        spread=spread, jobs=jobs, evidence=evidence, effects=effects)
+                        spread=spread, jobs=jobs, evidence=evidence, effects=effects, accumulation=accumulation)
+
+
+def replay_records(qdq_model: str | os.PathLike | Model, reference: Any, record: Any = None
+                   ) -> list[tuple[int, str, int]]:
+    """The keys ``(sample, part, step)`` of the records :func:`replay` replays for ``record`` (default: the first
+    record holding the model's inputs, e.g. the vision record for a session dump's vision part; ``"all"``: every
+    such record), so a caller can restrict the cumulative comparison to them before replaying."""
+    ref = reference if hasattr(reference, "entries") else open_dump(reference)
+    model = load(qdq_model)
+    key_of = {rid: key for key, rid in ref.record_keys().items()}
+    return [key_of[r] for r in model_records(ref, record, record_ids(ref, record), model, _indexer(ref, model, None))]
+
+
+def _accumulation(model: Model, table: Any, budget: float, record: dict[str, Any], attribution: str,
+                  cumulative: Any, ref: Any, rids: list[str], runnable: list[Unit]) -> Accumulation | None:
+    """When nothing is over budget but the output: where the error accumulates (needs ``cumulative``)."""
+    if cumulative is None:
+        return None
+    g = model.proto.graph
+    inits = {i.name for i in g.initializer}
+    return explain_accumulation(
+        table, budget, record, attribution=attribution, cumulative=_cum_rows(cumulative, ref, rids[0]),
+        model_inputs=[i.name for i in g.input if i.name not in inits], model_outputs=[o.name for o in g.output],
+        unit_inputs={u.output: u.inputs for u in runnable},
+        findings=resolution_collapse(cumulative) + saturation(cumulative))
 
 
 def _merged(done: list[BatchResult]) -> tuple[dict[str, Acc], str | None, dict[str, Any], int]:

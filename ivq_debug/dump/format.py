@@ -53,6 +53,16 @@ MANIFEST_COLUMNS = (
 OPTIONAL_COLUMNS = ("qnn_name", "source_file")
 
 #: dtypes numpy cannot hold natively: stored as a same-width integer view, named in the ``dtype`` attribute
+#: the order of a record's parts wherever records are listed (a VLM: vision, then the language model's prefill and
+#: decode steps; ``model`` for a single-part capture); other part names come after them (:func:`part_rank`)
+PART_ORDER: dict[str, int] = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
+
+
+def part_rank(part: object) -> int:
+    """The sort rank of a part name (:data:`PART_ORDER`; unknown names after the known ones)."""
+    return PART_ORDER.get(str(part), len(PART_ORDER))
+
+
 VIEW_DTYPES = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
 
 

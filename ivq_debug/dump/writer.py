@@ -254,6 +254,11 @@ class DumpWriter:
         """Id of the record tensors are currently added to."""
         return self._cur["rid"] if self._cur else None
 
+    @property
+    def current_key(self) -> tuple[int, str, int] | None:
+        """``(sample, part, step)`` of the open record (``None`` before the first)."""
+        return (self._cur["sample"], self._cur["part"], self._cur["step"]) if self._cur else None
+
     # ---------------------------------------------------------------- tensors
     def has(self, name: str, kind: str = "tensor") -> bool:
         """True when the current record already holds a tensor (or input) of that name."""

@@ -62,6 +62,28 @@ COLUMNS = (
     "timestamp",  # start time (us) when the source has one, else None
 )
 
+#: the dump table of a profile (``/tables/profiling``); a capture of several parts (a VLM's vision, prefill and
+#: decode) stores one table per part, ``profiling.<part>`` (:func:`profiling_table`)
+PROFILING_TABLE = "profiling"
+
+
+def profiling_table(part: str | None) -> str:
+    """The dump table holding the profile of one part's runs (``profiling`` for a whole model)."""
+    return PROFILING_TABLE if part in (None, "", "model") else f"{PROFILING_TABLE}.{part}"
+
+
+def profiling_tables(names: Iterable[str]) -> dict[str, str | None]:
+    """Of a dump's table names, the profiles: table name → the part it profiles (``None``: not said, a table
+    written by a single-part capture or before per-part tables existed)."""
+    out: dict[str, str | None] = {}
+    for n in names:
+        if n == PROFILING_TABLE:
+            out[n] = None
+        elif n.startswith(PROFILING_TABLE + ".") and len(n) > len(PROFILING_TABLE) + 1:
+            out[n] = n[len(PROFILING_TABLE) + 1:]
+    return out
+
+
 _CSV_HEADER = ("Msg Timestamp", "Message", "Time", "Unit of Measurement", "Timing Source", "Event Level",
                "Event Identifier")
 _SOURCE_OPS = "ONNX Source Ops"

@@ -32,6 +32,7 @@ import numpy as np
 from ivq_debug import interrupt
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
+from ivq_debug.onnxgraph.inputs import InputSpec, model_inputs
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
@@ -103,31 +104,6 @@ class QuantizeResult:
 
 
 # ---------------------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class InputSpec:
-    """A graph input: name, numpy dtype and shape (``None`` for a symbolic dimension)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | None, ...]
-
-
-def model_inputs(model: Any) -> list[InputSpec]:
-    """The real graph inputs of an ``onnx.ModelProto`` (initializers listed as inputs excluded)."""
-    from onnx import helper
-
-    inits = {i.name for i in model.graph.initializer}
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
-        out.append(InputSpec(vi.name, dtype, shape))
-    return out
-
-
 def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     """Add a batch axis when one is missing, cast to the input dtype, check static dims."""
     a = np.asarray(arr)
@@ -136,10 +112,10 @@ def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     if spec.shape and a.ndim != len(spec.shape):
         raise InputError(f"input {spec.name!r}: rank {a.ndim}, model expects {len(spec.shape)} "
                          f"(shape {list(spec.shape)})", where)
-    for i, (have, want) in enumerate(zip(a.shape, spec.shape, strict=False)):
-        if want is not None and want > 0 and have != want:
-            raise InputError(f"input {spec.name!r}: dim {i} is {have}, model expects {want} "
-                             f"(shape {list(spec.shape)})", where)
+    i = spec.static_mismatch(a.shape)
+    if i is not None:
+        raise InputError(f"input {spec.name!r}: dim {i} is {a.shape[i]}, model expects {spec.shape[i]} "
+                         f"(shape {list(spec.shape)})", where)
     if a.dtype != spec.dtype:
         if a.dtype.kind == "f" and spec.dtype.kind in "iu":
             raise InputError(f"input {spec.name!r}: float data for an integer input", where)
@@ -149,29 +125,65 @@ def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _image_to_input(img: np.ndarray, spec: InputSpec, where: Path, mean: Sequence[float] | None,
-                    std: Sequence[float] | None, transform: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
-    """HWC image (uint8 or float in [0, 1]) -> the model's NCHW / NHWC float input."""
-    a = np.asarray(img)
-    a = a.astype(np.float32) / 255.0 if a.dtype.kind in "ui" else a.astype(np.float32)
-    if a.ndim == 2:
-        a = a[..., None]
+#: how a calibration image is resized to the model's static size (Pillow filters; bicubic and bilinear are
+#: antialiased when they shrink: their support widens with the scale, as torchvision's ``antialias=True``)
+IMAGE_RESIZE = ("bicubic", "bilinear", "nearest")
+
+
+def _fit_channels(a: np.ndarray, c: int | None) -> np.ndarray:
+    if c is None:
+        return a
+    if a.shape[2] >= 3 and c == 3:
+        return a[..., :3]
+    if a.shape[2] == 1 and c == 3:
+        return np.repeat(a, 3, axis=2)
+    if a.shape[2] >= 3 and c == 1:
+        return a[..., :3].mean(axis=2, keepdims=True)
+    return a
+
+
+def _layout(spec: InputSpec, where: Path) -> tuple[bool, int | None, tuple[int | None, int | None]]:
+    """(NCHW?, channels, (height, width)) of a rank-4 image input."""
     if len(spec.shape) != 4:
         raise InputError(f"an image needs a rank-4 input, {spec.name!r} has shape {list(spec.shape)}", where)
     nchw = spec.shape[1] in (1, 3) or spec.shape[3] not in (1, 3)  # NHWC only when the last dim is C
     c = spec.shape[1] if nchw else spec.shape[3]
     hw = (spec.shape[2], spec.shape[3]) if nchw else (spec.shape[1], spec.shape[2])
-    if c is not None:
-        if a.shape[2] >= 3 and c == 3:
-            a = a[..., :3]
-        elif a.shape[2] == 1 and c == 3:
-            a = np.repeat(a, 3, axis=2)
-        elif a.shape[2] >= 3 and c == 1:
-            a = a[..., :3].mean(axis=2, keepdims=True)
-    if hw[0] and hw[1] and a.shape[:2] != hw:  # nearest-neighbour resize to the static size
-        ys = (np.arange(hw[0]) * a.shape[0] / hw[0]).astype(np.int64)
-        xs = (np.arange(hw[1]) * a.shape[1] / hw[1]).astype(np.int64)
-        a = a[ys][:, xs]
+    return nchw, c, hw
+
+
+def _full_scale(img: Any) -> np.float32:
+    """The value of full intensity in an image's mode (8 bits: 255, 16 bits: 65535, float: 1)."""
+    return np.float32(65535.0 if img.mode.startswith("I") else 1.0 if img.mode == "F" else 255.0)
+
+
+def resize_image(img: Any, hw: tuple[int, int], method: str = "bicubic") -> np.ndarray:
+    """A Pillow image resized to ``hw`` (height, width) with ``method`` (:data:`IMAGE_RESIZE`), as HWC float32
+    in [0, 1]. Each channel is resized as a float image (mode ``F``): no rounding back to 8 bits between the
+    resize and the model, as a deployment's float pre-processing does."""
+    from PIL import Image
+
+    if method not in IMAGE_RESIZE:
+        raise UsageError(f"unknown image resize {method!r} ({', '.join(IMAGE_RESIZE)})")
+    f = getattr(Image.Resampling, method.upper())
+    div = _full_scale(img)
+    return np.stack([np.asarray(b.convert("F").resize((hw[1], hw[0]), f), dtype=np.float32) / div
+                     for b in img.split()], axis=2)
+
+
+def _image_to_input(img: Any, spec: InputSpec, where: Path, mean: Sequence[float] | None,
+                    std: Sequence[float] | None, transform: Callable[[np.ndarray], np.ndarray] | None,
+                    resize: str = "bicubic") -> np.ndarray:
+    """A decoded Pillow image -> the model's NCHW / NHWC float input (channels fitted, resized to the static
+    size with ``resize``, then ``mean`` / ``std`` / ``transform`` on the HWC float image in [0, 1])."""
+    nchw, c, hw = _layout(spec, where)
+    if hw[0] and hw[1] and (img.height, img.width) != hw:
+        a = resize_image(img, (hw[0], hw[1]), resize)
+    else:
+        a = np.asarray(img, dtype=np.float32) / _full_scale(img)
+    if a.ndim == 2:
+        a = a[..., None]
+    a = _fit_channels(a, c)
     if mean is not None:
         a = a - np.asarray(mean, np.float32)
     if std is not None:
@@ -180,6 +192,33 @@ def _image_to_input(img: np.ndarray, spec: InputSpec, where: Path, mean: Sequenc
         a = np.asarray(transform(a), np.float32)
     a = np.transpose(a, (2, 0, 1)) if nchw else a
     return _fit(a[None, ...], spec, where)
+
+
+def _processor_input(img: Any, spec: InputSpec, where: Path, processor: Any) -> np.ndarray:
+    """The model input the HF image processor makes of an image (its own resize, rescale and normalization)."""
+    try:
+        out = processor(images=img, return_tensors="np")
+    except Exception as e:
+        raise InputError(f"the image processor refused the image ({type(e).__name__}: {one_line(e, 200)})",
+                         where) from None
+    pv = np.asarray(out["pixel_values"], dtype=np.float32)
+    nchw, _, _ = _layout(spec, where)
+    return _fit(pv if nchw else np.transpose(pv, (0, 2, 3, 1)), spec, where)
+
+
+def load_image_processor(folder: str | os.PathLike) -> Any:
+    """The HF image processor of a model folder (its ``preprocessor_config.json``; local files only)."""
+    p = Path(folder)
+    if not (p / "preprocessor_config.json").is_file():
+        raise InputError("no preprocessor_config.json in the image processor folder", p)
+    try:
+        from transformers import AutoImageProcessor
+
+        return AutoImageProcessor.from_pretrained(str(p), local_files_only=True)
+    except ImportError:
+        raise
+    except Exception as e:
+        raise InputError(f"not a loadable image processor ({type(e).__name__}: {one_line(e, 200)})", p) from None
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -195,15 +234,21 @@ def load_calibration(
     image_mean: Sequence[float] | None = None,
     image_std: Sequence[float] | None = None,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    image_resize: str = "bicubic",
+    image_processor: str | os.PathLike | Any | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], str]:
     """Calibration feeds for ``model`` and a description of where they came from.
 
     ``source`` is one of:
 
     * a folder: each file (sorted by name) is one sample. ``.npz``: keys are input names; ``.npy``: the
-      single free input; ``.png`` / ``.jpg`` (read with matplotlib): an image for the single rank-4 input
-      (uint8 -> [0, 1], channels fitted, nearest resize to the static size, then ``image_mean`` /
-      ``image_std`` / ``transform`` on the HWC float image, then NCHW or NHWC as the model wants);
+      single free input; ``.png`` / ``.jpg`` / ``.bmp`` (decoded with Pillow): an image for the single rank-4
+      input. With ``image_processor`` (a model folder holding ``preprocessor_config.json``, or a loaded HF image
+      processor) the processor makes the input, as the deployment's pre-processing does; otherwise the image
+      is resized to the static size with ``image_resize`` (``bicubic`` by default, ``bilinear``: both
+      antialiased; ``nearest``), scaled to [0, 1], channels fitted, then ``image_mean`` / ``image_std`` /
+      ``transform`` on the HWC float image, then NCHW or NHWC as the model wants. The description returned
+      says which;
     * an ``.npz`` file: keys are input names, the leading axis indexes samples;
     * a ``.npy`` file: the single free input, leading axis = samples;
     * a list of feed dicts, or a dict of stacked arrays (leading axis = samples).
@@ -226,6 +271,20 @@ def load_calibration(
         return specs[free[0]]
 
     samples: list[dict[str, np.ndarray]] = []
+    if image_resize not in IMAGE_RESIZE:
+        raise UsageError(f"unknown image resize {image_resize!r} ({', '.join(IMAGE_RESIZE)})")
+    processor = load_image_processor(image_processor) if isinstance(image_processor, str | os.PathLike) \
+        else image_processor
+    images = 0
+
+    def image(f: Path) -> np.ndarray:
+        nonlocal images
+        spec = single(f)
+        images += 1
+        img = _read_image(f)
+        if processor is not None:
+            return _processor_input(img, spec, f, processor)
+        return _image_to_input(img, spec, f, image_mean, image_std, transform, image_resize)
 
     def add(sample: Mapping[str, Any], where: str | Path) -> None:
         missing = [n for n in free if n not in sample]
@@ -270,9 +329,12 @@ def load_calibration(
                 elif suf == ".npy":
                     add({single(f).name: _read_npy(f)}, f)
                 else:
-                    spec = single(f)
-                    add({spec.name: _image_to_input(_read_image(f), spec, f, image_mean, image_std, transform)}, f)
+                    add({single(f).name: image(f)}, f)
             desc = f"folder {p} ({len(files)} files)"
+            if images:
+                how = (f"the image processor {type(processor).__name__}" if processor is not None
+                       else f"Pillow, {image_resize} resize" + (" (antialiased)" if image_resize != "nearest" else ""))
+                desc += f"; {images} image(s) through {how}"
         elif p.suffix.lower() == ".npz":
             stacked(_read_npz(p), p)
             desc = f"npz {p}"
@@ -300,13 +362,19 @@ def _read_npy(path: Path) -> np.ndarray:
     return next(iter(read_arrays(path, "calibration file").values()))
 
 
-def _read_image(path: Path) -> np.ndarray:
-    try:
-        import matplotlib.image as mpimg
+def _read_image(path: Path) -> Any:
+    """The decoded image (Pillow), as ``RGB`` / ``L`` (alpha and palettes dropped; 16-bit and float greyscale
+    kept as ``I`` / ``F``)."""
+    from PIL import Image
 
-        return mpimg.imread(path)
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.mode in ("RGBA", "LA", "P", "CMYK", "YCbCr", "1", "PA", "RGBX"):
+                return im.convert("RGB" if im.mode not in ("LA", "1") else "L")
+            return im.copy()
     except Exception as e:
-        raise InputError(f"not a readable image ({type(e).__name__}: {e})", path) from None
+        raise InputError(f"not a readable image ({type(e).__name__}: {one_line(e, 200)})", path) from None
 
 
 def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
@@ -496,6 +564,8 @@ def quantize_for_qnn(
     image_mean: Sequence[float] | None = None,
     image_std: Sequence[float] | None = None,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    image_resize: str = "bicubic",
+    image_processor: str | os.PathLike | Any | None = None,
     activation_symmetric: bool = False,
     weight_symmetric: bool | None = None,
     op_types_to_quantize: Sequence[str] | None = None,
@@ -516,7 +586,8 @@ def quantize_for_qnn(
             (otherwise they are listed in ``overrides_unmatched``).
         calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``.
         preprocess: run ``qnn_preprocess_model`` first (graph fusions QNN wants).
-        fixed_feeds, max_samples, image_mean, image_std, transform: see :func:`load_calibration`.
+        fixed_feeds, max_samples, image_mean, image_std, transform, image_resize, image_processor: see
+            :func:`load_calibration` (``calibration_source`` of the result says how images were made inputs).
         activation_symmetric, weight_symmetric, op_types_to_quantize, nodes_to_exclude: passed to
             ``get_qnn_qdq_config``.
         constants_to_initializers: turn ``Constant``-node weights into initializers first (model intake,
@@ -549,7 +620,8 @@ def quantize_for_qnn(
     act_name, w_name = PRESETS[preset]
     act, wt = _qtype(act_name), _qtype(w_name)
     samples, cal_desc = load_calibration(calibration, proto, fixed_feeds=fixed_feeds, max_samples=max_samples,
-                                         image_mean=image_mean, image_std=image_std, transform=transform)
+                                         image_mean=image_mean, image_std=image_std, transform=transform,
+                                         image_resize=image_resize, image_processor=image_processor)
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel, where=src,
                                        constants=constants_to_initializers)
     notes: list[str] = []

@@ -32,8 +32,9 @@ import numpy as np
 
 from ivq_debug import __version__, defaults
 from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
+from ivq_debug.dump.format import part_rank
 from ivq_debug.dump.stats import sample_indices
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import UsageError, one_line
 from ivq_debug.report import threeway as threeway_report
 from ivq_debug.report.charts import (
     NODATA_COLOR,
@@ -56,7 +57,7 @@ from ivq_debug.report.charts import (
 from ivq_debug.report.exports import write_text
 from ivq_debug.report.layers import Labeled, LayerView, build_layers
 from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
-from ivq_debug.report.timeline import build_timeline
+from ivq_debug.report.timeline import build_timelines
 from ivq_debug.util import as_float, json_safe
 
 #: default cap of points per chart series and per drill-down scatter
@@ -65,15 +66,22 @@ MAX_POINTS = 400
 MAX_ROWS = 2000
 #: default number of drill-downs (worst layers)
 DRILLDOWNS = 6
+#: pairs read per drill-down shown at most, when skipping byte copies
+DRILL_CANDIDATES = 4
 #: default cap of individual timeline bars (smaller ops are merged beyond it)
 MAX_TIMELINE_OPS = 1500
 HEATMAP_MAX_COLS = 240
 HEATMAP_MAX_ROWS = 64
 MAX_CHARTS = 12
 MAX_NAMES = 300
-PALETTE = ("#2457a6", "#e07b00", "#2a9d8f", "#9c3fb8", "#c0392b", "#6b8e23", "#8c564b", "#d45087", "#4c6a92",
-           "#7f7f7f")
-PART_RANK = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
+#: name lists up to this long are shown open; longer ones are folded
+NAMES_OPEN = 20
+#: (colour, dash) of the chart series, in order: no two alike, and none the budget line's red dashes
+SERIES_STYLES = (("#2457a6", ""), ("#e07b00", "7 3"), ("#2a9d8f", "2 2"), ("#9c3fb8", "9 3 2 3"),
+                 ("#6b8e23", "4 4"), ("#8c564b", "1 3"), ("#4c6a92", "12 4"), ("#d45087", "3 2 1 2"),
+                 ("#7f7f7f", "6 2 2 2"))
+#: the replay's introduced-error series
+INTRODUCED_STYLE = ("#111827", "1 2")
 DASH = '<span class="muted">–</span>'
 
 
@@ -104,7 +112,7 @@ def _rec_label(key: Sequence[Any], multi_sample: bool = False) -> str:
 
 def _rec_sort(key: Sequence[Any]) -> float:
     sample, part, step = key
-    return int(sample) * 1e7 + PART_RANK.get(str(part), 5) * 1e5 + int(step)
+    return int(sample) * 1e7 + part_rank(part) * 1e5 + int(step)
 
 
 def _sqnr_cell(v: Any, status: str | None = None, extra_cls: str = "") -> str:
@@ -130,6 +138,15 @@ def _labeled(extra: Any) -> list[Labeled]:
     else:
         items = [(x[0], x[1]) if isinstance(x, tuple) else (None, x) for x in extra]
     return [Labeled(lab or comparison_label(c), c) for lab, c in items]
+
+
+def short_labels(labels: Sequence[str], limit: int = 34) -> dict[str, str]:
+    """Comparison labels for column heads: the words before the parenthesis (``quantization (fp32 → CPU-QDQ
+    a8w8)`` → ``quantization``), at most ``limit`` characters cut at a word; a label whose short form another
+    label shares stays whole (the full label always goes in the title)."""
+    short = {lab: one_line(lab.split(" (", 1)[0].strip() or lab, limit) for lab in labels}
+    counts = Counter(short.values())
+    return {lab: sh if counts[sh] == 1 else lab for lab, sh in short.items()}
 
 
 def comparison_label(cmp: Any) -> str:
@@ -163,6 +180,7 @@ class _Ctx:
     notes: list[str] = field(default_factory=list)
     blocks: list[tuple[str, Any]] = field(default_factory=list)
     multi_sample: bool = False
+    finding_groups: list[tuple[str, list[Any], bool]] = field(default_factory=list)
 
     def href(self, row: int | None) -> str | None:
         return f"#L{row}" if row is not None and row in self.shown else None
@@ -214,24 +232,107 @@ def _nav(sections: list[tuple[str, str]]) -> str:
     return f'<nav class="sections"><div class="wrap">{links}</div></nav>'
 
 
-def _evidence(ev: dict[str, Any]) -> str:
+#: evidence values shown inline before a list folds into ``<details>``
+EVIDENCE_INLINE = 6
+#: rows of a list of records (dicts) shown in an evidence table
+EVIDENCE_ROWS = 50
+
+
+#: words of evidence keys written as a reader expects them
+_WORDS = {"db": "dB", "sqnr": "SQNR", "snr": "SNR", "lsb": "LSB", "kl": "KL", "l2": "L2", "rel": "rel.", "enc": "encoding",
+          "pct": "%", "ids": "ids", "id": "id"}
+
+
+def _label(key: Any) -> str:
+    """An evidence key as a label: ``mean_rel_err`` → ``mean rel. err``, ``grid_snr_db`` → ``grid SNR dB``."""
+    return " ".join(_WORDS.get(w.lower(), w) for w in str(key).split("_") if w)
+
+
+def _is_name(v: Any) -> bool:
+    """A tensor / node name (it has a path separator) rather than a word."""
+    return isinstance(v, str) and "/" in v and " " not in v
+
+
+def _key_span(k: Any) -> str:
+    return f'<span class="ev-k">{esc(_label(k))}</span>'
+
+
+def _scalar(ctx: _Ctx, v: Any, rec: Any = None) -> str:
+    """One evidence value: numbers with 4 significant digits, names as (linked) code, the rest as text."""
+    if v is None:
+        return DASH
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return esc(str(v))
+    if isinstance(v, float):
+        return esc(fmt(v, 4))
+    if _is_name(v):
+        return ctx.name_link(ctx.view.find(rec, v), v)
+    return esc(v)
+
+
+def _value(ctx: _Ctx, v: Any, rec: Any = None, depth: int = 0) -> str:
+    """An evidence value as HTML: a mapping as labelled values, a list inline when short and folded into
+    ``<details>`` when long, a list of records as a small table (issue 32: no raw JSON or Python reprs)."""
+    if isinstance(v, Mapping):
+        if set(v) == {"sample", "part", "step"}:  # a record
+            try:
+                return esc(_rec_label((int(v["sample"]), v["part"], int(v["step"])), True))
+            except (TypeError, ValueError):
+                pass
+        if depth >= 2:
+            return esc(json.dumps(json_safe(v), default=str)[:200])
+        items = [f'<span class="ev-kv">{_scalar(ctx, k, rec) if _is_name(k) else _key_span(k)} '
+                 f"{_value(ctx, x, rec, depth + 1)}</span>" for k, x in v.items()]
+        if len(items) > EVIDENCE_INLINE:
+            return (f"<details><summary>{len(items)} entries</summary><div class=\"ev-list\">"
+                    + "".join(f"<div>{i}</div>" for i in items[:MAX_NAMES]) + "</div></details>")
+        return " ".join(items) or DASH
+    if isinstance(v, list | tuple):
+        if not v:
+            return '<span class="muted">none</span>'
+        if all(isinstance(x, Mapping) for x in v) and depth < 2:
+            cols = list(dict.fromkeys(k for x in v for k in x))
+            head = "".join(f"<th>{esc(_label(c))}</th>" for c in cols)
+            body = "".join("<tr>" + "".join(f"<td>{_value(ctx, x.get(c), rec, depth + 1)}</td>" for c in cols)
+                           + "</tr>" for x in v[:EVIDENCE_ROWS])
+            more = f'<p class="note">First {EVIDENCE_ROWS} of {len(v)}.</p>' if len(v) > EVIDENCE_ROWS else ""
+            table = f'<table class="data ev-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
+            return table if len(v) <= 8 else f"<details><summary>{len(v)} entries</summary>{table}</details>"
+        cells = [_value(ctx, x, rec, depth + 1) for x in v[:MAX_NAMES]]
+        if len(v) <= EVIDENCE_INLINE and not any(_is_name(x) for x in v[3:]):
+            return ", ".join(cells)
+        what = "tensors" if all(_is_name(x) for x in v) else "values"
+        first = ", ".join(esc(str(x).rsplit("/", 1)[-1]) if _is_name(x) else esc(fmt(x, 4)) if isinstance(x, float)
+                          else esc(str(x)) for x in v[:3])
+        more = f'<li class="muted">… {len(v) - MAX_NAMES} more</li>' if len(v) > MAX_NAMES else ""
+        return (f"<details><summary>{len(v)} {what} ({first}, …)</summary><ul class=\"names\">"
+                + "".join(f"<li>{c}</li>" for c in cells) + f"{more}</ul></details>")
+    return _scalar(ctx, v, rec)
+
+
+def _evidence(ctx: _Ctx, ev: dict[str, Any], rec: Any = None) -> str:
     items = []
     for k, v in ev.items():
         if k in _OWN_SECTION:
             continue
-        if isinstance(v, list | tuple):
-            text = ", ".join(fmt(x) if isinstance(x, int | float) else str(x) for x in v[:12])
-            if len(v) > 12:
-                text += f", … ({len(v)} in all)"
-        elif isinstance(v, dict):
-            text = json.dumps(v, default=str)[:240]
-        else:
-            text = fmt(v)
-        items.append(f"<div><dt>{esc(k)}</dt><dd>{esc(text)}</dd></div>")
+        block = isinstance(v, list | tuple) and (len(v) > EVIDENCE_INLINE or any(isinstance(x, Mapping) for x in v))
+        items.append(f'<div class="{"ev-block" if block else ""}"><dt>{esc(_label(k))}</dt>'
+                     f"<dd>{_value(ctx, v, rec)}</dd></div>")
     return f'<dl class="evidence">{"".join(items)}</dl>' if items else ""
 
 
-def _finding_html(ctx: _Ctx, f: Any, source: str, primary: bool) -> str:
+def _where_row(ctx: _Ctx, rec: Any, where: Mapping[str, Any]) -> int | None:
+    """The layer row of a finding's tensor (by reference name, else by test name) in its record."""
+    for key in ("tensor", "test_tensor"):
+        row = ctx.view.find(rec, str(where.get(key) or ""))
+        if row is not None:
+            return row
+    return None
+
+
+def _finding_html(ctx: _Ctx, f: Any, source: str) -> str:
 
     d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
     sev = d.get("severity") if d.get("severity") in SEVERITIES else "info"
@@ -242,26 +343,32 @@ def _finding_html(ctx: _Ctx, f: Any, source: str, primary: bool) -> str:
         parts.append("record " + esc(_rec_label((rec.get("sample", 0), rec.get("part"), rec.get("step", 0)),
                                                 ctx.multi_sample)))
     tensor = where.get("tensor")
+    row = None
     if tensor:
-        row = ctx.view.find(rec, str(tensor)) if primary else None
+        # the row of the tensor in this report's table: a finding of another comparison links to the same
+        # tensor's row, which carries that comparison's SQNR column too
+        row = _where_row(ctx, rec, where)
         parts.append("tensor " + ctx.name_link(row, str(tensor)))
     for k, v in where.items():
         if k not in ("record", "tensor", "test_tensor"):
-            parts.append(f"{esc(k)} <code>{esc(v if not isinstance(v, dict | list) else json.dumps(v, default=str))}</code>")
+            parts.append(f"{esc(_label(k))} {_value(ctx, v, rec)}")
     sugg = f'<p class="suggest">{esc(d.get("suggestion"))}</p>' if d.get("suggestion") else ""
+    href = ctx.href(row)
+    go = (f' <a class="goto" href="{esc(href)}" title="open its row in the layer table">row →</a>'
+          if href else "")
     return (f'<article class="finding sev-{esc(sev)}"><div class="head"><span class="sev">{esc(sev)}</span>'
             f'<span class="kind">{esc(d.get("kind"))}</span><span class="src">{esc(source)}</span></div>'
             f'<p class="msg">{esc(d.get("message"))}</p>'
-            + (f'<p class="where">{" · ".join(parts)}</p>' if parts else "")
-            + _evidence(d.get("evidence") or {}) + sugg + "</article>")
+            + (f'<p class="where">{" · ".join(parts)}{go}</p>' if parts else "")
+            + _evidence(ctx, d.get("evidence") or {}, rec) + sugg + "</article>")
 
 
 #: findings shown open per group (the rest sit in a collapsed list)
 FINDINGS_OPEN = 12
 
 
-def _findings(ctx: _Ctx) -> str:
-
+def _finding_groups(ctx: _Ctx) -> list[tuple[str, list[Any], bool]]:
+    """(source label, findings, primary) of this comparison, the replay and the other comparisons."""
     groups: list[tuple[str, list[Any], bool]] = [(ctx.label, list(ctx.cmp.findings), True)]
     if ctx.replay is not None:
         try:
@@ -269,16 +376,35 @@ def _findings(ctx: _Ctx) -> str:
         except Exception:  # a replay result without findings support
             rf = []
         groups.append((f"replay on {ctx.replay.backend or 'the test backend'}", rf, True))
-    extra = [(ex.label, list(ex.cmp.findings), False) for ex in ctx.extras]
+    return groups + [(ex.label, list(ex.cmp.findings), False) for ex in ctx.extras]
+
+
+def _finding_rows(ctx: _Ctx) -> list[int]:
+    """Layer rows the findings point at (``where``: record and tensor), headline first."""
+    out: list[int] = []
+    for _, fs, _ in ctx.finding_groups:
+        for f in sorted(fs, key=lambda f: -severity_rank(getattr(f, "severity", "info"))):
+            where = (f.to_dict() if hasattr(f, "to_dict") else dict(f)).get("where") or {}
+            rec = where.get("record") if isinstance(where.get("record"), dict) else None
+            row = _where_row(ctx, rec, where)
+            if row is not None and row not in out:
+                out.append(row)
+    return out
+
+
+def _findings(ctx: _Ctx) -> str:
+
+    groups = [g for g in ctx.finding_groups if g[2]]
+    extra = [g for g in ctx.finding_groups if not g[2]]
     out = []
 
-    def cards(source: str, fs: list[Any], primary: bool) -> list[str]:
+    def cards(source: str, fs: list[Any]) -> list[str]:
         fs = sorted(fs, key=lambda f: -severity_rank(getattr(f, "severity", "info")))
-        return [_finding_html(ctx, f, source, primary) for f in fs]
+        return [_finding_html(ctx, f, source) for f in fs]
 
     main = sorted([(f, src, pr) for src, fs, pr in groups for f in fs],
                   key=lambda x: -severity_rank(getattr(x[0], "severity", "info")))
-    html_main = [_finding_html(ctx, f, src, pr) for f, src, pr in main]
+    html_main = [_finding_html(ctx, f, src) for f, src, _ in main]
     out += html_main[:FINDINGS_OPEN]
     if len(html_main) > FINDINGS_OPEN:
         out.append(f"<details><summary>{len(html_main) - FINDINGS_OPEN} more findings</summary>"
@@ -286,12 +412,12 @@ def _findings(ctx: _Ctx) -> str:
     if not main:
         out.append('<p class="muted">No findings for this comparison: no budget violation, divergence or '
                    "quantization hazard was detected.</p>")
-    for source, fs, primary in extra:
+    for source, fs, _ in extra:
         if fs:
             c = Counter(getattr(f, "severity", "info") for f in fs)
             head = ", ".join(f"{c[s]} {s}" for s in ("error", "warning", "info") if c[s])
             out.append(f"<details><summary>{len(fs)} findings of {esc(source)} ({esc(head)})</summary>"
-                       f'{"".join(cards(source, fs, primary))}</details>')
+                       f'{"".join(cards(source, fs))}</details>')
     counts = Counter(getattr(f, "severity", "info") for f, _, _ in main)
     head = " · ".join(f"{counts[s]} {s}" for s in ("error", "warning", "info") if counts[s])
     return (f'<section class="card" id="findings"><h2>Findings <span class="muted small">{esc(head)}</span></h2>'
@@ -333,7 +459,8 @@ def _summary(ctx: _Ctx) -> str:
     # several comparisons side by side
     if ctx.extras:
         comps = [Labeled(ctx.label, cmp), *ctx.extras]
-        head = "".join(f"<th>{esc(c.label)}</th>" for c in comps)
+        short = short_labels([c.label for c in comps])
+        head = "".join(f'<th title="{esc(c.label)}">{esc(short[c.label])}</th>' for c in comps)
         rows = []
 
         def line(name: str, cells: list[str]) -> None:
@@ -350,7 +477,7 @@ def _summary(ctx: _Ctx) -> str:
         for c in comps:
             f = c.cmp.first_divergence
             fds.append("<td>–</td>" if f is None else
-                       f"<td><code>{esc(f['ref_name'])}</code> "
+                       f"<td class=\"name\"><code>{esc(f['ref_name'])}</code> "
                        f"({esc(_rec_label((f['sample'], f['part'], f['step']), ctx.multi_sample))}, "
                        f"{esc(fmt(f.get('sqnr_db')))} dB)</td>")
         line("first divergence", fds)
@@ -424,14 +551,17 @@ def _record_groups(ctx: _Ctx) -> dict[tuple[int, str], list[dict[str, Any]]]:
     return groups
 
 
-def depth_charts(ctx: _Ctx, parts: Sequence[str] | None = None) -> tuple[list[tuple[str, int, Svg]], list[str]]:
+def depth_charts(ctx: _Ctx, parts: Sequence[str] | None = None, *, with_others: bool = False
+                 ) -> tuple[list[tuple[str, int, Svg]], list[str]]:
     """The error-vs-depth charts: ``(title, number of steps, chart)`` per (sample, part) (the first
-    ``MAX_CHARTS``; only ``parts`` when given), and the notes on steps left out."""
+    ``MAX_CHARTS``; only ``parts`` when given), and the notes on steps left out. A chart shows the comparison
+    the report is about (one line per decode step, or its line and the replay's introduced error);
+    ``with_others``: the charts with the other comparisons' lines too (``None`` where there are none)."""
     groups = _record_groups(ctx)
     hline, hlabel = _budget_line(ctx.cmp)
     charts = []
     cut_steps = []
-    keys = sorted((k for k in groups if parts is None or k[1] in parts), key=lambda k: (k[0], PART_RANK.get(k[1], 5)))
+    keys = sorted((k for k in groups if parts is None or k[1] in parts), key=lambda k: (k[0], part_rank(k[1])))
     for sample, part in keys[:MAX_CHARTS]:
         rows = groups[(sample, part)]
         steps = sorted({r["record"][2] for r in rows})
@@ -445,7 +575,9 @@ def depth_charts(ctx: _Ctx, parts: Sequence[str] | None = None) -> tuple[list[tu
             rr = [r for r in rows if r["record"][2] == st]
             name = ctx.label if len(steps) == 1 else f"step {st}"
             pts = thin_points([_point(ctx, r, r["sqnr_db"], name) for r in rr], ctx.max_points)
-            series.append(Series(name, PALETTE[k % len(PALETTE)], pts))
+            color, dash = SERIES_STYLES[k % len(SERIES_STYLES)]
+            series.append(Series(name, color, pts, dash=dash))
+        others: list[Series] = []
         if len(steps) == 1:
             for k, ex in enumerate(ctx.extras, start=1):
                 pts = []
@@ -456,32 +588,46 @@ def depth_charts(ctx: _Ctx, parts: Sequence[str] | None = None) -> tuple[list[tu
                             e["sqnr_db"] is not None and e["sqnr_db"] < defaults.DIVERGENCE_SQNR_DB)
                         pts.append(_point(ctx, r, e["sqnr_db"], ex.label, e["status"], ok))
                 if pts:
-                    series.append(Series(ex.label, PALETTE[k % len(PALETTE)], thin_points(pts, ctx.max_points), dash="6 3"))
+                    color, dash = SERIES_STYLES[k % len(SERIES_STYLES)]
+                    others.append(Series(ex.label, color, thin_points(pts, ctx.max_points), dash=dash))
             if ctx.view.has_replay:
                 limit = getattr(ctx.replay, "budget_sqnr_db", defaults.DIVERGENCE_SQNR_DB)
                 pts = [_point(ctx, r, r["intro_sqnr_db"], "introduced", r["intro_status"],
                               r["intro_sqnr_db"] is None or r["intro_sqnr_db"] >= limit)
                        for r in rows if r["intro_status"] is not None]
                 if pts:
-                    series.append(Series(f"introduced (replay on {ctx.replay.backend or '?'})", "#2a9d8f",
-                                         thin_points(pts, ctx.max_points), dash="2 3"))
+                    series.append(Series(f"introduced (replay on {ctx.replay.backend or '?'})", INTRODUCED_STYLE[0],
+                                         thin_points(pts, ctx.max_points), dash=INTRODUCED_STYLE[1]))
         title = f"{part}" + (f" · sample {sample}" if ctx.multi_sample else "")
-        svg = line_chart(series, width=570, height=280, x_label="execution order in the record",
-                         y_label="SQNR (dB)", hline=hline, hline_label=hlabel,
-                         label=f"SQNR vs execution order — {title}",
-                         max_markers=max(ctx.max_points // (2 * max(len(series), 1)), 12))
-        charts.append((title, len(steps), svg))
+
+        def chart(ss: list[Series], title: str = title) -> Svg:
+            return line_chart(ss, width=570, height=280, x_label="execution order in the record",
+                              y_label="SQNR (dB)", hline=hline, hline_label=hlabel,
+                              label=f"SQNR vs execution order — {title}",
+                              max_markers=max(ctx.max_points // (2 * max(len(ss), 1)), 12))
+
+        if not with_others:
+            charts.append((title, len(steps), chart(series)))
+        else:
+            charts.append((title, len(steps), chart(series[:1] + others + series[1:]) if others else None))
     return charts, cut_steps
 
 
 def _depth(ctx: _Ctx) -> str:
     groups = _record_groups(ctx)
     figures, cut_steps = depth_charts(ctx)
-    charts = [f'<figure style="width:570px">{svg}<figcaption>{esc(title)}: SQNR of each aligned tensor vs '
-              "its execution order"
-              f"{' per decode step' if nsteps > 1 else ''}. Red markers break the budget; hollow markers "
-              "on the top edge are identical tensors, crosses on the bottom edge undefined metrics.</figcaption>"
-              "</figure>" for title, nsteps, svg in figures]
+    alls, _ = depth_charts(ctx, with_others=True)
+    hlabel = _budget_line(ctx.cmp)[1]
+    charts = []
+    for (title, nsteps, svg), (_, _, svg_all) in zip(figures, alls, strict=True):
+        what = (f"{min(nsteps, 8)} decode steps" if nsteps > 1 else f"<b>{esc(ctx.label)}</b>"
+                + (" and the error each unit introduces" if ctx.view.has_replay else ""))
+        toggle = (f"<details><summary>with the {len(ctx.extras)} other comparison(s)</summary>{svg_all}</details>"
+                  if svg_all is not None else "")
+        charts.append(f'<figure style="width:570px">{svg}<figcaption>{esc(title)}: SQNR of each aligned tensor vs '
+                      f"its execution order, {what}; the dashed red line is {esc(hlabel or 'no budget')}. Red "
+                      "markers break the budget; hollow markers on the top edge are identical tensors, crosses on "
+                      f"the bottom edge undefined metrics.</figcaption>{toggle}</figure>")
     note = ""
     if len(groups) > MAX_CHARTS:
         note += f'<p class="note">First {MAX_CHARTS} of {len(groups)} (sample, part) charts.</p>'
@@ -613,20 +759,24 @@ def _deepstack(ctx: _Ctx) -> str:
 
 
 def _select_rows(ctx: _Ctx) -> list[dict[str, Any]]:
+    """Every row when they fit ``max_rows``; else, in this order until the cap: the rows the findings point at
+    (always kept, even past the cap), each record's first divergence, the rows over budget and then the other
+    rows, worst first by the ranking metric."""
     rows = ctx.view.rows
     if len(rows) <= ctx.max_rows:
         return rows
-    keep = {r["row"] for r in rows if not r["passed"]}
+    keep = dict.fromkeys(_finding_rows(ctx))
     fds = ctx.cmp.first_divergences()
     for r in fds.to_dict("records") if len(fds) else []:
         i = ctx.view.find((r["sample"], r["part"], r["step"]), r["ref_name"])
-        if i is not None:
-            keep.add(i)
-    for i in ctx.cmp.worst(ctx.max_rows).index:
+        if i is not None and len(keep) < ctx.max_rows:
+            keep[i] = None
+    worst = [int(i) for i in ctx.cmp.worst(len(rows)).index]
+    failing = [i for i in worst if not rows[i]["passed"]]
+    for i in failing + worst:
         if len(keep) >= ctx.max_rows:
             break
-        keep.add(int(i))
-    keep = set(sorted(keep)[: max(ctx.max_rows, 1)])
+        keep[i] = None
     return [r for r in rows if r["row"] in keep]
 
 
@@ -638,8 +788,9 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
              "precision</th>",
              '<th data-sort="num" title="SQNR of this comparison; the status shows when a metric is undefined">'
              "SQNR dB</th>"]
-    heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(lab)}</th>'
-              for lab in v.extra_labels]
+    short = short_labels([ctx.label, *v.extra_labels])
+    heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(short[lab])}'
+              "</th>" for lab in v.extra_labels]
     tw = getattr(ctx.cmp, "three_way", None)
     if tw is not None:
         heads += ['<th class="wrap" data-sort="num" title="rel-L2 error vs the reference of this comparison divided '
@@ -718,7 +869,7 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
             cells.append(f'<td class="num" data-v="{_data_v(lat)}" title="{esc(ops)}">{esc(fmt(lat, 4))}</td>')
         body.append(f'<tr id="L{r["row"]}" data-status="{esc(tok)}" data-part="{esc(key[1])}">'
                     f'{"".join(cells)}</tr>')
-    parts = sorted({r["record"][1] for r in v.rows}, key=lambda p: PART_RANK.get(p, 5))
+    parts = sorted({r["record"][1] for r in v.rows}, key=part_rank)
     part_opts = "".join(f'<option value="{esc(p)}">{esc(p)}</option>' for p in parts)
     statuses = ["fail", "pass"] if ctx.cmp.budgets else ["diverged"]
     statuses += sorted({str(r["status"]) for r in v.rows})
@@ -727,8 +878,9 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
     st_opts = "".join(f'<option value="{esc(s)}">{esc(names_.get(s, "status " + s))}</option>' for s in statuses)
     note = ""
     if len(rows) < len(v.rows):
-        note = (f'<p class="note">Showing {len(rows)} of {len(v.rows)} rows: every row over budget, each record\'s '
-                f"first divergence and the worst by {esc(ctx.cmp.rank_by)}. The full table is in "
+        note = (f'<p class="note">Showing {len(rows)} of {len(v.rows)} rows: every row a finding points at, each '
+                f"record's first divergence, then the rows over budget and the others, worst first by "
+                f"{esc(ctx.cmp.rank_by)}. The full table is in "
                 "<code>ivq-diff --json</code> or <code>ivq.compare(...).table</code>.</p>")
     controls = (
         '<div class="controls"><input type="search" id="layer-filter" placeholder="filter by name, op, scope, '
@@ -760,20 +912,32 @@ def _drilldowns(ctx: _Ctx) -> str:
     if ctx.drilldowns <= 0 or not len(ctx.cmp.table):
         return ""
     rows = ctx.view.rows
-    picked = []
+    picked: list[tuple[dict[str, Any], Any]] = []
+    seen: dict[bytes, dict[str, Any]] = {}
+    copies: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    tried = 0
     for i in ctx.cmp.worst(len(ctx.cmp.table)).index:
         r = rows[int(i)]
         if r["status"] in ("identical", "empty", "shape_mismatch"):
             continue
-        picked.append(r)
+        if tried >= DRILL_CANDIDATES * ctx.drilldowns:
+            break
+        tried += 1
+        s = pair_samples(ctx.cmp, r["row"], HIST_SAMPLES)
+        if s is not None:  # a byte copy of a pair already drilled into (a Reshape, a view) says nothing new
+            digest = hashlib.sha256(s[0].tobytes() + s[1].tobytes()).digest() + repr(r["record"]).encode()
+            if digest in seen:
+                copies.append((r, seen[digest]))
+                continue
+            seen[digest] = r
+        picked.append((r, s))
         if len(picked) >= ctx.drilldowns:
             break
     if not picked:
         return ""
 
     out = []
-    for r in picked:
-        s = pair_samples(ctx.cmp, r["row"], HIST_SAMPLES)
+    for r, s in picked:
         head = (f'<h3>{ctx.name_link(r["row"], r["ref_name"])} <span class="muted small">'
                 f'{esc(r.get("op_type") or "")} · {esc(_rec_label(r["record"], ctx.multi_sample))} · '
                 f'{esc(r["precision"])}</span></h3>')
@@ -799,16 +963,38 @@ def _drilldowns(ctx: _Ctx) -> str:
                    "</figcaption></figure></div>"
                    + (f'<p class="note">{nonfin} non-finite values left out of the plots.</p>' if nonfin else "")
                    + "</div>")
+    skipped = ""
+    if copies:
+        items = "".join(f"<li>{ctx.name_link(c['row'], c['ref_name'])} = {ctx.name_link(o['row'], o['ref_name'])}</li>"
+                        for c, o in copies)
+        skipped = (f"<details><summary>{len(copies)} byte copies of a pair above skipped</summary>"
+                   f'<ul class="names">{items}</ul></details>')
     return (f'<section class="card" id="drilldown"><h2>Worst layers</h2><p class="muted small">The '
-            f"{len(picked)} worst pairs by {esc(ctx.cmp.rank_by)} (identical and mismatched pairs skipped). Values "
+            f"{len(picked)} worst pairs by {esc(ctx.cmp.rank_by)} (identical and mismatched pairs skipped, and "
+            "pairs whose values are a byte copy of a pair shown, such as a Reshape's output). Values "
             f"are evenly strided samples at the same positions on both sides: up to {HIST_SAMPLES:,} per histogram "
-            f"and {ctx.max_points} per scatter, read block by block.</p>{''.join(out)}</section>")
+            f"and {ctx.max_points} per scatter, read block by block.</p>{skipped}{''.join(out)}</section>")
 
 
 def _timeline(ctx: _Ctx) -> str:
-    tl = ctx.timeline
-    if tl is None:
+    """The profiling timeline, one block per profile the test dump carries (per part: vision, prefill, decode)."""
+    tls = ctx.timeline or []
+    if not tls:
         return ""
+    info = ctx.cmp.test.backend_info or {}
+    emu = any(t.emulated is True for t in tls) or info.get("emulated") is True
+    warn = ('<p class="banner"><span class="badge emulated">EMULATED</span> Host-side measurements of the x86_64 '
+            "HTP emulation: use them to map ops and find relative hot spots, not as device latency.</p>") if emu else ""
+    names = [f"{t.part or 'the model'} ({len(t.runs)} run{'s' if len(t.runs) != 1 else ''})" for t in tls]
+    blocks = [_timeline_part(ctx, t, len(tls) > 1) for t in tls]
+    return (f'<section class="card" id="timeline"><h2>QNN profiling timeline</h2>{warn}'
+            f'<p class="small">Profiles in the test dump: {esc(", ".join(names))}.</p>'
+            '<p class="muted small">One bar per profiled op, coloured by the SQNR of the tensor it produces (grey: '
+            f"no tensor); click a bar to open its layer row.</p>{color_scale_legend()}{''.join(blocks)}</section>")
+
+
+def _timeline_part(ctx: _Ctx, tl: Any, several: bool) -> str:
+    """The timeline of one profile (one part): bars of one run, the longest ops, every run."""
     # the run shown: the one of the first divergence's record when runs map to records, else the first
     run = tl.runs[0]
     fd = ctx.cmp.first_divergence
@@ -872,7 +1058,8 @@ def _timeline(ctx: _Ctx) -> str:
     flush()
     lane_order = sorted(lanes, key=lambda k: (k != "HTP", k))
     svg = timeline_chart([(k, lanes[k]) for k in lane_order], x_label=f"{unit} (ops end to end, profile order)"
-                         if tl.unit == "cycles" else "time (µs)", label=f"profiling timeline, run {run}")
+                         if tl.unit == "cycles" else "time (µs)",
+                         label=f"profiling timeline of {tl.part or 'the model'}, run {run}")
     top = sorted(ops, key=lambda o: -o.dur)[:12]
     trs = []
     for o in top:
@@ -887,7 +1074,8 @@ def _timeline(ctx: _Ctx) -> str:
     rec_txt = (f"record {_rec_label(record, ctx.multi_sample)}" if record is not None else
                "runs do not map one to one to the dump's records: errors are the worst over all records")
     info = ctx.cmp.test.backend_info or {}
-    emu = tl.emulated is True or info.get("emulated") is True
+    if several and tl.part and isinstance(info.get(tl.part), dict):
+        info = {**info, **info[tl.part]}  # a session dump keeps each part's partition under the part's name
     part_ = info.get("partition")
     cpu_nodes = (part_.get("cpu_nodes") or []) if isinstance(part_, dict) else []
     cpu_html = ""
@@ -902,29 +1090,29 @@ def _timeline(ctx: _Ctx) -> str:
             f"<tr><td>{r}</td><td>{esc(_rec_label(tl.run_records[r], ctx.multi_sample)) if r in tl.run_records else '–'}"
             f'</td><td class="num">{esc(fmt(tl.totals.get(r), 4))}</td>'
             f'<td class="num">{esc(fmt(tl.us_per_cycle.get(r), 4))}</td></tr>' for r in tl.runs[:64])
-        runs_html = ('<details><summary>all profiled runs</summary><div class="scroll"><table class="data"><thead><tr>'
+        runs_html = (f"<details><summary>all profiled runs of {esc(tl.part or 'the model')}</summary>"
+                     '<div class="scroll"><table class="data"><thead><tr>'
                      f"<th>run</th><th>record</th><th>ops total ({esc(unit)})</th><th>profile µs/cycle</th></tr>"
                      f"</thead><tbody>{cells}</tbody></table></div></details>")
-    warn = ('<p class="banner"><span class="badge emulated">EMULATED</span> Host-side measurements of the x86_64 '
-            "HTP emulation: use them to map ops and find relative hot spots, not as device latency.</p>") if emu else ""
     basis = (f"per-op cycles from the profile, ops laid end to end in profile order; this run's own accelerator "
              f"time ratio is {fmt(tl.us_per_cycle[run], 4)} µs/cycle" if tl.unit == "cycles" and run in tl.us_per_cycle
              else "per-op cycles from the profile, ops laid end to end in profile order" if tl.unit == "cycles"
              else "µs from the profile")
-    notes = [f"Run {run} of {len(tl.runs)} ({rec_txt}); {len(ops)} ops, {joined} joined to tensors (join: "
-             f"{tl.join}); {basis}."]
+    part_txt = (f"part {tl.part}" + (" (told from the tensors its ops produce)" if tl.part_inferred else "")
+                if tl.part else "the model")
+    notes = [f"Profile of {part_txt} (table {tl.table}): run {run} of {len(tl.runs)} ({rec_txt}); {len(ops)} ops, "
+             f"{joined} joined to tensors (join: {tl.join}); {basis}."]
     if merged_note:
         notes.append(merged_note)
-    return (f'<section class="card" id="timeline"><h2>QNN profiling timeline</h2>{warn}'
-            '<p class="muted small">One bar per profiled op, coloured by the SQNR of the tensor it produces (grey: '
-            "no tensor); click a bar to open its layer row.</p>"
-            f"{color_scale_legend()}<figure>{svg}</figure>"
+    title = f"{tl.part or 'model'}: run {run}" + (f", {_rec_label(record, ctx.multi_sample)}" if record else "")
+    return (f'<div class="tl-part" id="timeline-{esc(tl.part or "model")}"><h3>{esc(title)}</h3><figure>{svg}</figure>'
             + "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
-            + '<h3>Longest ops</h3><div class="scroll"><table class="data sortable"><thead><tr>'
+            + "<details" + ("" if several else " open") + f"><summary>longest ops of {esc(tl.part or 'the model')}"
+              '</summary><div class="scroll"><table class="data sortable"><thead><tr>'
               '<th data-sort="str">op</th><th data-sort="str">backend</th>'
               f'<th data-sort="num">{esc(unit)}</th><th data-sort="num">share</th><th data-sort="str">tensor</th>'
               f'<th data-sort="num">SQNR</th><th>precision</th></tr></thead><tbody>{"".join(trs)}</tbody></table>'
-              f"</div>{runs_html}{cpu_html}</section>")
+              f"</div></details>{runs_html}{cpu_html}</div>")
 
 
 def _names_list(names: list[str]) -> str:
@@ -945,10 +1133,10 @@ def _unmatched(ctx: _Ctx) -> str:
             out.append(f"<h3>{esc(lab)}</h3>")
         out.append(f"<p>reference only: <b>{um['ref']['count']}</b> · test only: <b>{um['test']['count']}</b> · "
                    f"unmatched fraction {esc(fmt(um.get('fraction'), 3))}</p>")
-        out.append(f"<details{' open' if um['ref']['count'] else ''}><summary>reference only "
-                   f"({um['ref']['count']})</summary>{_names_list(um['ref']['names'])}</details>")
-        out.append(f"<details{' open' if um['test']['count'] else ''}><summary>test only "
-                   f"({um['test']['count']})</summary>{_names_list(um['test']['names'])}</details>")
+        for side, what in (("ref", "reference only"), ("test", "test only")):
+            n = um[side]["count"]
+            out.append(f"<details{' open' if 0 < n <= NAMES_OPEN else ''}><summary>{what} ({n})</summary>"
+                       f"{_names_list(um[side]['names'])}</details>")
         recs = um.get("ref_records", []) + um.get("test_records", [])
         if recs:
             out.append(f"<p>unmatched records: reference {esc(um.get('ref_records'))}, test "
@@ -1078,15 +1266,16 @@ def render_report(
     """
 
     try:
-        timeline = build_timeline(cmp.test, model)
+        timeline = build_timelines(cmp.test, model)
     except Exception as e:  # a damaged profiling table must not cost the whole report
-        timeline = None
+        timeline = []
         timeline_error = f"profiling table not shown ({type(e).__name__}: {e})"
     else:
         timeline_error = ""
     ctx = chart_context(cmp, replay=replay, extra_comparisons=extra_comparisons, timeline=timeline,
                         max_points=max_points, max_rows=max_rows, drilldowns=drilldowns,
                         max_timeline_ops=max_timeline_ops)
+    ctx.finding_groups = _finding_groups(ctx)
     label = ctx.label
     rows = _select_rows(ctx)
     ctx.shown = {r["row"] for r in rows}

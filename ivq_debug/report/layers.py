@@ -93,7 +93,8 @@ def _encodings(dump: Any) -> dict[tuple[RecordKey, str], tuple[str, dict[str, An
 
 
 def build_layers(cmp: Any, *, extras: list[Labeled] | None = None, replay: Any = None, timeline: Any = None) -> LayerView:
-    """Join the primary comparison with precision, other comparisons, replay and latency."""
+    """Join the primary comparison with precision, other comparisons, replay and latency (``timeline``: one
+    :class:`~ivq_debug.report.timeline.Timeline` or a list, one per profiled part)."""
     t = cmp.table
     test_enc = _encodings(cmp.test)
     ref_enc = _encodings(cmp.ref)
@@ -139,17 +140,21 @@ def build_layers(cmp: Any, *, extras: list[Labeled] | None = None, replay: Any =
             row["intro_sqnr_db"] = as_float(hit.get("intro_sqnr_db"))
             row["intro_status"] = hit.get("intro_status")
             row["inherited_share"] = as_float(hit.get("inherited_share"))
-    # ---- latency: ops of the run mapped to the row's record (or, unmapped, of the first run)
-    if timeline is not None:
-        lat = timeline.tensor_latency()
+    # ---- latency: ops of the run mapped to the row's record (or, unmapped, of the first run), per part's profile
+    timelines = [timeline] if timeline is not None and not isinstance(timeline, list | tuple) else list(timeline or [])
+    notes = []
+    for tl in timelines:
+        lat = tl.tensor_latency()
         ops_of: dict[tuple[int, str], list[str]] = {}
-        for o in timeline.ops:
+        for o in tl.ops:
             for tn in o.tensors:
                 ops_of.setdefault((o.run, tn), []).append(o.name)
-        rec_run = {v: k for k, v in timeline.run_records.items()}
-        first = timeline.runs[0] if timeline.runs else None
+        rec_run = {v: k for k, v in tl.run_records.items()}
+        first = tl.runs[0] if tl.runs else None
         for row in rows:
-            run = rec_run.get(row["record"], None if timeline.run_records else first)
+            if tl.part is not None and row["record"][1] != tl.part:
+                continue
+            run = rec_run.get(row["record"], None if tl.run_records else first)
             if run is None:
                 continue
             v = lat.get((run, row["test_name"]))
@@ -157,7 +162,9 @@ def build_layers(cmp: Any, *, extras: list[Labeled] | None = None, replay: Any =
                 view.has_latency = True
                 row["latency"] = v
                 row["ops"] = ops_of.get((run, row["test_name"]), [])
-        view.latency_unit = timeline.unit_label
-        view.latency_note = ("latency of the profiled run of the same record" if timeline.run_records
-                             else f"latency of profiled run {first} (runs do not map one to one to records)")
+        view.latency_unit = tl.unit_label
+        what = f"{tl.part}: " if tl.part and len(timelines) > 1 else ""
+        notes.append(what + ("latency of the profiled run of the same record" if tl.run_records
+                             else f"latency of profiled run {first} (runs do not map one to one to records)"))
+    view.latency_note = "; ".join(notes)
     return view

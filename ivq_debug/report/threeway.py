@@ -12,9 +12,9 @@ import math
 from typing import Any
 
 from ivq_debug.diagnose.backend import departure
+from ivq_debug.dump.format import part_rank
 from ivq_debug.report.charts import Point, Series, esc, fmt, line_chart, thin_points
 
-PART_RANK = {"vision": 0, "model": 1, "prefill": 2, "decode": 3}
 TABLE_ROWS = 30
 
 
@@ -52,7 +52,7 @@ def section(cmp: Any, max_points: int = 400) -> str:
     layers = tw.layers()
     hot = {(r["part"], r["ref_name"]) for r in layers.to_dict("records") if departure(r, tw.k) is not None}
     charts = []
-    for part in sorted(set(t["part"]), key=lambda p: PART_RANK.get(p, 5)):
+    for part in sorted(set(t["part"]), key=part_rank):
         g = t[(t["part"] == part)]
         s0 = int(g["sample"].min())
         g = g[g["sample"] == s0]

@@ -15,9 +15,15 @@ a duration in µs and the dump tensors the op produces:
   own ratio ``Accelerator (execute) time [µs] / [cycles]`` of each run is kept in
   :attr:`Timeline.us_per_cycle` (under emulation it includes host overhead and varies from run to run).
   Sources with µs and start times (Chrome traces, ORT traces) keep them (``unit`` ``"us"``).
-* **Runs ↔ records.** When the profile holds exactly one run per record of the dump, run *k* is the *k*-th
-  record (capture order); otherwise :attr:`Timeline.run_records` is empty and errors are taken from the
-  worst record. Sources without run indices (a plain Chrome trace) are one run.
+* **Parts.** A capture of several parts through one runner per part (a VLM's vision, prefill and decode) stores
+  one table per part (``profiling.<part>``, :func:`ivq_debug.qnn.profiling.profiling_table`); a runner that
+  captured records of several parts stores ``profiling``. :func:`build_timelines` gives one timeline per
+  table, each saying the part it profiles. A ``profiling`` table of a dump of several parts whose runs are not
+  one per record (written before per-part tables: the last part's runner won) is attributed to the part whose
+  records hold the tensors its ops produce (:attr:`Timeline.part_inferred`).
+* **Runs ↔ records.** When the profile holds exactly one run per record of its part, run *k* is the *k*-th
+  record of that part (capture order); otherwise :attr:`Timeline.run_records` is empty and errors are taken
+  from the worst record. Sources without run indices (a plain Chrome trace) are one run.
 
 Emulated-HTP cycle counts measure the emulator on the host: use them for mapping and relative hot spots.
 """
@@ -28,7 +34,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ivq_debug.qnn.profiling import JOIN_COLUMNS, join_tensors
+from ivq_debug.dump.format import part_rank
+from ivq_debug.qnn.profiling import JOIN_COLUMNS, PROFILING_TABLE, join_tensors, profiling_tables
 
 RecordKey = tuple[int, str, int]
 
@@ -64,6 +71,9 @@ class Timeline:
     emulated: bool | None
     totals: dict[int, float] = field(default_factory=dict)  # per run, in `unit`
     us_per_cycle: dict[int, float] = field(default_factory=dict)  # per run, from the profile
+    part: str | None = None  # the part whose runs this profile times (None: the dump's only part, or unknown)
+    table: str = PROFILING_TABLE  # the dump table it was read from
+    part_inferred: bool = False  # the part was told from the tensors the ops produce (a table named "profiling")
 
     @property
     def unit_label(self) -> str:
@@ -134,17 +144,45 @@ def _us_per_cycle(rows: Any) -> float | None:
     return us / cyc if us is not None and cyc else None
 
 
-def build_timeline(dump: Any, model: Any = None) -> Timeline | None:
-    """The timeline of a dump's ``profiling`` table, or ``None`` when the dump has none (or no op rows).
+#: the order parts are listed in
+
+
+def build_timelines(dump: Any, model: Any = None) -> list[Timeline]:
+    """One timeline per profile the dump carries (per part; see the module docstring), vision → decode.
 
     Args:
         dump: the test :class:`~ivq_debug.dump.Dump`.
         model: the profiled ONNX model (path or ``ModelProto``) to re-join ops to tensors; default: the join
-            stored with the table at capture time, else the stored op trace.
+            stored with each table at capture time, else the stored op trace. Only for a dump with one profile
+            (one model is one part).
     """
-    if "profiling" not in dump.table_names():
+    tables = profiling_tables(dump.table_names())
+    out = [tl for name, part in tables.items()
+           if (tl := _build(dump, name, part, model if len(tables) == 1 else None)) is not None]
+    return sorted(out, key=lambda t: (part_rank(t.part), str(t.part)))
+
+
+def build_timeline(dump: Any, model: Any = None) -> Timeline | None:
+    """The timeline of a dump's main profile: the ``profiling`` table, else the first part's (vision →
+    decode); ``None`` when the dump has no profile with op rows (:func:`build_timelines` gives every one)."""
+    tls = build_timelines(dump, model)
+    return next((t for t in tls if t.table == PROFILING_TABLE), tls[0] if tls else None)
+
+
+def _infer_part(dump: Any, ops_tensors: list[list[str]]) -> str | None:
+    """The part whose records hold the most of the tensors the profiled ops produce."""
+    names = {t for ts in ops_tensors for t in ts}
+    if not names:
         return None
-    df = dump.table("profiling")
+    counts: dict[str, int] = {}
+    for part, _ in {(str(e.part), e.name) for e in dump.entries if e.kind == "tensor" and e.name in names}:
+        counts[part] = counts.get(part, 0) + 1
+    return max(counts, key=lambda p: counts[p]) if counts else None
+
+
+def _build(dump: Any, table: str, part: str | None, model: Any) -> Timeline | None:
+    """The timeline of one profiling table (``None`` without op rows)."""
+    df = dump.table(table)
     if df.empty or not bool(df["is_op"].astype(bool).any()):
         return None
     tensor_names = {e.name for e in dump.entries if e.kind == "tensor"}
@@ -214,8 +252,16 @@ def build_timeline(dump: Any, model: Any = None) -> Timeline | None:
                 dur=max(dur, 0.0), raw=v, unit=str(r.unit), tensors=list(r.j_tensors), onnx_nodes=list(r.j_nodes),
             ))
         totals[run] = t
-    recs = sorted(dump.record_keys().items(), key=lambda kv: kv[1])  # capture order (rid)
+    parts = {k[1] for k in dump.record_keys()}
+    inferred = False
+    if part is None and len(parts) > 1 and len(runs) != len(dump.record_keys()):  # not one run per record
+        part = _infer_part(dump, [o.tensors for o in ops])
+        inferred = part is not None
+    elif part is None and len(parts) == 1:
+        part = next(iter(parts))
+    recs = sorted(((k, rid) for k, rid in dump.record_keys().items() if part is None or k[1] == part),
+                  key=lambda kv: kv[1])  # capture order (rid)
     run_records = {run: recs[k][0] for k, run in enumerate(runs)} if len(recs) == len(runs) else {}
     src = str(ops_df["source"].iloc[0])
     return Timeline(ops, runs, run_records, unit, join, src, (dump.backend_info or {}).get("emulated"), totals,
-                    ratios)
+                    ratios, part, table, inferred)

@@ -41,7 +41,7 @@ def test_core_commands_run_without_any_extra(tmp_path: Path) -> None:
               "             ['ls', 'q.h5'], ['ls', 'q.h5', '--records'], ['show', 'q.h5', 'y'],\n"
               "             ['calib-stats', 'm.onnx', '--calibration', 'cal', '-o', 's.json']):\n"
               "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, (argv, e.code)\n"
-              "bad = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if sys.modules.get(m) is not None]\n"
+              "bad = [m for m in ('torch', 'transformers', 'pandas', 'matplotlib', 'PIL') if sys.modules.get(m) is not None]\n"
               "assert not bad, bad\nprint('core ok')")
     r = without(("torch", "analysis", "qnn"), script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -88,3 +88,18 @@ def test_helpers() -> None:
             require_extra("no_such_module_ivq")
         finally:
             del EXTRAS["no_such_module_ivq"]
+
+
+def test_python_api_without_the_extra_names_it(tmp_path: Path) -> None:
+    """``ivq.compare`` on a core install raises the project's exit-5 error naming the extra, not a bare
+    ModuleNotFoundError."""
+    from ivq_debug.capture.base import Selection, capture, make_runner
+
+    model = build_mlp(tmp_path / "m.onnx")
+    capture(make_runner("onnx", model, selection=Selection()), [mlp_input()], tmp_path / "a.h5", progress=None)
+    script = ("import ivq_debug as ivq\nfrom ivq_debug.errors import MissingExtraError\n"
+              "try:\n    ivq.compare('a.h5', 'a.h5')\nexcept MissingExtraError as e:\n"
+              "    print('exit', e.exit_code, e)\n")
+    r = without(("analysis",), script, cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "exit 5 ivq.compare needs pandas, which is not installed: pip install 'ivq-debug[analysis]'" in r.stdout

@@ -19,7 +19,7 @@ from tests.support.dynamic_models import build_mlp, mlp_input
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-EXTRAS = ("torch", "transformers", "pandas", "matplotlib", "onnxscript", "onnxruntime_qnn")
+EXTRAS = ("torch", "transformers", "pandas", "matplotlib", "PIL", "onnxscript", "onnxruntime_qnn")
 
 
 def sizes(site: Path) -> dict[str, int]:
@@ -47,7 +47,7 @@ def test_fresh_venv_core_install_captures_without_torch(tmp_path: Path, artifact
     names = {line.replace(" @ ", "==").split("==")[0].strip().lower().replace("_", "-")
              for line in freeze.splitlines() if "==" in line or " @ " in line}
     assert {"ivq-debug", "numpy", "onnx", "onnxruntime", "h5py", "rich"} <= names
-    assert not names & {"torch", "transformers", "pandas", "matplotlib", "onnxscript", "onnxruntime-qnn", "psutil"}
+    assert not names & {"torch", "transformers", "pandas", "matplotlib", "pillow", "onnxscript", "onnxruntime-qnn", "psutil"}
 
     build_mlp(tmp_path / "m.onnx")
     np.savez(tmp_path / "x.npz", **mlp_input())

@@ -96,7 +96,7 @@ def test_calibration_sources(block: Path, tmp_path: Path) -> None:
 
 
 def test_image_folder_calibration(tmp_path: Path) -> None:
-    import matplotlib.image as mpimg
+    from PIL import Image
 
     from ivq_debug.qnn.quantize import load_calibration, quantize_for_qnn
 
@@ -106,12 +106,78 @@ def test_image_folder_calibration(tmp_path: Path) -> None:
     imgs.mkdir()
     rng = np.random.default_rng(0)
     for i in range(3):  # 20x20 RGBA PNGs: alpha dropped, resized to 16x16, laid out NCHW
-        mpimg.imsave(imgs / f"img{i}.png", rng.random((20, 20, 3)))
+        Image.fromarray((rng.random((20, 20, 4)) * 255).astype(np.uint8), "RGBA").save(imgs / f"img{i}.png")
     s, desc = load_calibration(imgs, model, image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25))
     assert len(s) == 3 and s[0]["pixel_values"].shape == (1, 3, 16, 16) and "3 files" in desc
+    assert "3 image(s) through Pillow, bicubic resize (antialiased)" in desc
     assert -2.1 <= s[0]["pixel_values"].min() and s[0]["pixel_values"].max() <= 2.1
     r = quantize_for_qnn(model, tmp_path / "conv.qdq.onnx", imgs)
     assert r.calibration_samples == 3
+
+
+PHOTO = Path(__file__).resolve().parents[1] / "fixtures" / "images" / "grace_hopper.jpg"
+
+
+def _band_resize(img: object, hw: int, f: object) -> np.ndarray:
+    """The explicit Pillow resize of each channel as a float image, HWC in [0, 1], NCHW with a batch axis."""
+    bands = [np.asarray(b.convert("F").resize((hw, hw), f), np.float32) / np.float32(255) for b in img.split()]
+    return np.stack(bands)[None]
+
+
+def _input_encoding(path: Path) -> tuple[float, int]:
+    i = _inits(path)
+    return float(i["pixel_values_scale"]), int(i["pixel_values_zero_point"])
+
+
+def test_calibration_images_are_resized_as_deployed(tmp_path: Path) -> None:
+    """A real photograph (512x600) calibrated at 32x32: the default (Pillow bicubic, antialiased) gives the
+    encodings an explicit Pillow resize of the same image gives, and not those of nearest-neighbour, whose
+    aliasing keeps single bright and dark pixels a deployed resize averages away."""
+    from PIL import Image
+
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(models.build_conv(0, hw=32), str(model))
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    photo = Image.open(PHOTO).convert("RGB")
+    photo.save(imgs / "a.png")
+    photo.transpose(Image.Transpose.FLIP_LEFT_RIGHT).crop((0, 100, 512, 600)).save(imgs / "b.png")
+    default = quantize_for_qnn(model, tmp_path / "default.onnx", imgs)
+    assert "2 image(s) through Pillow, bicubic resize (antialiased)" in default.calibration_source
+    explicit = [{"pixel_values": _band_resize(Image.open(f).convert("RGB"), 32, Image.Resampling.BICUBIC)}
+                for f in sorted(imgs.iterdir())]
+    by_hand = quantize_for_qnn(model, tmp_path / "explicit.onnx", explicit)
+    nearest = quantize_for_qnn(model, tmp_path / "nearest.onnx", imgs, image_resize="nearest")
+    assert "nearest resize" in nearest.calibration_source
+    d, e, n = _inits(default.model_path), _inits(by_hand.model_path), _inits(nearest.model_path)
+    scales = [k for k in d if k.endswith("_scale")]
+    assert scales and all(np.array_equal(d[k], e[k]) for k in d)  # every encoding, to the bit
+    assert _input_encoding(default.model_path) != _input_encoding(nearest.model_path)
+    assert sum(not np.array_equal(d[k], n[k]) for k in scales) >= 2
+
+
+def test_calibration_images_through_the_model_folders_image_processor(tmp_path: Path) -> None:
+    from PIL import Image
+    from transformers import ViTImageProcessor
+
+    from ivq_debug.qnn.quantize import load_calibration
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(models.build_conv(0, hw=32), str(model))
+    folder = tmp_path / "hf"
+    proc = ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    proc.save_pretrained(folder)
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    (imgs / "a.jpg").write_bytes(PHOTO.read_bytes())
+    s, desc = load_calibration(imgs, model, image_processor=folder)
+    assert "1 image(s) through the image processor ViTImageProcessor" in desc
+    want = proc(images=Image.open(PHOTO), return_tensors="np")["pixel_values"]
+    assert np.array_equal(s[0]["pixel_values"], want) and want.shape == (1, 3, 32, 32)
+    with pytest.raises(InputError, match=r"no preprocessor_config\.json"):
+        load_calibration(imgs, model, image_processor=tmp_path)
 
 
 def test_overrides_dict_and_json(block: Path, tmp_path: Path) -> None:
@@ -188,3 +254,22 @@ def test_bad_arguments(block: Path, tmp_path: Path, qnn_models: dict[str, Path])
         quantize_for_qnn(qnn_models["block.a8w8"], tmp_path / "q.onnx", feeds)
     with pytest.raises(InputError, match="no such ONNX model"):
         quantize_for_qnn(tmp_path / "missing.onnx", tmp_path / "q.onnx", feeds)
+
+
+def test_cli_image_resize_and_processor_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ivq quantize --image-resize`` says which resize made the calibration inputs; the flags are QDQ-only
+    (exit 2 with --dynamic) and a folder without an image processor is an input error (exit 3)."""
+    from tests.support.cli import ivq_cli
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(models.build_conv(0, hw=32), str(model))
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    (imgs / "a.jpg").write_bytes(PHOTO.read_bytes())
+    assert ivq_cli("quantize", model, "-o", tmp_path / "q.onnx", "--calibration", imgs, "--image-resize",
+                   "bilinear") == 0
+    assert "1 image(s) through Pillow, bilinear resize (antialiased)" in capsys.readouterr().out.replace("\n", " ")
+    assert ivq_cli("quantize", model, "-o", tmp_path / "d.onnx", "--dynamic", "--image-resize", "nearest") == 2
+    assert ivq_cli("quantize", model, "-o", tmp_path / "p.onnx", "--calibration", imgs, "--image-processor",
+                   tmp_path) == 3
+    assert "no preprocessor_config.json" in capsys.readouterr().err

@@ -69,8 +69,8 @@ def test_sections_and_joined_columns(comparisons: dict[str, Any], pipeline: dict
     page = _render(comparisons)
     for sid in ("findings", "summary", "depth", "heatmap", "layers", "drilldown", "unmatched", "provenance"):
         assert f'id="{sid}"' in page, sid
-    for label in comparisons["extras"]:
-        assert f"SQNR {html.escape(label)}" in page
+    for label in comparisons["extras"]:  # a short head ("SQNR quantization"), the full label in its title
+        assert f'title="SQNR of the same tensor in {html.escape(label)}">SQNR {label.split(" (")[0]}<' in page
     assert "introduced SQNR" in page and "inherited" in page
     assert "Comparisons side by side" in page
     if "htp" in pipeline:
@@ -88,7 +88,14 @@ def test_rows_points_and_drilldowns_are_capped(comparisons: dict[str, Any]) -> N
     small = _render(comparisons, max_rows=5, drilldowns=1, max_points=20)
     n = len(comparisons["main"].table)
     assert full.count('<tr id="L') == n
-    assert small.count('<tr id="L') == 5 and f"Showing 5 of {n} rows" in small
+    shown = small.count('<tr id="L')
+    assert 5 <= shown < n and f"Showing {shown} of {n} rows" in small
+    # the rows the findings point at are kept past the cap, and every such finding links to its row
+    cards = re.findall(r'<article class="finding.*?</article>', small, re.S)
+    named = [c for c in cards if '<p class="where">' in c and "tensor " in c.split('<p class="where">')[1]]
+    assert named and all('class="goto" href="#L' in c for c in named)
+    targets = {m for c in named for m in re.findall(r'class="goto" href="#(L\d+)"', c)}
+    assert len(targets) <= shown
     assert small.count('class="drill"') == 1 and full.count('class="drill"') == 6
     assert len(small) < len(full)
     ids = set(re.findall(r'\bid="([^"]+)"', small))

@@ -20,6 +20,16 @@ It is built in a temporary folder inside the root and published with one ``os.re
 half an entry and two writers of the same key cannot mix files. A hit re-checks the whole material and every
 file hash: an entry that does not match (corrupt, truncated, written by other code) is ignored with a warning
 and compiled afresh, never loaded.
+
+**Exposure memory.** A graph QNN refuses is never cached, so the search for the tensors QNN will not expose (up
+to ``defaults.QNN_MAX_PROBES`` throw-away compiles: 24-28 for the demo's vision tower) would run again for every
+capture of the same model. :class:`ExposureMemory` keeps its outcome next to the contexts, in
+``<root>/exposure/<key>.json``: the tensors left out with their reasons, the tensors kept in one session and the
+channels-last exposures undone. Its key is the same material as a context's but for the *unmodified* model
+(SHA-256 of the model and its external data, target, provider and session options, optimization level,
+versions, host) plus the exposure request (the tensors asked for, the group size, the channels-last plan). A
+remembered outcome is applied before the first compile; the capture sessions then load their contexts, and
+when QNN still refuses a group (an entry written by other code) the search runs as without it.
 """
 
 from __future__ import annotations
@@ -51,6 +61,11 @@ EMBED_MODE = "0"
 RUNTIME_OPTIONS = frozenset({"profiling_level", "profiling_file_path", "enable_framework_op_trace",
                              "framework_op_trace_dir", "dump_json_qnn_graph", "json_qnn_graph_dir",
                              "htp_performance_mode", "backend_path"})
+
+#: the folder (inside the cache root) of the remembered exposure searches
+EXPOSURE_DIR = "exposure"
+#: bump when the remembered document changes (older documents then miss)
+EXPOSURE_FORMAT = 1
 
 #: staging folders older than this are removed when pruning (a killed process left them)
 STALE_STAGING_S = 24 * 3600
@@ -273,3 +288,93 @@ class ContextCache:
             total -= size
             removed.append(d)
         return removed
+
+
+@dataclass
+class ExposureMemory:
+    """The remembered outcome of the search for tensors QNN HTP will not expose (see the module docstring).
+
+    Attributes:
+        unexposable: ``{"name", "output", "op_type", "reason"}`` of every tensor the search left out.
+        bonds: groups of tensor outputs that must share one capture session.
+        nchw: tensor outputs exposed in their plain NCHW layout instead of channels-last.
+        probes: the throw-away compiles the search made (what remembering saves).
+        seconds: the time it took.
+    """
+
+    unexposable: list[dict[str, Any]]
+    bonds: list[list[str]]
+    nchw: list[str]
+    probes: int = 0
+    seconds: float = 0.0
+
+    def empty(self) -> bool:
+        """Nothing to apply: every requested tensor was exposed as planned."""
+        return not (self.unexposable or self.bonds or self.nchw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (without its key)."""
+        return {"unexposable": self.unexposable, "bonds": self.bonds, "nchw": self.nchw, "probes": self.probes,
+                "seconds": round(self.seconds, 3)}
+
+
+def exposure_material(context_material: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """The key material of an exposure search: the unmodified model's context material plus the request
+    (``sites``: the tensor outputs asked for, ``max_outputs_per_run``, ``channels_last``: the planned outputs)."""
+    return {"exposure_format": EXPOSURE_FORMAT, "context": context_material, "request": request}
+
+
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _memory_from(doc: Any, material: dict[str, Any]) -> ExposureMemory | str:
+    """The memory in a parsed document, or why it cannot be used."""
+    if not isinstance(doc, dict) or doc.get("format") != EXPOSURE_FORMAT:
+        return "written by another format"
+    if doc.get("material") != material:
+        return "its key material differs from this capture's"
+    unexp, bonds, nchw = doc.get("unexposable"), doc.get("bonds"), doc.get("nchw")
+    fields = ("name", "output", "reason")
+    if not (isinstance(unexp, list) and all(isinstance(u, dict) and all(isinstance(u.get(k), str) for k in fields)
+                                            for u in unexp)):
+        return "malformed unexposable list"
+    if not (isinstance(bonds, list) and all(_str_list(b) for b in bonds)) or not _str_list(nchw):
+        return "malformed bonds or layouts"
+    probes, secs = doc.get("probes", 0), doc.get("seconds", 0.0)
+    return ExposureMemory([{k: u.get(k) for k in ("name", "output", "op_type", "reason")} for u in unexp],
+                          bonds, nchw, int(probes) if isinstance(probes, int) else 0,
+                          float(secs) if isinstance(secs, int | float) else 0.0)
+
+
+def recall_exposure(cache: ContextCache, material: dict[str, Any]) -> ExposureMemory | None:
+    """The remembered search for ``material`` (None on a miss; a damaged document is ignored with a warning)."""
+    path = cache.root / EXPOSURE_DIR / f"{key_of(material)}.json"
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        cache._warn(f"ignoring QNN exposure memory {path}: not a regular file; searching afresh")
+        return None
+    try:
+        got = _memory_from(load_json(path, "exposure memory"), material)
+    except InputError as e:
+        got = e.message
+    if isinstance(got, str):
+        cache._warn(f"ignoring QNN exposure memory {path}: {got}; searching afresh")
+        return None
+    return got
+
+
+def remember_exposure(cache: ContextCache, material: dict[str, Any], memory: ExposureMemory) -> Path | None:
+    """Store the outcome of a search (atomically); None (with a warning) when the cache is not writable."""
+    folder = cache.root / EXPOSURE_DIR
+    path = folder / f"{key_of(material)}.json"
+    doc = {"format": EXPOSURE_FORMAT, "material": material, **memory.to_dict(),
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(doc, indent=1, default=str), overwrite=True)
+    except (OSError, UsageError) as e:
+        cache._warn(f"cannot remember the QNN exposure search in {folder} ({one_line(e, 120)})")
+        return None
+    return path

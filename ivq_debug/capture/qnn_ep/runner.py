@@ -28,7 +28,13 @@ from typing import Any
 from ivq_debug import defaults
 from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.runner import OrtRunner
-from ivq_debug.capture.qnn_ep.cache import ContextCache
+from ivq_debug.capture.qnn_ep.cache import (
+    ContextCache,
+    ExposureMemory,
+    exposure_material,
+    recall_exposure,
+    remember_exposure,
+)
 from ivq_debug.capture.qnn_ep.factory import QnnSessions, cache_of
 from ivq_debug.capture.qnn_ep.plan import DEAD_REASON, channels_last, consumers_of, dead_sites, nhwc_exposure
 from ivq_debug.capture.qnn_ep.session import (
@@ -36,13 +42,14 @@ from ivq_debug.capture.qnn_ep.session import (
     Partition,
     QnnSessionConfig,
     QnnUnsupportedError,
+    cache_material,
     source_ops,
 )
 from ivq_debug.console import note, warn
-from ivq_debug.errors import CaptureError
+from ivq_debug.errors import CaptureError, one_line
 from ivq_debug.onnxgraph.load import Model
 from ivq_debug.onnxgraph.sites import TensorSite
-from ivq_debug.qnn.profiling import join_tensors, read_qnn_ep_csv
+from ivq_debug.qnn.profiling import join_tensors, profiling_table, read_qnn_ep_csv
 
 UPSTREAM_HOPS = 7
 
@@ -183,6 +190,7 @@ class QnnHtpRunner(Closing):
         self._plan_exposure(defaults.QNN_CHANNELS_LAST_EXPOSURE if channels_last is None else channels_last)
         self.qnn.main_profile = "capture" if self.ort.sites else "plain"
         self._cache_said = False
+        self._parts: dict[str, None] = {}  # the parts of the records this runner captured (profiling table name)
         if fast_compile:
             self.ort.info["fast_compile"] = {**defaults.QNN_FAST_COMPILE_OPTIONS, "note": (
                 "QNN's faster, less optimized finalization: the model's output can differ by a quantization "
@@ -279,6 +287,8 @@ class QnnHtpRunner(Closing):
             note(f"not exposing {len(dead)} tensor(s) nothing reads on the way to a model output (the deployed "
                  f"graph does not compute them; exposing them changes what QNN compiles): {_names(dead)}")
         self._probes = _Probes(self.max_probes, defaults.QNN_PROBE_BUDGET_S)
+        t0, plan0 = time.perf_counter(), set(ort.exposed_as)
+        memory = self._recall_exposure()
         for _ in range(4 + 2 * len(ort.groups())):
             groups = ort.groups()
             failure = None
@@ -293,6 +303,7 @@ class QnnHtpRunner(Closing):
                     self.qnn.what = None
             if failure is None:
                 self._prepared = True
+                self._remember_exposure(memory, plan0, time.perf_counter() - t0)
                 return
             gi, n_groups, group, err = failure
             if not group or not self.drop_unexposable:
@@ -308,19 +319,77 @@ class QnnHtpRunner(Closing):
                     raise err
                 for site, reason in found:
                     self.unexposable.append({"name": site.name, "output": site.output, "op_type": site.op_type,
-                                             "reason": reason[:600]})
+                                             "reason": one_line(reason, 600)})
                 drop = {s.output for s, _ in found}
                 ort.sites = [s for s in ort.sites if s.output not in drop]
                 ort.info["unexposable"] = list(self.unexposable)
                 ort.info["exposed_tensors"] = len(ort.sites)
-                warn(f"not exposing {len(found)} tensor(s) on QNN HTP: "
-                     + "; ".join(f"{_names([{'name': s.name} for s, r in found if r == reason])}: {reason[:300]}"
-                                 for reason in dict.fromkeys(r for _, r in found)))
+                unprobed = [{"name": s.name} for s, r in found if "not probed" in r]
+                if unprobed:  # left out without proof: a loss the user can act on (a smaller --include set)
+                    warn(f"not exposing {len(unprobed)} tensor(s) on QNN HTP, not probed (the probe budget ran "
+                         f"out): {_names(unprobed, 3)}; reasons in the dump's backend_info.unexposable")
+                if len(unprobed) < len(found):
+                    note(f"not exposing {len(found) - len(unprobed)} tensor(s) QNN HTP refuses to expose: "
+                         f"{_names([{'name': s.name} for s, r in found if 'not probed' not in r], 3)} (reasons "
+                         "in the dump's backend_info.unexposable)")
             ort.sites = self._ordered(ort.sites)
             for k in [k for k in ort.sessions if k != -1]:
                 del ort.sessions[k]
             self.qnn.drop_capture_sessions()
         raise CaptureError("could not find a set of exposed tensors QNN accepts", self.model_path)
+
+    def _exposure_key(self) -> dict[str, Any]:
+        """The key material of this runner's exposure search (:func:`~ivq_debug.capture.qnn_ep.cache.
+        exposure_material`): the unmodified model's context material and the tensors asked for."""
+        ort = self.ort
+        request = {"sites": [s.output for s in ort.sites], "max_outputs_per_run": ort.max_outputs_per_run,
+                   "channels_last": sorted(ort.exposed_as), "fixed_dims": ort.info.get("fixed_dims")}
+        cfg = self.qnn.config.with_changes(profiling_level=None)  # runtime-only (and its CSV is per session)
+        src = ort.source  # the model file when the graph is the file's, else the graph's bytes (in memory, dims fixed)
+        graph = (str(src.path) if src.path is not None and ort.model is src.proto
+                 else ort.model.SerializeToString())
+        return exposure_material(cache_material(graph, cfg, ort.session_options(), ort.model), request)
+
+    def _recall_exposure(self) -> tuple[dict[str, Any], ExposureMemory | None] | None:
+        """Apply the remembered search for this model and request, if any; returns (key material, memory), or
+        None without a cache (nothing is remembered then)."""
+        cache, ort = self.qnn.cache, self.ort
+        if cache is None or not self.drop_unexposable or not ort.sites:
+            return None
+        material = self._exposure_key()
+        mem = recall_exposure(cache, material)
+        if mem is None or mem.empty():
+            return material, mem
+        gone = {u["output"] for u in mem.unexposable}
+        self.unexposable += [dict(u) for u in mem.unexposable]
+        ort.sites = [s for s in ort.sites if s.output not in gone]
+        self._bonds = [set(b) for b in mem.bonds]
+        for o in mem.nchw:
+            ort.exposed_as.pop(o, None)
+        ort.sites = self._ordered(ort.sites)
+        ort.info.update(unexposable=list(self.unexposable), exposed_tensors=len(ort.sites),
+                        exposure_memory={"unexposable": len(gone), "probes_saved": mem.probes,
+                                         "seconds_saved": mem.seconds})
+        if "channels_last_exposure" in ort.info:
+            ort.info["channels_last_exposure"] = len(ort.exposed_as)
+        return material, mem  # said with the cache line after the first capture run (:meth:`_say_cache`)
+
+    def _remember_exposure(self, recalled: tuple[dict[str, Any], ExposureMemory | None] | None,
+                           plan0: set[str], seconds: float) -> None:
+        """Store what the search found, when it found something the memory did not hold."""
+        if recalled is None:
+            return
+        material, old = recalled
+        mem = ExposureMemory([{k: u.get(k) for k in ("name", "output", "op_type", "reason")}
+                              for u in self.unexposable if u.get("reason") != DEAD_REASON],
+                             [sorted(b) for b in self._bonds], sorted(plan0 - set(self.ort.exposed_as)),
+                             self._probes.used, seconds)
+        if mem.empty() or (old is not None and (old.unexposable, old.bonds, old.nchw)
+                           == (mem.unexposable, mem.bonds, mem.nchw)):
+            return
+        if old is not None:  # the remembered outcome needed more: keep what both searches cost
+            mem.probes, mem.seconds = mem.probes + old.probes, mem.seconds + old.seconds
+        remember_exposure(self.qnn.cache, material, mem)  # type: ignore[arg-type]
 
     def _accepts(self, sites: list[TensorSite], what: str) -> bool:
         """Whether QNN takes the model with these tensors exposed (a throw-away session)."""
@@ -373,7 +442,7 @@ class QnnHtpRunner(Closing):
             del plan[o]
         self.ort.info["channels_last_exposure"] = len(plan)
         note(f"QNN HTP refused a capture group next to {len(back)} tensor(s) exposed channels-last; exposing "
-             f"{_names([{'name': site_of[o].name} for o in back])} in the NCHW layout instead")
+             f"{_names([{'name': site_of[o].name} for o in back], 3)} in the NCHW layout instead")
         return True
 
     def _bond(self, group: list[TensorSite], err: QnnUnsupportedError) -> bool:
@@ -397,8 +466,8 @@ class QnnHtpRunner(Closing):
             return False  # nothing outside the group, too many, or already together and still refused
         merged = [b for b in self._bonds if b & bond]
         self._bonds = [b for b in self._bonds if not b & bond] + [set().union(bond, *merged)]
-        note(f"QNN HTP refused a capture group exposing {_names([{'name': s.name} for s in near])} without "
-             f"{_names([{'name': t.name} for t in partners])}; keeping them in one session")
+        note(f"QNN HTP refused a capture group exposing {_names([{'name': s.name} for s in near], 3)} without "
+             f"{_names([{'name': t.name} for t in partners], 3)}; keeping them in one session")
         return True
 
     def _ordered(self, sites: list[TensorSite]) -> list[TensorSite]:
@@ -443,8 +512,10 @@ class QnnHtpRunner(Closing):
         probes = self._probes
         est = max(self.qnn.compile_seconds or [0.0])
         left = probes.allowed(est)
-        note(f"QNN HTP refused {where} ({len(group)} tensors exposed): {why[:300]}. Looking for the tensors it "
-             f"will not expose: at most {left} probe compile(s) of ~{est:.0f} s each (each recompiles the graph)")
+        reasons = "; ".join(dict.fromkeys(one_line(u["reason"]).rstrip(".") for u in err.unsupported))
+        note(f"QNN HTP refused {where} exposing {len(group)} tensors ({len(refused)} node(s): "
+             f"{one_line(reasons, 80)}); looking for the tensors it will not expose with at most {left} probe "
+             f"compile(s) of ~{est:.0f} s")
         unprobed = (f"not probed: QNN refused a graph exposing it ({why}) and the search for the culprits stops "
                     f"after {probes.cap} probe compiles or {probes.budget_s:.0f} s (one compile of this model takes "
                     f"~{est:.0f} s); capture it in a smaller --include set to try again")
@@ -514,9 +585,12 @@ class QnnHtpRunner(Closing):
             return
         self._cache_said = True
         hits, misses = cc["hits"], cc["misses"]
+        mem = self.ort.info.get("exposure_memory")
+        left = (f"; {mem['unexposable']} tensor(s) QNN refuses to expose left out as an earlier capture found "
+                f"({mem['probes_saved']} probe compile(s) not repeated)") if mem else ""
         if hits:
             note(f"QNN context cache hit: {len(hits)} of {len(hits) + len(misses)} QNN HTP session(s) loaded instead "
-                 f"of compiled ({cc['compile_seconds_saved']:.1f} s of compile saved; {cc['root']})")
+                 f"of compiled ({cc['compile_seconds_saved']:.1f} s of compile saved; {cc['root']}){left}")
         elif misses:
             note(f"QNN context cache: compiled {len(misses)} session(s) and stored them in {cc['root']}; the next "
                  f"capture of this model loads them")
@@ -552,7 +626,13 @@ class QnnHtpRunner(Closing):
             table["onnx_source_ops"] = [ops if ops or not is_op else src.get(str(q), [])
                                         for ops, is_op, q in zip(table["onnx_source_ops"], table["is_op"],
                                                                  table["qnn_name"], strict=True)]
-        writer.add_table("profiling", join_tensors(table, self.model))
+        # one table per part when this runner ran one part (a VLM's vision, prefill and decode runners each have
+        # their own profile); a runner that ran records of several parts writes the plain ``profiling`` table
+        key = getattr(writer, "current_key", None)
+        if key is not None:
+            self._parts.setdefault(key[1])
+        part = next(iter(self._parts)) if len(self._parts) == 1 else None
+        writer.add_table(profiling_table(part), join_tensors(table, self.model))
 
     def close(self) -> None:
         """Release the sessions."""

@@ -37,7 +37,7 @@ from ivq_debug.errors import InputError, UsageError
 from ivq_debug.qnn.names import NameMap
 from ivq_debug.qnn.profiling import join_tensors, read_profile
 from ivq_debug.util import check_schema, file_in_folder_problem, is_inside, load_json, read_json, sha256_file
-from ivq_debug.validate import check_hf_config
+from ivq_debug.vlm.config import check_hf_config
 
 BACKEND = "qnn-net-run"
 PARTS = ("vision", "prefill", "decode", "model")

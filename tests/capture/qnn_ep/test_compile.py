@@ -255,6 +255,50 @@ def test_probe_cap_says_what_it_did_not_probe(qnn_models: dict[str, Path], capfd
     assert set(un) >= {"kT"} and len(full.sites) > len(r.sites)
 
 
+def test_exposure_search_is_remembered_next_to_the_contexts(qnn_models: dict[str, Path], capfd: Any,
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe compiles that find kT (refused by QNN) run once per model, target and options: a second capture
+    with the same cache applies the remembered outcome (no probe, one short note, the same bits); another target
+    or a damaged memory searches afresh."""
+    from ivq_debug.capture.qnn_ep.cache import EXPOSURE_DIR
+
+    monkeypatch.delenv("IVQ_NO_PROGRESS", raising=False)
+    feeds = models.block_feeds(FEED_SEED)[0]
+    cache = tmp_path / "cache"
+    first = _runner(qnn_models["block.a8w8"], qnn_cache=cache, profiling_level="detailed",  # as the demo captures
+                    profiling_path=tmp_path / "p.csv")
+    capfd.readouterr()
+    capture(first, [feeds], tmp_path / "first.h5", progress=None)
+    err1 = capfd.readouterr().err
+    assert first._probes.used >= 2 and [u["name"] for u in first.info["unexposable"]] == ["kT"]
+    assert "looking for the tensors it will not expose" in " ".join(err1.split())
+    memo = list((cache / EXPOSURE_DIR).glob("*.json"))
+    assert len(memo) == 1 and json.loads(memo[0].read_text())["probes"] == first._probes.used
+
+    second = _runner(qnn_models["block.a8w8"], qnn_cache=cache)
+    capture(second, [feeds], tmp_path / "second.h5", progress=None)
+    err2 = capfd.readouterr().err
+    assert second._probes.used == 0 and second.info["unexposable"] == first.info["unexposable"]
+    assert second.info["exposure_memory"]["probes_saved"] == first._probes.used
+    one = " ".join(err2.split())
+    assert "refused" not in err2 and "warning" not in err2 and "QNN context cache hit" in one
+    assert "1 tensor(s) QNN refuses to expose left out as an earlier capture found" in one
+    # one message (the console may wrap it): the cache hit and the memory
+    assert len([ln for ln in err2.splitlines() if ln.startswith(("QNN", "warning", "not exposing"))]) == 1
+    assert second.info["context_cache"]["misses"] == []  # every session loaded: nothing compiled at all
+    with open_dump(tmp_path / "first.h5") as a, open_dump(tmp_path / "second.h5") as b:
+        assert _raw(a) == _raw(b)
+
+    memo[0].write_text('{"format": 1, "material": {}, "unexposable": "x"}')  # damaged: ignored, searched again
+    third = _runner(qnn_models["block.a8w8"], qnn_cache=cache)
+    capture(third, [feeds], tmp_path / "third.h5", progress=None)
+    err3 = " ".join(capfd.readouterr().err.split())
+    assert "ignoring QNN exposure memory" in err3 and third._probes.used == first._probes.used
+    assert json.loads(memo[0].read_text())["unexposable"][0]["name"] == "kT"  # and remembered again
+    other = _runner(qnn_models["block.a8w8"], qnn_cache=cache, max_outputs_per_run=4)  # another request
+    assert other._exposure_key() != third._exposure_key()
+
+
 def test_refused_group_keeps_pairs_together_and_undoes_channels_last(tmp_path: Path, capfd: Any,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """ViT (transformers' ViTModel, 1 layer) in capture groups of 17: a boundary separates the attention's Kᵀ

@@ -1,0 +1,87 @@
+"""No unit over the introduced budget, the output over it: the replay says where the error accumulates (issue 32).
+
+The fault: every activation encoding of a real a8w8 QDQ model made 6x coarser (a calibration that overshoots every
+range). Each unit alone then stays above the 20 dB budget (worst ~24 dB), while the logits end near 16 dB; the
+clean model's logits stay above the budget and nothing is said.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import ivq_debug as ivq
+from ivq_debug.diagnose.replay import replay, replay_records
+from tests.diagnose.test_replay_hazards import _quantize
+from tests.support import tiny
+
+FACTOR = 6.0
+
+
+def _coarse(src: Path, dst: Path, factor: float) -> None:
+    """Every activation QuantizeLinear scale multiplied by ``factor``."""
+    m = onnx.load(str(src))
+    inits = {i.name: i for i in m.graph.initializer}
+    for name in {q.input[1] for q in m.graph.node if q.op_type == "QuantizeLinear" and q.input[1] in inits}:
+        v = numpy_helper.to_array(inits[name])
+        inits[name].CopyFrom(numpy_helper.from_array((v * factor).astype(v.dtype), name))
+    onnx.save(m, str(dst))
+
+
+@pytest.fixture(scope="module")
+def coarse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("accumulation")
+    _, x, float_model = tiny.build(tmp)
+    _quantize(float_model, tmp / "q.onnx")
+    _coarse(tmp / "q.onnx", tmp / "coarse.onnx", FACTOR)
+    ref = tiny.capture_ort(float_model, x, tmp / "ref.h5")
+    return {"ref": ref, "q": tmp / "q.onnx", "coarse": tmp / "coarse.onnx",
+            "test": tiny.capture_ort(tmp / "coarse.onnx", x, tmp / "test.h5"),
+            "clean": tiny.capture_ort(tmp / "q.onnx", x, tmp / "clean.h5")}
+
+
+def test_accumulated_error_says_where_when_no_unit_breaks_the_budget(coarse: dict[str, Any]) -> None:
+    cmp = ivq.compare(coarse["ref"], coarse["test"], progress=False)
+    r = replay(coarse["coarse"], coarse["ref"], cumulative=cmp, progress=False, lift=False)
+    t = r.table.sort_values("order")
+    assert r.first_breaking is None and t["intro_sqnr_db"].min() > r.budget_sqnr_db == 20  # no unit over budget
+    acc = r.accumulation
+    assert acc is not None
+    out = acc.outputs[0]
+    logits = cmp.table.set_index("test_name").loc["logits", "sqnr_db"]
+    assert out["tensor"] == "logits" and out["cum_sqnr_db"] == pytest.approx(logits) and logits < 20
+    assert out["inherited_share"] > 0.8  # the output's error comes from upstream
+    # the crossing is the first unit, in execution order, whose cumulative SQNR is below the budget
+    below = t[t["cum_sqnr_db"] < 20]
+    assert acc.crossing["tensor"] == below.iloc[0]["tensor"] and acc.crossing["of"] == len(t)
+    assert acc.closest[0]["intro_sqnr_db"] == pytest.approx(t["intro_sqnr_db"].min())
+    # the model input arrives only with its own 8-bit quantization (above the budget: not in the sentence)
+    assert [i["tensor"] for i in acc.inputs] == ["x"] and acc.inputs[0]["sqnr_db"] > 20
+    f = r.findings()[0]
+    assert f.kind == "accumulated_error" and f.severity == "error" and f.where["tensor"] == "logits"
+    assert "no unit introduces more error than the budget" in f.message and "logits is at" in f.message
+    assert "input x" not in f.message and f"from {acc.crossing['tensor']} on" in f.message
+    doc = r.to_json()
+    assert doc["accumulation"]["outputs"][0]["tensor"] == "logits"
+    assert doc["findings"][0]["kind"] == "accumulated_error"
+
+
+def test_clean_model_and_a_unit_over_budget_say_nothing_of_accumulation(coarse: dict[str, Any]) -> None:
+    clean = replay(coarse["q"], coarse["ref"], cumulative=ivq.compare(coarse["ref"], coarse["clean"], progress=False),
+                   progress=False, lift=False)
+    assert clean.accumulation is None and not [f for f in clean.findings() if f.kind == "accumulated_error"]
+    # with a budget some unit breaks, the introduced-error headline names it instead
+    cmp = ivq.compare(coarse["ref"], coarse["test"], progress=False)
+    strict = replay(coarse["coarse"], coarse["ref"], cumulative=cmp, progress=False, lift=False, budget_sqnr_db=30)
+    assert strict.first_breaking is not None and strict.accumulation is None
+    assert strict.findings()[0].kind == "introduced_error"
+
+
+def test_replay_records_are_the_ones_the_replay_uses(coarse: dict[str, Any]) -> None:
+    assert replay_records(coarse["coarse"], coarse["ref"]) == [(0, "model", 0)]
+    assert np.isfinite(replay(coarse["coarse"], coarse["ref"], progress=False, lift=False).table["intro_sqnr_db"]).all()
