@@ -2,7 +2,7 @@
 
 ``run`` executes a fixed list of ``ivq diagnose`` commands in this process (the CLI a user takes) and writes, per
 command, its exit code, its ``--json`` document (``ivq-replay/2``: the replay table, skipped units, findings; the
-run's ``seconds`` dropped), and what it parsed: every ``onnx.load`` / ``onnx.load_from_string`` / in-place load
+wall times, ``seconds``, dropped), and what it parsed: every ``onnx.load`` / ``onnx.load_from_string`` / in-place load
 and every ONNX Runtime session by source (a file path, or ``<bytes>`` for a model serialized in memory), and every
 ONNX model written to disk (``onnx.save``). Run it with each revision (``PYTHONPATH=<checkout>``) on the same
 work folder; ``compare`` then checks that every document is equal (floats are compared through their JSON text,
@@ -131,8 +131,17 @@ def run_mode(work: Path, demo: Path | None, out: str, only: list[str] | None) ->
     return 0
 
 
+def timeless(doc: Any) -> Any:
+    """A document without its wall times (:data:`RUN_FIELDS` at any depth: the effect runs time themselves too)."""
+    if isinstance(doc, dict):
+        return {k: timeless(v) for k, v in doc.items() if k not in RUN_FIELDS}
+    return [timeless(v) for v in doc] if isinstance(doc, list) else doc
+
+
 def compare_mode(a_path: str, b_path: str) -> int:
     a, b = json.loads(Path(a_path).read_text()), json.loads(Path(b_path).read_text())
+    for res in (*a.values(), *b.values()):
+        res["doc"] = timeless(res["doc"])
     bad = 0
     for name in sorted(set(a) & set(b)):
         ra, rb = a[name], b[name]
