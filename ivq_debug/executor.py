@@ -14,10 +14,12 @@ numbers). An executor runs a list of jobs against a shard folder:
   (:class:`JobsFailedError`, exit 1) while every completed shard stays on disk;
 * a progress bar over jobs with an ETA (:func:`~ivq_debug.console.track`) on every executor.
 
-Executors: :class:`LocalExecutor` (a ``concurrent.futures`` process pool of ``workers``; in-process and
+Every executor is one ``submit(job) -> concurrent.futures.Future`` under the same loop (:func:`_drive`: skip,
+submit, collect, retry, progress): :class:`LocalExecutor` (a ``concurrent.futures`` process pool of ``workers``
+started by ``forkserver``, so a worker inherits no ONNX Runtime session or thread of the parent; in-process and
 sequential when ``workers == 1``: ONNX Runtime and the QNN emulator are process-bound) and :class:`RayExecutor`
 (``ray.init(address=...)`` or an already-initialized cluster; each task writes its shard on shared storage and
-returns its path; the optional extra ``ivq-debug[ray]``). Shards are small JSON documents; numbers round-trip
+returns its path, its ``ObjectRef.future()`` is the future; the optional extra ``ivq-debug[ray]``). Shards are small JSON documents; numbers round-trip
 exactly (Python's ``repr`` of a float is the shortest string that reads back to the same double).
 """
 
@@ -25,10 +27,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import gc
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
@@ -208,9 +210,74 @@ def _error(e: BaseException) -> str:
     return one_line(f"{type(e).__name__}: {e}", 300)
 
 
+def _done(fn: Callable[[], Any]) -> cf.Future:
+    """``fn()`` run now, as a completed future (its result or its exception)."""
+    f: cf.Future = cf.Future()
+    try:
+        f.set_result(fn())
+    except Exception as e:
+        f.set_exception(e)
+    return f
+
+
+def _drive(todo: list[Job], submit: Callable[[Job], cf.Future], report: RunReport, description: str,
+           progress: bool, limit: int | None = None, lost: Callable[[cf.Future], None] | None = None) -> None:
+    """The one run loop of every executor: ``submit`` each job (at most ``limit`` in flight), collect the futures as
+    they complete, record each shard, retry a failed job once (:data:`ATTEMPTS`), then report it.
+
+    ``lost(future)`` is called for a failure that may not be the job's own (a pool broken by another job's dead worker:
+    every job in flight fails with it). Such a job is not charged an attempt and reruns alone, with nothing else in
+    flight, so that a death is then its own."""
+    attempts = dict.fromkeys((j.key for j in todo), 0)
+    queue = list(todo)
+    alone: set[str] = set()
+    inflight: dict[cf.Future, Job] = {}
+
+    def fill() -> None:
+        while queue and not any(j.key in alone for j in inflight.values()):
+            if queue[0].key in alone and inflight:
+                return
+            if limit is not None and len(inflight) >= limit:
+                return
+            j = queue.pop(0)
+            inflight[submit(j)] = j
+            if j.key in alone:
+                return
+
+    def results() -> Iterator[None]:
+        fill()
+        while inflight:
+            shared = len(inflight) > 1
+            finished, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+            for f in finished:
+                j = inflight.pop(f)
+                try:
+                    report.shards[j.key] = Path(f.result())
+                except Exception as e:  # a job's failure is data: retried once, then reported
+                    broken = lost is not None and isinstance(e, BrokenProcessPool)
+                    if broken:
+                        lost(f)
+                    if broken and shared and j.key not in alone:
+                        alone.add(j.key)
+                    else:
+                        attempts[j.key] += 1
+                    if attempts[j.key] < ATTEMPTS:
+                        report.retried.append(j.key)
+                        queue.append(j)
+                        continue
+                    # RayTaskError carries the job's own exception as its cause
+                    report.failures.append(JobFailure(j.key, _error(getattr(e, "cause", None) or e)))
+                yield None
+            fill()
+
+    for _ in _progress(results(), description, len(todo), progress):
+        pass
+
+
 class LocalExecutor:
-    """A ``concurrent.futures`` process pool of ``workers`` processes; ``workers == 1`` runs the jobs in this
-    process, one after the other (no pool)."""
+    """A ``concurrent.futures`` process pool of ``workers`` processes started by ``forkserver`` (a worker is a fresh
+    interpreter: no ONNX Runtime session of the parent is inherited, so none can hang in a forked destructor);
+    ``workers == 1`` runs the jobs in this process, one after the other (no pool)."""
 
     def __init__(self, workers: int = 1) -> None:
         if int(workers) < 1:
@@ -224,64 +291,30 @@ class LocalExecutor:
         todo, done, skipped = _pending(jobs, folder)
         report = RunReport(folder, done, skipped, [])
         if self.workers == 1:
-            for j in _progress(iter(todo), description, len(todo), progress):
-                for attempt in range(ATTEMPTS):
-                    try:
-                        done[j.key] = Path(run_job(j, str(folder)))
-                        break
-                    except Exception as e:  # a job's failure is data: retried once, then reported
-                        if attempt + 1 < ATTEMPTS:
-                            report.retried.append(j.key)
-                        else:
-                            report.failures.append(JobFailure(j.key, _error(e)))
+            _drive(todo, lambda j: _done(lambda: run_job(j, str(folder))), report, description, progress, limit=1)
             return report
-        self._pool_run(todo, folder, report, description, progress)
+        pools: list[cf.ProcessPoolExecutor | None] = [None]
+        owner: dict[cf.Future, cf.ProcessPoolExecutor] = {}
+        ctx = multiprocessing.get_context("forkserver")
+
+        def submit(j: Job) -> cf.Future:
+            if pools[0] is None:
+                pools[0] = cf.ProcessPoolExecutor(max_workers=min(self.workers, len(todo)), mp_context=ctx)
+            f = pools[0].submit(run_job, j, str(folder))
+            owner[f] = pools[0]
+            return f
+
+        def lost(f: cf.Future) -> None:  # a broken pool is replaced for the jobs that follow (once)
+            if owner.pop(f, None) is pools[0] and pools[0] is not None:
+                pools[0].shutdown(wait=False, cancel_futures=True)
+                pools[0] = None
+
+        try:
+            _drive(todo, submit, report, description, progress, lost=lost)
+        finally:
+            if pools[0] is not None:
+                pools[0].shutdown(wait=True)
         return report
-
-    def _pool_run(self, todo: list[Job], folder: Path, report: RunReport, description: str, progress: bool) -> None:
-        attempts = dict.fromkeys((j.key for j in todo), 0)
-        by_key = {j.key: j for j in todo}
-        alone: set[str] = set()  # jobs lost with a broken pool: rerun in a pool of their own
-
-        def results() -> Iterator[None]:
-            # the workers are forked: garbage the parent holds (ONNX Runtime sessions of earlier work among it) is
-            # collected here, where it was made, and the rest frozen, so a worker's collector never runs an
-            # inherited object's destructor (an ORT session's thread pool dies in pthread_cond_destroy in a fork:
-            # a worker hung there in a test run); unfrozen when the pool is done
-            gc.collect()
-            gc.freeze()
-            try:
-                yield from _results()
-            finally:
-                gc.unfreeze()
-
-        def _results() -> Iterator[None]:
-            queue = list(todo)
-            while queue:
-                # a worker killed mid-run breaks the whole pool, and which job's worker died is unknown: the jobs
-                # lost with it are not charged an attempt, each reruns alone (then a death is its own)
-                batch = [j for j in queue if j.key in alone][:1] or queue
-                queue = [j for j in queue if j not in batch]
-                with cf.ProcessPoolExecutor(max_workers=min(self.workers, len(batch))) as pool:
-                    futs = {pool.submit(run_job, j, str(folder)): j.key for j in batch}
-                    for f in cf.as_completed(futs):
-                        key = futs[f]
-                        try:
-                            report.shards[key] = Path(f.result())
-                        except Exception as e:
-                            lost = isinstance(e, BrokenProcessPool) and len(batch) > 1
-                            if lost:
-                                alone.add(key)
-                            else:
-                                attempts[key] += 1
-                            if lost or attempts[key] < ATTEMPTS:
-                                report.retried.append(key)
-                                queue.append(by_key[key])
-                                continue
-                            report.failures.append(JobFailure(key, _error(e)))
-                        yield None
-        for _ in _progress(results(), description, len(todo), progress):
-            pass
 
 
 def _ray() -> Any:
@@ -314,17 +347,13 @@ def _token_auth(address: str | None) -> bool:
     """Send this machine's Ray auth token to a cluster named by ``address``: ``ray start`` turns token
     authentication on by itself when a token exists (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN_PATH``,
     ``RAY_AUTH_TOKEN``), but a client whose ``RAY_AUTH_MODE`` is unset sends none and ``ray.init`` fails after
-    ~20 s. Sets ``RAY_AUTH_MODE=token`` (as ``ray start`` does) when a token is there; returns whether one is."""
+    ~20 s. Sets ``RAY_AUTH_MODE=token`` (as ``ray start`` does) when a token is there; returns whether one is.
+    Ray reads the mode from the environment when it is first imported (its documented interface): call this
+    before ``import ray``."""
     token = bool(os.environ.get("RAY_AUTH_TOKEN")) or any(
         Path(p).expanduser().is_file() for p in (os.environ.get("RAY_AUTH_TOKEN_PATH"), "~/.ray/auth_token") if p)
     if address and address != "local" and token and "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
-        try:  # Ray reads the mode when it is imported: refresh it, as ray start does (ray._private ... setup)
-            from ray._raylet import Config
-
-            Config.initialize("")
-        except (ImportError, AttributeError):
-            pass
     return token
 
 
@@ -359,11 +388,17 @@ class RayExecutor:
     def run(self, jobs: list[Job], folder: str | os.PathLike, description: str = "jobs",
             progress: bool = True) -> RunReport:
         """Run ``jobs`` (module docstring)."""
+        require_extra("ray", "--executor ray")
+        import sys
+
+        fresh = "ray" not in sys.modules
+        token = _token_auth(self.address) if fresh else False  # before Ray reads RAY_AUTH_MODE at its import
         ray = _ray()
         owned = not ray.is_initialized()  # a caller's own cluster (a notebook's) stays connected after the run
         if owned:
             _probe(self.address)
-            token = _token_auth(self.address)
+            if not fresh:
+                token = _token_auth(self.address) and os.environ.get("RAY_AUTH_MODE") == "token"
             try:
                 # no address: a new local cluster ("local"), never a stale one named by RAY_ADDRESS or /tmp/ray
                 with _quiet_fd2():
@@ -384,27 +419,9 @@ class RayExecutor:
         todo, done, skipped = _pending(jobs, folder)
         report = RunReport(folder, done, skipped, [])
         remote = ray.remote(num_cpus=self.num_cpus, max_retries=0)(run_job)
-        attempts = dict.fromkeys((j.key for j in todo), 0)
-        by_key = {j.key: j for j in todo}
-
-        def results() -> Iterator[None]:
-            refs = {remote.remote(j, str(folder.resolve())): j.key for j in todo}
-            while refs:
-                ready, _ = ray.wait(list(refs), num_returns=1)
-                ref = ready[0]
-                key = refs.pop(ref)
-                attempts[key] += 1
-                try:
-                    report.shards[key] = Path(ray.get(ref))
-                except Exception as e:  # RayTaskError (the job raised), WorkerCrashedError (its worker died)
-                    if attempts[key] < ATTEMPTS:
-                        report.retried.append(key)
-                        refs[remote.remote(by_key[key], str(folder.resolve()))] = key
-                        continue
-                    report.failures.append(JobFailure(key, _error(getattr(e, "cause", None) or e)))
-                yield None
-        for _ in _progress(results(), description, len(todo), progress):
-            pass
+        where = str(folder.resolve())
+        # RayTaskError (the job raised), WorkerCrashedError (its worker died): both charged, as a local job's
+        _drive(todo, lambda j: remote.remote(j, where).future(), report, description, progress)
         return report
 
 
@@ -413,6 +430,6 @@ def make_executor(name: str | None = "local", workers: int = 1, address: str | N
     if name in (None, "local"):
         return LocalExecutor(workers)
     if name == "ray":
-        _ray()
+        require_extra("ray", "--executor ray")  # imports nothing: Ray reads RAY_AUTH_MODE when imported
         return RayExecutor(address)
     raise UsageError(f"unknown executor {name!r} ({', '.join(EXECUTORS)})")

@@ -4,6 +4,7 @@ first set that does not make the verified backend worse (docs/tune.md)."""
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
+from ivq_debug.tune.search import global_levers, search, unit_levers
 from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
 from ivq_debug.tune.sweep import (
     DEFAULT_GROUPS,
@@ -76,6 +78,17 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--no-diagnose", action="store_true",
                    help="suggest from the comparison only (no introduced-error replay of the baseline)")
     p.add_argument("--greedy", action="store_true", help="add suggestions one at a time while they help")
+    p.add_argument("--search", action="store_true",
+                   help="measure the whole lever space — global knobs (per-channel, a16w8, both, a16w16, calibration "
+                        "method), the diagnosis' pattern groups, unit fixes, combinations — and choose by gain per "
+                        "cost under --max-size / --max-cycles / --target-metric; prints the frontier (docs/tune.md)")
+    p.add_argument("--max-size", type=float, default=None, metavar="RATIO",
+                   help="--search: the largest model size as a ratio of the baseline's (e.g. 1.5)")
+    p.add_argument("--max-cycles", type=float, default=None, metavar="RATIO",
+                   help="--search: the largest emulated HTP cycles as a ratio of the baseline's (QNN trials)")
+    p.add_argument("--target-metric", type=float, default=None, metavar="VALUE",
+                   help="--search: the value to reach, the cheapest lever reaching it wins: the task metric with "
+                        "--task-metric, else the worst watched SQNR (dB)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -105,8 +118,13 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("workdir is not empty; pass --force to reuse it (or --resume to reuse its trials)", wd)
     if args.max_candidates < 1:
         raise UsageError("--max-candidates must be >= 1")
-    if args.sweep and args.greedy:
-        raise UsageError("--sweep and --greedy are two searches: choose one")
+    if sum(map(bool, (args.sweep, args.greedy, args.search))) > 1:
+        raise UsageError("--sweep, --greedy and --search are three searches: choose one")
+    if not args.search and any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric)):
+        raise UsageError("--max-size, --max-cycles and --target-metric are for --search")
+    for flag, v in (("--max-size", args.max_size), ("--max-cycles", args.max_cycles)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"{flag} must be a positive ratio, got {v}")
     if not args.sweep and (args.executor or args.workers is not None or args.ray_address):
         raise UsageError("--executor, --workers and --ray-address are for --sweep")
     if args.backend == "qnn":  # before any work: exit 5 naming the extra, not a failed baseline trial
@@ -167,6 +185,8 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
         raise RunError(f"the baseline trial failed on {where} (optimization {args.optimization}): {before.error}")
     if args.sweep:
         return _sweep(args, con, tuner, before, executor, where, wd)
+    if args.search:
+        return _search(args, con, tuner, before, where, wd)
     sug = _suggestions(args, tuner, before)
     if not sug:
         con.print("[green]nothing to tune: no tensor breaks the thresholds[/green]")
@@ -252,8 +272,52 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
     return _budget(out, rep, args.budget)
 
 
-def _write_overrides(args: argparse.Namespace, tuner: Tuner, rep: Any, wd: Path) -> tuple[Path, Path]:
-    act_bits = 16 if args.preset.startswith("a16") else 8
+def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where: str, wd: Path) -> int:
+    """``--search``: every lever measured, the frontier table, the chosen lever's knobs and overrides."""
+    sug = [] if args.overrides else _suggestions(args, tuner, before)
+    if args.overrides:
+        encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
+        sug = from_encodings(encs, nodes)
+    levers = global_levers(tuner) + unit_levers(tuner, sug)
+    task = next(iter(before.task), None) if args.task_metric else None
+    with status(f"search: {len(levers)} lever(s) and their combinations on {where}"):
+        res = search(tuner, before, levers, watch=args.watch, max_size=args.max_size, max_cycles=args.max_cycles,
+                     target=args.target_metric, target_task=task)
+    rep = res.report
+    path = None
+    if rep.recommended and rep.after.suggestions:
+        path, _ = _write_overrides(args, tuner, rep, wd, preset=res.chosen.preset)
+    write_json(res.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
+    out = results()
+    cols = [Col("lever", "lever", "name"), Col("kind", "kind", drop=3), Col("knobs", "knobs", drop=4),
+            Col("overrides", "overrides", "num", drop=5), Col("SQNR dB", "sqnr_db", "num"),
+            Col("gain dB", "gain_db", "num"), Col(f"cost ({res.cost_basis})", "cost", "num", drop=2),
+            Col("gain/cost", "efficiency", "num", drop=1), Col("frontier", "frontier", fmt=lambda v: "*" if v else ""),
+            Col("status", "status")]
+    rows = sorted(res.table, key=lambda r: (r["cost"] is None, r["cost"] or 0.0, -(r["gain_db"] or 0.0)))
+    emit(out, [TableData(f"search: {len(res.table)} lever(s) on {where}, gain vs relative {res.cost_basis} "
+                         "(* the frontier)", cols, rows)], resolve_format(None, out))
+    _print(out, rep, where)
+    if not rep.recommended:
+        out.print(f"[bold red]no lever recommended[/bold red]: none gains within the budget and holds on "
+                  f"{where} (see {escape(wd / 'tune.json')})")
+        return EXIT_FAIL
+    held = tuner.evaluation.get("held_out")
+    cmd = (f"ivq quantize MODEL --calibration CALIBRATION {res.chosen.command()}"
+           + (f" --overrides {path}" if path else "")
+           + (f" --max-samples {tuner.evaluation['calibration_samples']}" if held else ""))
+    out.print(f"chosen: {escape(res.chosen.name)} · reproduce: {escape(cmd)} · results: {escape(wd / 'tune.json')}")
+    if args.target_metric is not None:
+        worst = min((rep.after.sqnr(w) or -1e9) for w in rep.watch) if task is None else rep.after.task.get(task)
+        if worst is None or worst < args.target_metric:
+            out.print(f"[bold red]target missed[/bold red]: {fmt_num(worst)} < {args.target_metric:g}")
+            return EXIT_FAIL
+    return _budget(out, rep, args.budget)
+
+
+def _write_overrides(args: argparse.Namespace, tuner: Tuner, rep: Any, wd: Path,
+                     preset: str | None = None) -> tuple[Path, Path]:
+    act_bits = 16 if (preset or args.preset).startswith("a16") else 8
     return write_suggestions(rep.after.suggestions, wd / "overrides.json", fmt=args.format, activation_bits=act_bits,
                              float_model=tuner.source(), overwrite=True)
 

@@ -19,8 +19,9 @@ Figures per target (``noise`` = ``Σ (out − ref)²`` over every final output a
 - ``share = 1 − noise_lifted / noise_base``: the share of the output error that disappears (negative when lifting
   makes the output worse: errors that cancelled; reported as 0 with ``why``);
 - ``gain_db = sqnr_lifted − sqnr_base``: the final outputs' SQNR gained (dB);
-- ``why``: when the share is ≈ 0 (< :data:`ABSORBED_SHARE`), the reason: the lift could not reach a weight, or
-  the error is absorbed downstream.
+- ``why``: when the share is ≈ 0 (< :data:`ABSORBED_SHARE`), the reason: the lift could not reach a weight (no
+  float values) or an encoding (``unreached_tensors``: no Q → DQ on the tensor), or the error is absorbed
+  downstream, or lifting made the output worse (errors that cancelled).
 
 Cost: one run of the whole model per distinct target plus the unchanged model, each a job on the executor
 (:mod:`ivq_debug.executor`) keyed by content (the model's, the reference's and the float model's SHA-256, the
@@ -46,8 +47,8 @@ from ivq_debug import defaults
 from ivq_debug.diagnose.graphs import typed_inputs
 from ivq_debug.diagnose.patterns import groups, sortable
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import UsageError
-from ivq_debug.executor import Executor, Job, LocalExecutor, job_key, versions
+from ivq_debug.errors import IvqError, UsageError, one_line
+from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
 from ivq_debug.metrics import dot
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import Model, load
@@ -146,10 +147,11 @@ def float_weights(qdq: Model, fmodel: Model | None, names: set[str]) -> dict[str
     return out
 
 
-def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], base_dir: str = "") -> Any:
+def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], base_dir: str = "",
+                 reached: set[str] | None = None) -> Any:
     """A copy of the QDQ model with the activation encodings of ``tensors`` bypassed (their DequantizeLinear
     becomes an Identity, or a Relu when the encoding holds a folded ReLU) and the weights in ``floats`` replaced
-    by their float values."""
+    by their float values; ``reached`` (when given) collects the tensors whose encoding was found and bypassed."""
     import onnx
     from onnx import numpy_helper
 
@@ -179,6 +181,8 @@ def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], b
                 continue
             if w is None and _is(q, "QuantizeLinear") and float_name(q.input[0]) in tensors:
                 op = "Relu" if floors_at_zero(q, model, base_dir) else "Identity"
+                if reached is not None:
+                    reached.add(float_name(q.input[0]))
                 new_nodes.append(onnx.helper.make_node(op, [q.input[0]], [n.output[0]], name=f"{n.name}::float"))
                 continue
         new_nodes.append(n)
@@ -196,7 +200,8 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
     t0 = time.perf_counter()
     model = qdq.proto
     floats = float_weights(qdq, fmodel, set(weights)) if weights else {}
-    m = lifted_model(model, set(tensors), floats, qdq.base_dir) if (tensors or floats) else None
+    reached: set[str] = set()
+    m = lifted_model(model, set(tensors), floats, qdq.base_dir, reached) if (tensors or floats) else None
     if m is None:
         import onnx
 
@@ -236,7 +241,8 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
         if runner is not None and hasattr(runner, "close"):
             runner.close()
     return {"noise": noise, "signal": signal, "outputs": outputs, "weights_lifted": sorted(floats),
-            "unreached": sorted(set(weights) - set(floats)), "backend": backend,
+            "unreached": sorted(set(weights) - set(floats)), "unreached_tensors": sorted(set(tensors) - reached),
+            "backend": backend,
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -328,23 +334,48 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
         try:
             report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
                                                         progress=progress)
-            report.raise_failures()
-            by_job = {k: report.load(k)["result"] for k in jobs}
+            failed = {f.key: f.error for f in report.failures}
+            by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
             resumed = len(report.skipped)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        docs = {key: by_job[key_of[key]] for key in spec}
+        docs = {key: by_job[key_of[key]] for key in spec if key_of[key] in by_job}
+        refused = {key: failed[key_of[key]] for key in spec if key_of[key] in failed}
         runs = len(jobs)
     else:
         memo: dict[tuple[Any, ...], dict[str, Any]] = {}
-        docs = {}
+        docs, refused = {}, {}
         for key, (tensors, weights) in spec.items():
             mk = (tuple(tensors), tuple(weights))
             if mk not in memo:
-                memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
-            docs[key] = memo[mk]
+                try:
+                    memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
+                except IvqError as e:  # the backend refused the lifted model
+                    memo[mk] = {"error": e.message}
+            if "error" in memo[mk]:
+                refused[key] = memo[mk]["error"]
+            else:
+                docs[key] = memo[mk]
         runs = len(memo)
+    if refused and runner_factory is not None:
+        # the backend refused a lifted model (e.g. a float op HTP cannot place without CPU fallback): that target
+        # and the unchanged model are measured on CPU-QDQ instead, and say so (every target, when the unchanged
+        # model itself is refused)
+        cpu_base = _effect_run(qdq, ref, list(rids), [], [], fmodel, None)
+        redo = list(spec) if "base" in refused else list(refused)
+        why = refused.get("base") or next(iter(refused.values()))
+        for key in redo:
+            if key == "base":
+                docs["base"] = cpu_base
+                continue
+            got = _effect_run(qdq, ref, list(rids), *spec[key], fmodel, None)
+            got["refused"] = one_line(refused.get(key, why), 300)
+            docs[key] = got
+        docs["cpu_base"] = cpu_base
+        runs += 1 + len([k for k in redo if k != "base"])
+    elif refused:
+        raise JobsFailedError([JobFailure(k, v) for k, v in refused.items()], shards or "")
     base = docs["base"]
     pb, sig = float(base["noise"]), float(base["signal"])
     out: dict[str, Any] = {"base": {"noise": pb, "signal": sig, "sqnr_db": _sqnr(sig, pb), "outputs": base["outputs"],
@@ -354,11 +385,16 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
     for t in targets:
         d = docs[t.key]
         pl = float(d["noise"])
+        b = docs["cpu_base"] if d.get("refused") and "cpu_base" in docs else base
+        pb, sig = float(b["noise"]), float(b["signal"])
         share = (1.0 - pl / pb) if pb > 0 else 0.0
         out["targets"][t.key] = {
             "tensors": spec[t.key][0], "weights_lifted": d["weights_lifted"], "unreached": d["unreached"],
+            "unreached_tensors": d.get("unreached_tensors", []),
             "noise": pl, "sqnr_db": _sqnr(sig, pl), "gain_db": _sqnr(sig, pl) - _sqnr(sig, pb), "change": share,
-            "share": max(share, 0.0)}
+            "share": max(share, 0.0), "backend": d["backend"]}
+        if d.get("refused"):
+            out["targets"][t.key]["refused"] = d["refused"]
     return out
 
 
@@ -368,6 +404,9 @@ def why_small(effect: dict[str, Any], weight_share: float | None) -> str | None:
     change says so (errors that cancelled)."""
     if effect.get("change") is None or effect["change"] >= ABSORBED_SHARE:
         return None
+    if effect.get("unreached_tensors") and (weight_share or 0.0) < 0.5:
+        return (f"the lift could not reach the encodings of {', '.join(effect['unreached_tensors'][:3])} (no "
+                "QuantizeLinear → DequantizeLinear on them in the model)")
     if effect.get("unreached") and (weight_share or 0.0) >= 0.5:
         return (f"the lift could not reach the weights {', '.join(effect['unreached'][:3])} (no float values: give "
                 "--float-model)")

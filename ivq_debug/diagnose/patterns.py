@@ -144,10 +144,11 @@ def fix_for(res: Any, over: list[dict[str, Any]]) -> tuple[str, str, dict[str, A
 def _effect_text(e: dict[str, Any] | None, n: int = 2) -> str:
     if not e:
         return ""
+    where = f" (measured on {e['backend']}: the replay's backend refused the lifted model)" if e.get("refused") else ""
     if e.get("why"):
-        return f"; effect on the output ≈ 0: {e['why']}"
+        return f"; effect on the output ≈ 0{where}: {e['why']}"
     return (f"; putting {'them' if n > 1 else 'it'} back to float gains {e['gain_db']:+.1f} dB at the output "
-            f"(removes {e['share']:.0%} of its error)")
+            f"(removes {e['share']:.0%} of its error){where}")
 
 
 def replay_findings(res: Any) -> list[Finding]:

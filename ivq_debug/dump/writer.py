@@ -62,6 +62,10 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
     return arr, arr.dtype.name
 
 
+#: the keywords of :meth:`DumpWriter.add_tensor` beside the name and the value
+_ENTRY_FIELDS = ("op_type", "order", "scope", "layout", "encoding", "raw", "qnn_name", "source_file")
+
+
 def _chunk_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
     """Chunk shape of about ``target`` bytes: trailing axes kept whole, leading axes cut.
 
@@ -314,21 +318,12 @@ class DumpWriter:
         )
 
     @guarded
-    def _add(
-        self,
-        kind: str,
-        name: str,
-        value: Any,
-        *,
-        op_type: str | None = None,
-        order: int | None = None,
-        scope: str | None = None,
-        layout: str | None = None,
-        encoding: dict[str, Any] | None = None,
-        raw: Any | None = None,
-        qnn_name: str | None = None,
-        source_file: str | None = None,
-    ) -> tuple[np.ndarray, str]:
+    def _add(self, kind: str, name: str, value: Any, **fields: Any) -> tuple[np.ndarray, str]:
+        """Store one entry; ``fields`` are :meth:`add_tensor`'s keywords (absent: None)."""
+        unknown = set(fields) - set(_ENTRY_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown entry field(s) {sorted(unknown)}")
+        op_type, order, scope, layout, encoding, raw, qnn_name, source_file = (fields.get(k) for k in _ENTRY_FIELDS)
         rec = self._require_record()
         rid = rec["rid"]
         seen = self._names.setdefault((rid, kind), set())

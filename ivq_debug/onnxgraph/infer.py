@@ -19,11 +19,13 @@ from typing import Any
 ValueType = tuple[int, tuple[int | str | None, ...] | None]
 
 
-def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]] | None = None
-                ) -> dict[str, ValueType]:
-    """``{value name: (elem_type, dims)}`` of every graph input, node output and graph output as onnx shape
-    inference gives them; ``input_dims`` replaces the dims of the named graph inputs (ints for known values,
-    names for symbolic ones). Empty when inference fails (custom domains, a graph too large for protobuf).
+def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]] | None = None, *,
+                symbolic: bool = True) -> dict[str, ValueType]:
+    """``{value name: (elem_type, dims)}`` of every graph input, node output and graph output as shape inference
+    gives them; ``input_dims`` replaces the dims of the named graph inputs (ints for known values, names for
+    symbolic ones). onnx's inference runs first; when it leaves a dim unknown and ``symbolic``, ONNX Runtime's
+    (which imports sympy: about 1 s) decides instead. Empty when both fail (custom domains, a graph too large
+    for protobuf).
     """
     import onnx
 
@@ -37,12 +39,20 @@ def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]]
     for vi in g.output:
         if vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
-    inferred = _ort_symbolic(m)
-    if inferred is None:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-        except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
-            return {}
+    try:
+        out = _types(onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True))
+    except Exception:  # an op onnx cannot infer (custom domain), a protobuf limit: no inferred facts
+        out = {}
+    given = {d for v in (input_dims or {}).values() for d in v if isinstance(d, str)}
+    complete = out and all(d is not None and all(isinstance(x, int) or x in given for x in d) for _, d in out.values())
+    if symbolic and not complete:
+        ort = _ort_symbolic(m)
+        if ort is not None:
+            out = _types(ort)
+    return out
+
+
+def _types(inferred: Any) -> dict[str, ValueType]:
     out: dict[str, ValueType] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         tt = vi.type.tensor_type

@@ -25,10 +25,17 @@ class InputSpec:
     dtype: np.dtype
     shape: tuple[int | None, ...]
 
-    def static_mismatch(self, shape: Sequence[int]) -> int | None:
-        """The first axis where ``shape`` differs from a static dimension of the input (None: none does)."""
-        return next((i for i, (have, want) in enumerate(zip(shape, self.shape, strict=False))
-                     if want is not None and want > 0 and have != want), None)
+    def check_shape(self, shape: Sequence[int], source: PathLike | str | None) -> None:
+        """:class:`InputError` (naming ``source``) when an array of ``shape`` has another rank than the input or
+        differs from one of its static dimensions."""
+        shape = tuple(shape)
+        if len(self.shape) != len(shape):
+            raise InputError(f"input {self.name!r} has rank {len(shape)} (shape {list(shape)}), the model expects "
+                             f"rank {len(self.shape)} {_dims(self.shape)}", source)
+        for i, (have, want) in enumerate(zip(shape, self.shape, strict=True)):
+            if want is not None and want > 0 and have != want:
+                raise InputError(f"input {self.name!r}: dimension {i} is {have}, the model expects {want} "
+                                 f"{_dims(self.shape)}", source)
 
 
 def model_inputs(model: Any) -> list[InputSpec]:
@@ -80,13 +87,7 @@ def _check_feed(name: str, a: np.ndarray, spec: InputSpec, src: PathLike, *, typ
         raise InputError(f"input {name!r} is {a.dtype}, the model expects {spec.dtype}", src)
     if not ranked:
         return
-    if len(spec.shape) != a.ndim:
-        raise InputError(f"input {name!r} has rank {a.ndim} (shape {list(a.shape)}), the model expects rank "
-                         f"{len(spec.shape)} {_dims(spec.shape)}", src)
-    i = spec.static_mismatch(a.shape)
-    if i is not None:
-        raise InputError(f"input {name!r}: dimension {i} is {a.shape[i]}, the model expects {spec.shape[i]} "
-                         f"{_dims(spec.shape)}", src)
+    spec.check_shape(a.shape, src)
 
 
 def _dims(shape: tuple[int | None, ...]) -> str:

@@ -109,13 +109,8 @@ def _fit(arr: np.ndarray, spec: InputSpec, where: str | Path) -> np.ndarray:
     a = np.asarray(arr)
     if spec.shape and a.ndim == len(spec.shape) - 1:
         a = a[None, ...]
-    if spec.shape and a.ndim != len(spec.shape):
-        raise InputError(f"input {spec.name!r}: rank {a.ndim}, model expects {len(spec.shape)} "
-                         f"(shape {list(spec.shape)})", where)
-    i = spec.static_mismatch(a.shape)
-    if i is not None:
-        raise InputError(f"input {spec.name!r}: dim {i} is {a.shape[i]}, model expects {spec.shape[i]} "
-                         f"(shape {list(spec.shape)})", where)
+    if spec.shape:
+        spec.check_shape(a.shape, where)
     if a.dtype != spec.dtype:
         if a.dtype.kind == "f" and spec.dtype.kind in "iu":
             raise InputError(f"input {spec.name!r}: float data for an integer input", where)

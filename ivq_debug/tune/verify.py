@@ -38,6 +38,7 @@ import numpy as np
 
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
@@ -725,22 +726,23 @@ def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (
                       backend=tuner.backend, format=tuner.fmt, target_check=checks[-1] if checks else {})
 
 
-def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence[str]) -> tuple[str | None, dict]:
+def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence[str],
+                      after_tuner: Tuner | None = None) -> tuple[str | None, dict]:
     """Before a set verified on CPU-QDQ is recommended for HTP (``tuner.target == "qnn"``): its model compiled
     and measured once on HTP over the evaluation set, with the baseline's. Returns (why it must not be
     recommended or None, the figures): HTP refuses it (the whole reason), or a watched tensor / task metric is
     worse on HTP than the baseline's on HTP. Without the QNN EP here the set is not refused, and the figures
-    say it was not checked. Trials that ran on the target already are their own check."""
+    say it was not checked. Trials that ran on the target already are their own check. ``after_tuner``: the tuner
+    (quantizer knobs) that made ``after``, when not ``tuner`` (a global lever of :mod:`ivq_debug.tune.search`)."""
     if tuner.backend == tuner.target or tuner.target != "qnn":
         return None, {"backend": tuner.target, "checked": True, "same_as_trials": True}
-    from ivq_debug.capture.qnn_ep.session import qnn_ep_status
-
     st = qnn_ep_status()
     if not st.available:
         return None, {"backend": "qnn", "checked": False, "reason": f"QNN EP unavailable: {st.reason}"}
     htp = replace(tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
+    htp_after = replace(after_tuner or tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
     b = htp.trial("htp-before", list(before.suggestions), keep_dump=False)
-    a = htp.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
+    a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
     figs = {w: {"cpu": [before.sqnr(w), after.sqnr(w)], "htp": [b.sqnr(w), a.sqnr(w)]} for w in watch}
     check = {"backend": "qnn", "checked": True, "watch": figs, "samples": {"before": b.samples, "after": a.samples},
              "task": {k: {"cpu": [before.task.get(k), after.task.get(k)], "htp": [b.task.get(k), a.task.get(k)]}

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.diagnose.effect import EFFECT_GROUPS, EFFECT_UNITS, Target, measure_effects, shared_encodings
+from ivq_debug.diagnose.effect import (
+    EFFECT_GROUPS,
+    EFFECT_UNITS,
+    Target,
+    measure_effects,
+    shared_encodings,
+    why_small,
+)
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.executor import LocalExecutor
@@ -75,6 +82,15 @@ def test_lifting_the_units_own_encoding_alone_misses_the_copy(m) -> None:
     e = measure_effects(m["act"], ref, [rid], [Target("own", [rm.FC1_TENSOR], []),
                                                Target("shared", [rm.FC1_TENSOR, rm.FC1_COPY], [])])
     assert e["targets"]["own"]["share"] < 0.05 < 0.99 < e["targets"]["shared"]["share"]  # measured 0.00 / 1.00
+    assert e["targets"]["shared"]["unreached_tensors"] == []
+
+
+def test_a_lift_that_cannot_reach_its_encoding_says_so(m) -> None:
+    ref = open_dump(m["ref"])
+    e = measure_effects(m["act"], ref, [ref.records["rid"].iloc[0]], [Target("t", ["branch_not_quantized"], [])])
+    t = e["targets"]["t"]
+    assert t["unreached_tensors"] == ["branch_not_quantized"] and t["share"] == 0.0
+    assert "could not reach the encodings of branch_not_quantized" in why_small(t, 0.0)
 
 
 def test_cost_is_bounded_and_shards_resume(m, runs, tmp_path) -> None:

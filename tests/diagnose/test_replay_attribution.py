@@ -11,8 +11,10 @@ import pytest
 import ivq_debug as ivq
 from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.diagnose.effect import measure_effects
 from ivq_debug.diagnose.patterns import groups
 from ivq_debug.diagnose.replay import intro_budget, replay
+from ivq_debug.dump import open_dump
 from ivq_debug.onnxgraph.load import load_model
 from tests.support import vit
 
@@ -114,3 +116,19 @@ def test_default_budget_follows_the_preset(m, tmp_path) -> None:
     # 16-bit units sit far above the 8-bit ones; the clean a8w8 model breaks no 8-bit budget
     assert r.table["local_sqnr_db"].median() > clean.table["local_sqnr_db"].median() + 30
     assert clean.findings() == [] and clean.table["local_sqnr_db"].min() > 30
+
+
+@pytest.mark.parametrize("tag,node", [("act", vit.ACT_NODE), ("weight", vit.WEIGHT_NODE)])
+def test_headline_effect_is_most_of_what_removing_the_fault_gives(m, runs, tag, node) -> None:
+    """Issue 28: the fault costs the output 0.6 / 1.1 dB on this 2-block ViT; putting the headline back to float
+    (the act fault's encoding with its Reshape copy, the weight fault's float weight) recovers as much."""
+    r = runs[(tag, "local")]
+    ref = open_dump(m["ref"])
+    recs = ref.records
+    rid = recs[(recs["sample"] == r.record["sample"]) & (recs["part"] == r.record["part"])
+               & (recs["step"] == r.record["step"])]["rid"].iloc[0]
+    clean = measure_effects(m["qdq"], ref, [rid], [])["base"]["noise"]
+    removal = 1.0 - clean / r.effects["base"]["noise"]  # measured: act 0.125, weight 0.227
+    head = r.findings()[0]
+    assert head.where["node"] == node and removal > 0.1
+    assert head.evidence["output_error_share"] >= 0.5 * removal  # measured: act 0.127, weight 0.259

@@ -89,7 +89,7 @@ def test_calibration_sources(block: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"99\.npy"):
         load_calibration(folder, block, fixed_feeds=pos)
     np.save(tmp_path / "bad.npy", rng.standard_normal((3, models.S, models.D + 1)))
-    with pytest.raises(InputError, match="dim 2 is 33, model expects 32"):
+    with pytest.raises(InputError, match="dimension 2 is 33, the model expects 32"):
         load_calibration(tmp_path / "bad.npy", block, fixed_feeds=pos)
     with pytest.raises(UsageError, match="not model inputs"):
         load_calibration(folder, block, fixed_feeds={"nope": 1})

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.tune.legal import TABLES, forbidden, violations
 from ivq_debug.tune.suggest import Suggestion, legalize
 from ivq_debug.tune.verify import Tuner, verify
 from tests.diagnose.test_weight_spread import build_conv
+from tests.support.lever_models import save_graph
 
 _NP = {"uint8": np.uint8, "uint16": np.uint16, "int8": np.int8, "int16": np.int16, "int32": np.int32}
 _BITS = {"uint8": 8, "uint16": 16}
@@ -46,12 +47,7 @@ def qdq_conv(path: Path, act: str, weight: str, bias: str = "int32") -> Path:
              helper.make_node("QuantizeLinear", ["y0", init("ys", np.float32(20 / amax)),
                                                  init("yz", _NP[act](amax // 2))], ["yq"]),
              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    onnx.checker.check_model(m)
-    onnx.save(m, str(path))
-    return path
+    return save_graph(path, nodes, inits, [1, 4, 8, 8], [1, 8, 8, 8], opset=21)
 
 
 PAIRS = [("uint8", "uint8"), ("uint16", "uint8"), ("uint16", "uint16"), ("uint8", "uint16")]

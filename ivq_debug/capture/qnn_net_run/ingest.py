@@ -493,9 +493,8 @@ def _validate_spec(doc: Any, path: Path) -> None:
         raise InputError("field 'prefill' is required (the prefill folder(s))", path)
 
 
-def _read_part(part: str, folders: Sequence[Path], model: Path, spec: SessionSpec, cfg: Mapping[str, Any] | None
-               ) -> list[NetRunFolder]:
-    graph = GraphIO.from_model(model)
+def _read_part(part: str, folders: Sequence[Path], model: Path, spec: SessionSpec, cfg: Mapping[str, Any] | None,
+               graph: GraphIO) -> list[NetRunFolder]:
     return [read_net_run_folder(f, model, native_inputs=spec.native_inputs,
                                 allow_outside_inputs=spec.allow_outside_inputs, dims=spec.dims,
                                 require_inputs=True, graph=graph, missing_inputs=spec.missing_for(part, graph),
@@ -551,14 +550,15 @@ def _read_parts(spec: SessionSpec, cfg: Mapping[str, Any] | None
     models = {part: find_part_model(part, spec.model_dir, spec.models.get(part), _fits(part, fs[0], spec))
               for part in SESSION_PARTS if (fs := spec.folders.get(part))}
     named = {m.partition(":")[2] if m.partition(":")[0] in SESSION_PARTS else m for m in spec.missing_inputs}
-    takes = {t.name for m in models.values() for t in GraphIO.from_model(m).inputs}
+    graphs = {part: GraphIO.from_model(m) for part, m in models.items()}
+    takes = {t.name for g in graphs.values() for t in g.inputs}
     if named - takes:
         raise UsageError(f"--missing-input {', '.join(sorted(named - takes))}: no part's graph takes it")
     read: dict[str, list[NetRunFolder]] = {}
     open_axes = []
     for part, model in models.items():
         try:
-            read[part] = _read_part(part, spec.folders[part], model, spec, cfg)
+            read[part] = _read_part(part, spec.folders[part], model, spec, cfg, graphs[part])
         except UnresolvedAxes as e:
             open_axes += e.axes
     if open_axes:

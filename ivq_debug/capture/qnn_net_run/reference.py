@@ -171,8 +171,12 @@ class SessionReplay:
             if t.name in skip:
                 continue
             if t.name not in device:
-                raise InputError(f"record {key} has no input {t.name!r}, which the reference {part} graph "
-                                 f"{self.graphs[part].name} takes", self.session.path)
+                rid = self.session.record_keys().get(key)
+                unfed = t.name in ((self.session.record_meta(rid).get("not_fed") or []) if rid is not None else [])
+                raise InputError(f"record {key} has no input {t.name!r}"
+                                 + (" (the device did not feed it)" if unfed else "")
+                                 + f", which the reference {part} graph {self.graphs[part].name} takes; the reference "
+                                 f"recomputes only {POSITIONS} and the cache", self.session.path)
             feeds[t.name] = device[t.name].astype(t.dtype, copy=False)
         return feeds
 

@@ -124,7 +124,7 @@ class GraphIO:
         seen = {t.name for t in ins + outs} | inits
         vals = {t.name: t for v in g.value_info if v.name not in seen and (t := declared(v, "value")) is not None}
         keep = {d for t in ins for d in t.dynamic}
-        inferred = value_types(m)
+        inferred = value_types(m, symbolic=False)  # symbolic dims are hints: each inference's own run decides
         for name, (order, op) in sorted(producers.items(), key=lambda kv: kv[1][0]):
             if name in seen or name in vals:
                 continue

@@ -121,14 +121,14 @@ def test_unmatched_files_say_whether_name_or_shape_failed(tmp_path):
     assert why["_Reshape_output_0.raw"] == "shape: 20 bytes is not '/Reshape_output_0' [1, 3, 2, 2] x float32"
 
 
-def _opaque_graph(path: Path) -> Path:
+def _opaque_graph(path: Path, op: str = "Attend") -> Path:
     """A KV step whose op no shape inference knows: only the byte sizes and the config can shape its output."""
     f = TensorProto.FLOAT
     g = helper.make_graph(
-        [helper.make_node("Attend", ["past"], ["present.0.key"], domain="vendor.ops")], "opaque",
+        [helper.make_node(op, ["past"], ["present.0.key"], domain="vendor.ops")], "opaque",
         [helper.make_tensor_value_info("past", f, [1, 2, "past_sequence_length", 16])],
-        [helper.make_tensor_value_info("present.0.key", f, ["Attendpresent.0.key_dim_0", "Attendpresent.0.key_dim_1",
-                                                            "past_sequence_length", "Attendpresent.0.key_dim_3"])])
+        [helper.make_tensor_value_info("present.0.key", f, [f"{op}present.0.key_dim_0", f"{op}present.0.key_dim_1",
+                                                            "past_sequence_length", f"{op}present.0.key_dim_3"])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("vendor.ops", 1)])
     onnx.save(m, str(path))
     return path
@@ -159,3 +159,26 @@ def test_config_sizes_resolve_kv_axes_and_every_open_axis_is_listed(tmp_path, ca
     # a pin still decides what nothing else does, and contradicts what the config says only with an error
     assert ivq("ingest", "qnn-net-run", tmp_path / "run", "--model", model, "--dim", "Attendpresent.0.key_dim_0=1",
                "--dim", "Attendpresent.0.key_dim_1=2", "-o", tmp_path / "b.h5") == 0
+
+
+def test_a_session_lists_the_open_axes_of_every_part_in_one_error(tmp_path, capfd):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for part, n in (("prefill", 3), ("decode", 4)):
+        _opaque_graph(parts / f"{part}.onnx", part.capitalize())
+        run_dir = tmp_path / part
+        (run_dir / "output" / "Result_0").mkdir(parents=True)
+        (run_dir / "inputs").mkdir()
+        np.zeros((1, 2, n, 16), "<f4").tofile(run_dir / "inputs" / "past.raw")
+        np.zeros((1, 2, n, 16), "<f4").tofile(run_dir / "output" / "Result_0" / "present_0_key.raw")
+        (run_dir / "input_list.txt").write_text("past:=inputs/past.raw\n")
+    capfd.readouterr()
+    assert ivq("ingest", "session", "--prefill", tmp_path / "prefill", "--decode", tmp_path / "decode",
+               "--model-dir", parts, "-o", tmp_path / "s.h5") == 3
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "6 dynamic axes" in err and "Traceback" not in err
+    for j in (0, 1, 3):  # every axis of both parts, each with the values its file allows
+        assert f"Prefillpresent.0.key_dim_{j} (present_0_key.raw [Prefillpresent.0.key_dim_0" in err
+        assert f"Decodepresent.0.key_dim_{j} (present_0_key.raw [Decodepresent.0.key_dim_0" in err
+    assert err.count("candidates 1, 2, 4, 8, 16, 32)") == 6  # 1 x 2 x 16 values left by each file
+    assert str(tmp_path / "prefill") in err and not (tmp_path / "s.h5").exists()

@@ -1,0 +1,269 @@
+"""Candidates from the whole lever space, measured and chosen by gain per cost under the user's budget
+(``ivq tune --search``, issue 29; the search ModelOpt's ``auto_quantize`` and AIMET's AutoQuant do, verified end to
+end).
+
+**Levers**, cheapest first:
+
+* *global* — quantizer knobs over the whole model, each a legal HTP configuration: per-channel weights everywhere,
+  16-bit activations everywhere (a16w8), both, a16w16, and the calibration method (MinMax, entropy, percentile,
+  ORT's quantizer);
+* *pattern* — a pattern group of the introduced-error replay (``diagnose``), its suggestions as one set;
+* *unit* — the per-cause suggestions (:func:`unit_levers`: weights, activations, all of them);
+* *combination* — the best global lever with each of the best other levers, and the two best global levers
+  merged (a16w8 + per-channel is a16w8 with ``per_channel``).
+
+Every lever is one trial (:meth:`~ivq_debug.tune.verify.Tuner.trial` on a tuner with the lever's knobs: written in
+the delivered format, checked against the target's precision table, quantized, captured, compared on the
+evaluation set). Per lever: ``gain`` = worst watched SQNR − the baseline's; ``cost`` = relative model-size increase
+(or emulated HTP cycles when every trial has a profile), floored at 1 %; ``gain/cost``; within budget when
+``--max-size`` / ``--max-cycles`` hold. **Choice**: among the levers that lower no watched tensor and no task metric
+and are within budget, with ``--target-metric`` the *cheapest* that reaches it (then the larger gain), else the
+largest gain (then the lower cost). The *frontier* is the levers no other lever beats on both gain and cost. The
+chosen set is then confirmed on HTP when the trials ran on CPU-QDQ (:func:`~ivq_debug.tune.verify.confirm_on_target`);
+when refused there, the next choice is tried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ivq_debug.tune.legal import forbidden
+from ivq_debug.tune.suggest import Suggestion
+from ivq_debug.tune.verify import Trial, Tuner, TuneReport, _default_watch, confirm_on_target, judge
+from ivq_debug.util import json_safe
+
+#: a lever's relative cost below this counts as this (a free lever ranks by its gain alone)
+COST_FLOOR = 0.01
+#: calibration methods tried as global levers (``CALIBRATE_METHODS`` keys; distribution is entropy's sibling)
+CALIBRATION_LEVERS = ("minmax", "entropy", "percentile")
+
+
+@dataclass
+class Lever:
+    """One candidate: quantizer knobs plus override suggestions."""
+
+    name: str
+    kind: str  # global | pattern | unit | combination
+    preset: str
+    per_channel: bool
+    calibrate_method: str
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+    def knobs(self) -> dict[str, Any]:
+        """What ``ivq quantize`` needs besides the overrides file."""
+        return {"preset": self.preset, "per_channel": self.per_channel, "calibrate_method": self.calibrate_method}
+
+    def command(self) -> str:
+        """The ``ivq quantize`` flags that reproduce the lever's knobs."""
+        flags = [f"--preset {self.preset}"]
+        if self.per_channel:
+            flags.append("--per-channel")
+        if self.calibrate_method != "minmax":
+            flags.append(f"--calibrate-method {self.calibrate_method}")
+        return " ".join(flags)
+
+
+def _knobs(tuner: Tuner) -> tuple[str, bool, str]:
+    kw = tuner.quantize_kw
+    return tuner.preset, bool(kw.get("per_channel")), str(kw.get("calibrate_method", "minmax")).lower()
+
+
+def global_levers(tuner: Tuner) -> list[Lever]:
+    """The quantizer knobs the baseline does not have yet, cheapest first (all legal on HTP)."""
+    preset, pc, cm = _knobs(tuner)
+    out: list[Lever] = []
+    if not pc:
+        out.append(Lever("per-channel", "global", preset, True, cm))
+    for m in CALIBRATION_LEVERS:
+        if m != cm:
+            out.append(Lever(f"calibration {m}", "global", preset, pc, m))
+    if preset == "a8w8":
+        out.append(Lever("a16w8", "global", "a16w8", pc, cm))
+        if not pc:
+            out.append(Lever("a16w8 + per-channel", "combination", "a16w8", True, cm))
+    if preset != "a16w16":
+        out.append(Lever("a16w16", "global", "a16w16", pc, cm))
+    return out
+
+
+def unit_levers(tuner: Tuner, suggestions: Sequence[Suggestion]) -> list[Lever]:
+    """Levers from per-cause suggestions (``suggest()`` on the baseline): each pattern group, the weight entries,
+    the activation entries, all. The one place unit levers are made (switch their source here)."""
+    preset, pc, cm = _knobs(tuner)
+    sug = list(suggestions)
+    out: list[Lever] = []
+    groups: dict[str, list[Suggestion]] = {}
+    for s in sug:
+        if s.group:
+            groups.setdefault(s.group, []).append(s)
+    for g, ss in groups.items():
+        if len(ss) < len(sug):
+            out.append(Lever(f"pattern {g}", "pattern", preset, pc, cm, ss))
+    w = [s for s in sug if s.is_weight]
+    a = [s for s in sug if not s.is_weight]
+    if w and a:
+        out += [Lever("unit weights", "unit", preset, pc, cm, w), Lever("unit activations", "unit", preset, pc, cm, a)]
+    if sug:
+        out.append(Lever("unit all", "unit", preset, pc, cm, sug))
+    return out
+
+
+def combine(a: Lever, b: Lever) -> Lever:
+    """Two levers at once: the larger preset, per-channel when either has it, ``a``'s calibration method unless it
+    is the default, the suggestions of both (``b``'s entry for a tensor both name)."""
+    order = ("a8w8", "a16w8", "a16w16")
+    preset = max(a.preset, b.preset, key=order.index)
+    cm = a.calibrate_method if a.calibrate_method != "minmax" else b.calibrate_method
+    names = {s.tensor for s in b.suggestions}
+    sug = [s for s in a.suggestions if s.tensor not in names] + list(b.suggestions)
+    return Lever(f"{a.name} + {b.name}", "combination", preset, a.per_channel or b.per_channel, cm, sug)
+
+
+@dataclass
+class SearchResult:
+    """Every lever measured, the frontier, the chosen lever and its report."""
+
+    table: list[dict[str, Any]]
+    chosen: Lever | None
+    report: TuneReport
+    cost_basis: str
+
+    @property
+    def frontier(self) -> list[str]:
+        """The levers no other eligible lever beats on both gain and cost, by cost."""
+        return [r["lever"] for r in self.table if r.get("frontier")]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's document with a ``search`` section (table, frontier, chosen lever and its knobs)."""
+        doc = self.report.to_dict()
+        doc["search"] = json_safe({"table": self.table, "frontier": self.frontier, "cost_basis": self.cost_basis,
+                                   "chosen": self.chosen.name if self.chosen else None,
+                                   "quantize": self.chosen.knobs() if self.chosen else None,
+                                   "command": self.chosen.command() if self.chosen else None})
+        return doc
+
+
+def _variant(tuner: Tuner, lever: Lever) -> Tuner:
+    kw = dict(tuner.quantize_kw) | {"per_channel": lever.per_channel, "calibrate_method": lever.calibrate_method}
+    if not lever.per_channel:
+        kw.pop("per_channel")
+    return replace(tuner, preset=lever.preset, quantize_kw=kw, _checkpoint=tuner._ckpt(), _source=tuner._source,
+                   _calibrated=tuner._calibrated, _ranges=tuner._ranges)
+
+
+def _score(tr: Trial, watch: Sequence[str]) -> float | None:
+    vals = [tr.sqnr(w) for w in watch]
+    return None if not vals or any(v is None for v in vals) else min(vals)
+
+
+def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Sequence[str] = (),
+           max_size: float | None = None, max_cycles: float | None = None, target: float | None = None,
+           target_task: str | None = None, min_gain_db: float = 0.5, combinations: int = 3,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
+    """Measure ``levers`` (and up to ``combinations`` combinations of the best), choose, confirm on the target.
+
+    Args:
+        max_size / max_cycles: the largest model-size / HTP-cycle ratio to the baseline a lever may have.
+        target: the value to reach: the worst watched SQNR (dB), or the task metric ``target_task`` when given.
+        min_gain_db: the least gain of an eligible lever (without a target).
+    """
+    watch = list(watch) or _default_watch(before)
+    s0 = _score(before, watch)
+    rows: list[dict[str, Any]] = []
+    trials: dict[str, tuple[Lever, Trial]] = {}
+
+    def run(lv: Lever) -> None:
+        why = forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target)
+        row: dict[str, Any] = {"lever": lv.name, "kind": lv.kind, "knobs": lv.command(),
+                               "overrides": len(lv.suggestions), "sqnr_db": None, "gain_db": None,
+                               "model_bytes": None, "cycles": None, "cost": None, "efficiency": None,
+                               "eligible": False, "status": "", "frontier": False, "task": {}}
+        rows.append(row)
+        if why:
+            row["status"] = f"not run by {tuner.target.upper()}: " + "; ".join(why)
+            return
+        if progress:
+            progress(lv.name)
+        label = "lever-" + "".join(c if c.isalnum() else "-" for c in lv.name).strip("-")
+        tr = _variant(tuner, lv).trial(label, list(lv.suggestions))
+        trials[lv.name] = (lv, tr)
+        lv.suggestions = list(tr.suggestions)  # the types the quantizer resolved are part of the lever
+        bad = judge(before, tr, watch)
+        sc = _score(tr, watch)
+        row |= {"sqnr_db": sc, "gain_db": None if sc is None or s0 is None else sc - s0,
+                "model_bytes": tr.model_bytes, "cycles": tr.cycles, "task": dict(tr.task)}
+        row["status"] = bad or "ok"
+
+    for lv in levers:
+        run(lv)
+    ok = sorted((r for r in rows if r["status"] == "ok" and r["gain_db"] is not None),
+                key=lambda r: -r["gain_db"])
+    glob = [r for r in ok if r["kind"] == "global"]
+    others = [r for r in ok if r["kind"] != "global"]
+    by = {lv.name: lv for lv in levers}
+    combos: list[Lever] = []
+    if glob:
+        combos += [combine(by[glob[0]["lever"]], by[o["lever"]]) for o in others[:combinations]]
+    if len(glob) > 1:
+        combos.append(combine(by[glob[0]["lever"]], by[glob[1]["lever"]]))
+    seen = {r["lever"] for r in rows}
+    for c in combos[:combinations + 1]:
+        if c.name not in seen and ((c.preset, c.per_channel, c.calibrate_method) != _knobs(tuner) or c.suggestions):
+            seen.add(c.name)
+            by[c.name] = c
+            run(c)
+    basis = "cycles" if before.cycles and all(r["cycles"] for r in rows if r["status"] == "ok") else "model_bytes"
+    c0 = float(before.cycles or 0) if basis == "cycles" else float(before.model_bytes or 0)
+    for r in rows:
+        if r["gain_db"] is None:
+            continue
+        ratio = float(r[basis] or 0) / c0 if c0 else 1.0
+        r["cost"] = ratio - 1.0
+        r["efficiency"] = r["gain_db"] / max(r["cost"], COST_FLOOR)
+        size = float(r["model_bytes"] or 0) / float(before.model_bytes or 1)
+        over = []
+        if max_size is not None and size > max_size:
+            over.append(f"size x{size:.2f} > --max-size x{max_size:g}")
+        if max_cycles is not None and r["cycles"] and before.cycles and r["cycles"] / before.cycles > max_cycles:
+            over.append(f"cycles x{r['cycles'] / before.cycles:.2f} > --max-cycles x{max_cycles:g}")
+        if r["status"] == "ok":
+            if over:
+                r["status"] = "over budget: " + "; ".join(over)
+            elif r["gain_db"] < min_gain_db and target is None:
+                r["status"] = f"gain below {min_gain_db:g} dB"
+            else:
+                r["eligible"] = True
+                r["status"] = "eligible"
+    elig = [r for r in rows if r["eligible"]]
+    for r in elig:  # the frontier: no eligible lever with cost <= and gain >= (one of them strictly)
+        r["frontier"] = not any(o is not r and o["cost"] <= r["cost"] and o["gain_db"] >= r["gain_db"]
+                                and (o["cost"] < r["cost"] or o["gain_db"] > r["gain_db"]) for o in elig)
+
+    def value(r: dict[str, Any]) -> float:
+        if target_task:
+            return float(r["task"].get(target_task, float("-inf")))
+        return float(r["sqnr_db"])
+
+    if target is not None:
+        reach = sorted((r for r in elig if value(r) >= target), key=lambda r: (r["cost"], -r["gain_db"]))
+        rest = sorted((r for r in elig if value(r) < target), key=lambda r: (-value(r), r["cost"]))
+        order = reach + rest
+    else:
+        order = sorted(elig, key=lambda r: (-r["gain_db"], r["cost"]))
+    refused: list[dict[str, Any]] = [{"candidate": r["lever"], "label": None, "reason": r["status"]}
+                                     for r in rows if not r["eligible"] and r["status"] not in ("ok", "eligible")]
+    for r in order:
+        lv, tr = trials[r["lever"]]
+        why, check = confirm_on_target(tuner, before, tr, watch, after_tuner=_variant(tuner, lv))
+        if why is None:
+            r["status"] = "chosen"
+            rep = TuneReport(before, tr, watch, steps=[{"candidate": lv.name, "label": tr.label, "kept": True}],
+                             refused=refused, backend=tuner.backend, format=tuner.fmt, target_check=check)
+            return SearchResult(rows, lv, rep, basis)
+        r["status"] = f"refused: {why}"
+        refused.append({"candidate": lv.name, "label": tr.label, "reason": why})
+    rep = TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
+                     backend=tuner.backend, format=tuner.fmt)
+    return SearchResult(rows, None, rep, basis)
