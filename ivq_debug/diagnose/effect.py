@@ -279,6 +279,51 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
+def _effects_as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
+                     spec: dict[str, tuple[list[str], list[str]]], runner_factory: Callable[[Any], Any] | None,
+                     executor: Executor | None, shards: str | os.PathLike | None, progress: bool
+                     ) -> tuple[dict[str, Any], dict[str, str], int, int]:
+    """The counterfactual runs of models read from files as jobs (shards kept in ``shards``): the documents and the
+    refusals by target key, the runs and the runs resumed from shards."""
+    from ivq_debug.diagnose.jobs import describe_factory
+
+    try:
+        backend = describe_factory(runner_factory)
+    except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
+        backend = repr(runner_factory)
+    _LOADED.clear()  # this run's models, already parsed
+    _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
+    ref_path = str(Path(ref.path).resolve())
+    meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": sha256_file(ref_path),
+            "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
+            "backend": backend, "versions": versions()}
+    kw = {"model_path": str(qdq.path.resolve()), "ref_path": ref_path, "rids": list(rids),
+          "float_model": str(fmodel.path.resolve()) if fmodel is not None else None,
+          "runner_factory": runner_factory}
+    jobs: dict[str, Job] = {}
+    key_of: dict[str, str] = {}
+    for key, (tensors, weights) in spec.items():
+        k = job_key(kind="effect/1", tensors=tensors, weights=weights, **meta)
+        key_of[key] = k
+        jobs.setdefault(k, Job(k, _effect_job, kw | {"tensors": tensors, "weights": weights}, meta))
+    tmp = None
+    if shards is None:
+        tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
+    try:
+        report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
+                                                    progress=progress)
+        failed = {f.key: f.error for f in report.failures}
+        by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
+        resumed = len(report.skipped)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    docs = {key: by_job[key_of[key]] for key in spec if key_of[key] in by_job}
+    refused = {key: failed[key_of[key]] for key in spec if key_of[key] in failed}
+    runs = len(jobs)
+    return docs, refused, runs, resumed
+
+
 def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Target], *,
                     float_model: Any = None, runner_factory: Callable[[Any], Any] | None = None,
                     executor: Executor | None = None, shards: str | os.PathLike | None = None,
@@ -290,8 +335,6 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
     files run as jobs on ``executor`` (default: in this process) with their shards in ``shards``; a model built
     in memory runs in this process, unkept.
     """
-    from ivq_debug.diagnose.jobs import describe_factory
-
     t0 = time.perf_counter()
     qdq = load(qdq_model)
     fmodel = load(float_model) if float_model is not None else None
@@ -309,40 +352,8 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
     files = qdq.path is not None and (fmodel is None or fmodel.path is not None)
     resumed = 0
     if files:
-        try:
-            backend = describe_factory(runner_factory)
-        except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
-            backend = repr(runner_factory)
-        _LOADED.clear()  # this run's models, already parsed
-        _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
-        ref_path = str(Path(ref.path).resolve())
-        meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": sha256_file(ref_path),
-                "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
-                "backend": backend, "versions": versions()}
-        kw = {"model_path": str(qdq.path.resolve()), "ref_path": ref_path, "rids": list(rids),
-              "float_model": str(fmodel.path.resolve()) if fmodel is not None else None,
-              "runner_factory": runner_factory}
-        jobs: dict[str, Job] = {}
-        key_of: dict[str, str] = {}
-        for key, (tensors, weights) in spec.items():
-            k = job_key(kind="effect/1", tensors=tensors, weights=weights, **meta)
-            key_of[key] = k
-            jobs.setdefault(k, Job(k, _effect_job, kw | {"tensors": tensors, "weights": weights}, meta))
-        tmp = None
-        if shards is None:
-            tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
-        try:
-            report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
-                                                        progress=progress)
-            failed = {f.key: f.error for f in report.failures}
-            by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
-            resumed = len(report.skipped)
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-        docs = {key: by_job[key_of[key]] for key in spec if key_of[key] in by_job}
-        refused = {key: failed[key_of[key]] for key in spec if key_of[key] in failed}
-        runs = len(jobs)
+        docs, refused, runs, resumed = _effects_as_jobs(qdq, fmodel, ref, rids, spec, runner_factory, executor,
+                                                        shards, progress)
     else:
         memo: dict[tuple[Any, ...], dict[str, Any]] = {}
         docs, refused = {}, {}
