@@ -177,8 +177,8 @@ def diagnose(
     factory = replay_factory(backend, **runner_options)
     # the cumulative error of the replayed records only (the first record holding the model's inputs by default: a
     # session dump's vision record for the vision part), every record with "all"
-    keys = set(replay_records(qdq, ref_d, record)) if record != "all" else set()
-    only = (lambda k: k in keys) if keys and keys <= set(test_d.record_keys()) else None
+    keys = set(replay_records(qdq, ref_d, record))
+    only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
         cmp = compare(reference, test_d, records=only, allow_input_mismatch=allow, diagnose=False)

@@ -49,20 +49,20 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 
 # ============================================================================ input files
+#: why an input could not be opened, by errno (``{what}``: the input's role)
+_OPEN_ERRORS = {
+    errno.ENOENT: "no such {what}",
+    errno.ELOOP: "{what} is a symlink loop",
+    errno.ENAMETOOLONG: "{what} path is too long",
+    errno.ENOTDIR: "no such {what} (a parent is not a folder)",
+    errno.EACCES: "{what} is not readable (permission denied)",
+    errno.ENXIO: "{what} is a socket or device, not a regular file",
+}
+
+
 def _stat_error(e: OSError, p: Path, what: str) -> InputError:
-    if e.errno == errno.ENOENT:
-        return InputError(f"no such {what}", p)
-    if e.errno == errno.ELOOP:
-        return InputError(f"{what} is a symlink loop", p)
-    if e.errno == errno.ENAMETOOLONG:
-        return InputError(f"{what} path is too long", p)
-    if e.errno == errno.ENOTDIR:
-        return InputError(f"no such {what} (a parent is not a folder)", p)
-    if e.errno == errno.EACCES:
-        return InputError(f"{what} is not readable (permission denied)", p)
-    if e.errno == errno.ENXIO:
-        return InputError(f"{what} is a socket or device, not a regular file", p)
-    return InputError(f"cannot open {what} ({e.strerror or type(e).__name__})", p)
+    msg = _OPEN_ERRORS.get(e.errno or 0)
+    return InputError(msg.format(what=what) if msg else f"cannot open {what} ({e.strerror or type(e).__name__})", p)
 
 
 def _kind(mode: int) -> str | None:
@@ -304,6 +304,13 @@ def output_error(e: OSError, path: str | os.PathLike) -> UsageError:
     return UsageError(f"cannot write output ({reason})", path)
 
 
+def _stat_or_none(p: Path) -> os.stat_result | None:
+    try:
+        return os.stat(p)
+    except OSError:
+        return None
+
+
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
@@ -319,19 +326,13 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
     """
     out = Path(output)
     real = Path(os.path.realpath(out))
-    try:
-        ost: os.stat_result | None = os.stat(out)
-    except OSError:
-        ost = None
+    ost = _stat_or_none(out)
     for item in inputs:
         if item is None:
             continue
         ip = Path(item)
         ireal = Path(os.path.realpath(ip))
-        try:
-            ist: os.stat_result | None = os.stat(ip)
-        except OSError:
-            ist = None
+        ist = _stat_or_none(ip)
         if real == ireal or (ost is not None and ist is not None and _same_file(ost, ist)):
             raise UsageError(f"output would replace the input {os.fspath(ip)!r} (even --force does not allow that)",
                              out)

@@ -14,7 +14,6 @@ import pytest
 
 import ivq_debug as ivq
 from ivq_debug import api
-from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.main import build_parser
 from ivq_debug.cli.sessions import session_options
 from ivq_debug.errors import ContractError
@@ -30,11 +29,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ivq_debug"
 def m(tmp_path_factory) -> dict[str, Any]:
     out: dict[str, Any] = dict(vit.models(tmp_path_factory))
     d = tmp_path_factory.mktemp("api")
-    out["test"] = capture(make_runner("onnx", out["act"], selection=Selection()), [vit.image(7), vit.image(8)],
-                          d / "act.h5", progress=None)
-    # the same model fed another first image: the contract is broken on record 0
-    out["other"] = capture(make_runner("onnx", out["act"], selection=Selection()), [vit.image(9), vit.image(8)],
-                           d / "other.h5", progress=None)
+    out["test"] = vit.cpu_qdq(out["act"], [7, 8], d / "act.h5")
+    out["other"] = vit.cpu_qdq(out["act"], [9, 8], d / "other.h5")  # another first image: the contract is broken
     return out
 
 

@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Replay and print; exit 1 when a unit breaks the budget."""
+    """Replay and print; exit 1 when a unit breaks the budget, or none does but the part's output does."""
     validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     con = results(json_to_stdout=args.json == "-")
     r = api.diagnose(args.ref, args.test, args.model, backend=args.backend, float_model=args.float_model,
@@ -77,7 +77,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.json:  # written before anything is printed: a full disk is then the only stderr line
         write_json(r.to_json(), args.json, overwrite=args.force)
     render(con, r, args.top)
-    return EXIT_FAIL if r.first_breaking else EXIT_OK
+    return EXIT_FAIL if r.first_breaking or r.accumulation is not None else EXIT_OK
 
 
 def render(con: Any, r: ReplayResult, top: int) -> None:
@@ -122,5 +122,5 @@ def render(con: Any, r: ReplayResult, top: int) -> None:
         if fb and (f.evidence.get("over_budget") or 0) > 1:  # the pattern's own first unit over budget
             con.print(f"  first unit over budget in this pattern: {escape(fb['tensor'])} at "
                       f"{fmt_num(fb['intro_sqnr_db'])} dB")
-    if not any(f.kind == "introduced_error" for f in findings):
+    if not any(f.kind in ("introduced_error", "accumulated_error") for f in findings):
         con.print(f"[green]no unit introduces more error than the budget ({r.budget_sqnr_db:g} dB)[/green]")

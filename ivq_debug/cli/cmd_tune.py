@@ -213,8 +213,9 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     return _budget(con, rep, args.budget)
 
 
-def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any) -> list[Any]:
-    """The suggestions: from ``--overrides``, else from the baseline's comparison (and its replay)."""
+def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any, with_replay: bool = False) -> Any:
+    """The suggestions: from ``--overrides``, else from the baseline's comparison (and its replay; returned too
+    with ``with_replay``)."""
     if args.overrides:
         encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
         return from_encodings(encs, nodes)
@@ -225,8 +226,9 @@ def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any) -> list[An
         with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
             rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
                         float_model=tuner.source(), progress=False)
-    return suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
-                   per_channel=args.per_channel, preset=args.preset, backend=tuner.target)
+    sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
+                  per_channel=args.per_channel, preset=args.preset, backend=tuner.target)
+    return (sug, rp) if with_replay else sug
 
 
 def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, executor: Any, where: str,
@@ -274,11 +276,13 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
 
 def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where: str, wd: Path) -> int:
     """``--search``: every lever measured, the frontier table, the chosen lever's knobs and overrides."""
-    sug = [] if args.overrides else _suggestions(args, tuner, before)
+    rp = None
     if args.overrides:
         encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
         sug = from_encodings(encs, nodes)
-    levers = global_levers(tuner) + unit_levers(tuner, sug)
+    else:
+        sug, rp = _suggestions(args, tuner, before, with_replay=True)
+    levers = global_levers(tuner) + unit_levers(tuner, sug, rp)
     task = next(iter(before.task), None) if args.task_metric else None
     with status(f"search: {len(levers)} lever(s) and their combinations on {where}"):
         res = search(tuner, before, levers, watch=args.watch, max_size=args.max_size, max_cycles=args.max_cycles,

@@ -266,7 +266,7 @@ def _loaded(path: str) -> Model:
 
 def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
                 float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run as a job (the models as loaded by this process, :func:`_loaded`)."""
+    """One counterfactual run as a job (a worker reads the models from their files)."""
     return _effect_run(_loaded(model_path), open_dump(ref_path), rids, tensors, weights,
                        _loaded(float_model) if float_model else None, runner_factory)
 
@@ -279,12 +279,11 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def _effects_as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
-                     spec: dict[str, tuple[list[str], list[str]]], runner_factory: Callable[[Any], Any] | None,
-                     executor: Executor | None, shards: str | os.PathLike | None, progress: bool
-                     ) -> tuple[dict[str, Any], dict[str, str], int, int]:
-    """The counterfactual runs of models read from files as jobs (shards kept in ``shards``): the documents and the
-    refusals by target key, the runs and the runs resumed from shards."""
+def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
+             spec: dict[str, tuple[list[str], list[str]]], runner_factory: Callable[[Any], Any] | None,
+             executor: Executor | None, shards: str | os.PathLike | None,
+             progress: bool) -> tuple[dict[str, Any], dict[str, str], int, int]:
+    """The targets' runs as jobs (models read from files): ``(docs, refused, runs, resumed)`` by target key."""
     from ivq_debug.diagnose.jobs import describe_factory
 
     try:
@@ -294,7 +293,7 @@ def _effects_as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str]
     _LOADED.clear()  # this run's models, already parsed
     _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
     ref_path = str(Path(ref.path).resolve())
-    meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": sha256_file(ref_path),
+    meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": ref.content_digest(),
             "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
             "backend": backend, "versions": versions()}
     kw = {"model_path": str(qdq.path.resolve()), "ref_path": ref_path, "rids": list(rids),
@@ -314,14 +313,51 @@ def _effects_as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str]
                                                     progress=progress)
         failed = {f.key: f.error for f in report.failures}
         by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
-        resumed = len(report.skipped)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     docs = {key: by_job[key_of[key]] for key in spec if key_of[key] in by_job}
     refused = {key: failed[key_of[key]] for key in spec if key_of[key] in failed}
-    runs = len(jobs)
-    return docs, refused, runs, resumed
+    return docs, refused, len(jobs), len(report.skipped)
+
+
+def _here(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, tuple[list[str], list[str]]],
+          runner_factory: Callable[[Any], Any] | None) -> tuple[dict[str, Any], dict[str, str], int]:
+    """The targets' runs in this process (a model built in memory), the same target measured once:
+    ``(docs, refused, runs)``."""
+    memo: dict[tuple[Any, ...], dict[str, Any]] = {}
+    docs, refused = {}, {}
+    for key, (tensors, weights) in spec.items():
+        mk = (tuple(tensors), tuple(weights))
+        if mk not in memo:
+            try:
+                memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
+            except IvqError as e:  # the backend refused the lifted model
+                memo[mk] = {"error": e.message}
+        if "error" in memo[mk]:
+            refused[key] = memo[mk]["error"]
+        else:
+            docs[key] = memo[mk]
+    return docs, refused, len(memo)
+
+
+def _on_cpu(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, tuple[list[str], list[str]]],
+            docs: dict[str, Any], refused: dict[str, str]) -> int:
+    """The backend refused a lifted model (e.g. a float op HTP cannot place without CPU fallback): that target and
+    the unchanged model are measured on CPU-QDQ instead, and say so (every target, when the unchanged model itself
+    is refused). Fills ``docs``; returns the runs it made."""
+    cpu_base = _effect_run(qdq, ref, list(rids), [], [], fmodel, None)
+    redo = list(spec) if "base" in refused else list(refused)
+    why = refused.get("base") or next(iter(refused.values()))
+    for key in redo:
+        if key == "base":
+            docs["base"] = cpu_base
+            continue
+        got = _effect_run(qdq, ref, list(rids), *spec[key], fmodel, None)
+        got["refused"] = one_line(refused.get(key, why), 300)
+        docs[key] = got
+    docs["cpu_base"] = cpu_base
+    return 1 + len([k for k in redo if k != "base"])
 
 
 def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Target], *,
@@ -347,44 +383,15 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
         outs = {e.name for e in ref.tensors(rid)} | names
         if any(n not in names for n in g_in) or not any(n in outs for n in g_out):
             return {}
-    todo = [Target("base", [], []), *targets]
-    spec = {t.key: (sorted(set(t.tensors)), sorted(set(t.weights))) for t in todo}
-    files = qdq.path is not None and (fmodel is None or fmodel.path is not None)
+    spec = {t.key: (sorted(set(t.tensors)), sorted(set(t.weights))) for t in [Target("base", [], []), *targets]}
     resumed = 0
-    if files:
-        docs, refused, runs, resumed = _effects_as_jobs(qdq, fmodel, ref, rids, spec, runner_factory, executor,
-                                                        shards, progress)
+    if qdq.path is not None and (fmodel is None or fmodel.path is not None):
+        docs, refused, runs, resumed = _as_jobs(qdq, fmodel, ref, rids, spec, runner_factory, executor, shards,
+                                                progress)
     else:
-        memo: dict[tuple[Any, ...], dict[str, Any]] = {}
-        docs, refused = {}, {}
-        for key, (tensors, weights) in spec.items():
-            mk = (tuple(tensors), tuple(weights))
-            if mk not in memo:
-                try:
-                    memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
-                except IvqError as e:  # the backend refused the lifted model
-                    memo[mk] = {"error": e.message}
-            if "error" in memo[mk]:
-                refused[key] = memo[mk]["error"]
-            else:
-                docs[key] = memo[mk]
-        runs = len(memo)
+        docs, refused, runs = _here(qdq, fmodel, ref, rids, spec, runner_factory)
     if refused and runner_factory is not None:
-        # the backend refused a lifted model (e.g. a float op HTP cannot place without CPU fallback): that target
-        # and the unchanged model are measured on CPU-QDQ instead, and say so (every target, when the unchanged
-        # model itself is refused)
-        cpu_base = _effect_run(qdq, ref, list(rids), [], [], fmodel, None)
-        redo = list(spec) if "base" in refused else list(refused)
-        why = refused.get("base") or next(iter(refused.values()))
-        for key in redo:
-            if key == "base":
-                docs["base"] = cpu_base
-                continue
-            got = _effect_run(qdq, ref, list(rids), *spec[key], fmodel, None)
-            got["refused"] = one_line(refused.get(key, why), 300)
-            docs[key] = got
-        docs["cpu_base"] = cpu_base
-        runs += 1 + len([k for k in redo if k != "base"])
+        runs += _on_cpu(qdq, fmodel, ref, rids, spec, docs, refused)
     elif refused:
         raise JobsFailedError([JobFailure(k, v) for k, v in refused.items()], shards or "")
     base = docs["base"]

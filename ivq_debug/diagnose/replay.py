@@ -63,7 +63,7 @@ from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.jobs import describe_factory, replay_jobs
 from ivq_debug.diagnose.patterns import replay_findings
 from ivq_debug.diagnose.refs import RefIndex, model_records, pairs_for, record_ids
-from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, remedies_for
+from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, over_budget, remedies_for
 from ivq_debug.diagnose.units import (
     Unit,
     find_dynamic_units,
@@ -179,10 +179,16 @@ class ReplayResult:
         return list(t.loc[t["approximate"].astype(bool), "tensor"]) if len(t) else []
 
     def remedies(self, node: str) -> list[Remedy]:
-        """The fixes by cause of one unit over budget (:func:`~ivq_debug.diagnose.remedy.remedies_for`; empty for a
-        unit within budget)."""
+        """The fixes by cause of one unit (:func:`~ivq_debug.diagnose.remedy.remedies_for`): a unit over budget, or
+        one within it whose measured effect on the output makes it a finding (``effects["groups"]``); empty for
+        any other unit."""
         ev = self.evidence.get(node)
-        return remedies_for(ev) if ev is not None else []
+        if ev is None:
+            return []
+        fix_units = {n for ns in (self.effects.get("groups") or {}).values() for n in ns}
+        if not (over_budget(ev) or node in fix_units):
+            return []
+        return remedies_for(ev)
 
     def findings(self) -> list[Finding]:
         """The headline (worst introducer's pattern) first, then other patterns and the self-check

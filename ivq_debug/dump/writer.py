@@ -406,20 +406,19 @@ class DumpWriter:
             rows = list(table)
             cols = list(dict.fromkeys(k for r in rows for k in r))
             payload = {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
-        text = fmt.to_json(payload)
-        self._guard.reserve(len(text) + 4096)
-        grp = self._f.require_group(fmt.TABLES)
-        if name in grp:
-            del grp[name]
-        grp.create_dataset(name, data=text)
+        self._json_dataset(fmt.TABLES, name, payload)
 
     @guarded
     def set_meta(self, name: str, value: Any) -> None:
         """Store a JSON value under ``/meta/<name>`` (e.g. the partition of a QNN capture)."""
         self._check_open()
+        self._json_dataset(fmt.META, name, value)
+
+    def _json_dataset(self, group: str, name: str, value: Any) -> None:
+        """``value`` as a JSON string dataset ``/<group>/<name>`` (replacing one of that name)."""
         text = fmt.to_json(value)
         self._guard.reserve(len(text) + 4096)
-        grp = self._f.require_group(fmt.META)
+        grp = self._f.require_group(group)
         if name in grp:
             del grp[name]
         grp.create_dataset(name, data=text)

@@ -220,6 +220,11 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     return read_arrays(path, "calibration file")
 
 
+#: the keywords of :func:`load_calibration` that :func:`quantize_for_qnn` (and the tuner) pass through
+CALIBRATION_OPTIONS = ("fixed_feeds", "max_samples", "image_mean", "image_std", "transform", "image_resize",
+                       "image_processor")
+
+
 def load_calibration(
     source: str | os.PathLike | Iterable[Mapping[str, Any]] | Mapping[str, Any],
     model: str | os.PathLike | Any,
@@ -554,19 +559,13 @@ def quantize_for_qnn(
     strict_overrides: bool = True,
     calibrate_method: str = "minmax",
     preprocess: bool = True,
-    fixed_feeds: Mapping[str, Any] | None = None,
-    max_samples: int | None = None,
-    image_mean: Sequence[float] | None = None,
-    image_std: Sequence[float] | None = None,
-    transform: Callable[[np.ndarray], np.ndarray] | None = None,
-    image_resize: str = "bicubic",
-    image_processor: str | os.PathLike | Any | None = None,
     activation_symmetric: bool = False,
     weight_symmetric: bool | None = None,
     op_types_to_quantize: Sequence[str] | None = None,
     nodes_to_exclude: Sequence[str] | None = None,
     constants_to_initializers: bool = True,
     overwrite: bool = False,
+    **calibration_options: Any,
 ) -> QuantizeResult:
     """Quantize a float ONNX model to a QDQ model for QNN HTP.
 
@@ -581,8 +580,9 @@ def quantize_for_qnn(
             (otherwise they are listed in ``overrides_unmatched``).
         calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``.
         preprocess: run ``qnn_preprocess_model`` first (graph fusions QNN wants).
-        fixed_feeds, max_samples, image_mean, image_std, transform, image_resize, image_processor: see
-            :func:`load_calibration` (``calibration_source`` of the result says how images were made inputs).
+        calibration_options: keywords of :func:`load_calibration` (:data:`CALIBRATION_OPTIONS`: ``fixed_feeds``,
+            ``max_samples``, ``image_mean``, ``image_std``, ``transform``, ``image_resize``, ``image_processor``;
+            ``calibration_source`` of the result says how images were made inputs).
         activation_symmetric, weight_symmetric, op_types_to_quantize, nodes_to_exclude: passed to
             ``get_qnn_qdq_config``.
         constants_to_initializers: turn ``Constant``-node weights into initializers first (model intake,
@@ -614,9 +614,10 @@ def quantize_for_qnn(
         raise UsageError("the model already holds QuantizeLinear nodes (give the float model)", src)
     act_name, w_name = PRESETS[preset]
     act, wt = _qtype(act_name), _qtype(w_name)
-    samples, cal_desc = load_calibration(calibration, proto, fixed_feeds=fixed_feeds, max_samples=max_samples,
-                                         image_mean=image_mean, image_std=image_std, transform=transform,
-                                         image_resize=image_resize, image_processor=image_processor)
+    unknown = sorted(set(calibration_options) - set(CALIBRATION_OPTIONS))
+    if unknown:
+        raise TypeError(f"quantize_for_qnn() got unexpected keyword argument(s) {unknown}")
+    samples, cal_desc = load_calibration(calibration, proto, **calibration_options)
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel, where=src,
                                        constants=constants_to_initializers)
     notes: list[str] = []

@@ -88,12 +88,48 @@ def global_levers(tuner: Tuner) -> list[Lever]:
     return out
 
 
-def unit_levers(tuner: Tuner, suggestions: Sequence[Suggestion]) -> list[Lever]:
-    """Levers from per-cause suggestions (``suggest()`` on the baseline): each pattern group, the weight entries,
-    the activation entries, all. The one place unit levers are made (switch their source here)."""
+def remedy_suggestions(replay: Any, calibrated: dict[str, tuple[float, float]]) -> dict[str, list[Suggestion]]:
+    """The fixes by cause of the replay's units over budget (:mod:`ivq_debug.diagnose.remedy`) as suggestions,
+    by cause: a16 (on the calibrated range), widen (the remedy's range), per-channel / 16-bit weights (with the
+    16-bit activations a w16 fix names), fp16 (the node left float). A weight re-quantized from its values
+    (``requantize_weight``) has no override form here and is left out."""
+    by: dict[str, dict[str, Suggestion]] = {}
+    for node in getattr(replay, "evidence", {}) or {}:
+        for r in replay.remedies(node):
+            got = by.setdefault(r.cause, {})
+            why = f"{r.cause}: {r.text}"
+            if r.lever in ("w_per_channel", "w16"):
+                for w in r.weights:
+                    axis = (r.override or {}).get(w, [{}])[0].get("axis")
+                    got[w] = Suggestion(w, r.lever, why, axis=axis, node=r.unit, group=r.cause)
+            if r.lever == "fp16":
+                got[r.unit] = Suggestion(r.tensors[0] if r.tensors else r.unit, "fp16", why, node=r.unit,
+                                         group=r.cause)
+                continue
+            for t in r.tensors:
+                entry = (r.override or {}).get(t, [{}])[0]
+                if "rmin" in entry and "rmax" in entry:
+                    got[t] = Suggestion(t, "widen", why, float(entry["rmin"]), float(entry["rmax"]), group=r.cause)
+                elif t in calibrated:
+                    got[t] = Suggestion(t, "a16", why, *calibrated[t], group=r.cause)
+    return {c: list(v.values()) for c, v in by.items() if v}
+
+
+def unit_levers(tuner: Tuner, suggestions: Sequence[Suggestion], replay: Any = None) -> list[Lever]:
+    """Levers from per-cause fixes: with a replay that carries unit evidence, the remedies of
+    :mod:`ivq_debug.diagnose.remedy` (one lever per cause, and all of them); then the ``suggest()`` suggestions:
+    each pattern group, the weight entries, the activation entries, all. The one place unit levers are made."""
     preset, pc, cm = _knobs(tuner)
     sug = list(suggestions)
     out: list[Lever] = []
+    if replay is not None:
+        rem = remedy_suggestions(replay, tuner.calibrated())
+        out += [Lever(f"remedy {cause}", "unit", preset, pc, cm, ss) for cause, ss in rem.items()]
+        if len(rem) > 1:
+            names: dict[str, Suggestion] = {}
+            for ss in rem.values():
+                names.update({s.tensor: s for s in ss})
+            out.append(Lever("remedy all", "unit", preset, pc, cm, list(names.values())))
     groups: dict[str, list[Suggestion]] = {}
     for s in sug:
         if s.group:

@@ -44,7 +44,12 @@ from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.onnxgraph.load import load_model, model_file_bytes
 from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
-from ivq_debug.qnn.quantize import load_calibration, preprocess_float_model, quantize_for_qnn
+from ivq_debug.qnn.quantize import (
+    CALIBRATION_OPTIONS,
+    load_calibration,
+    preprocess_float_model,
+    quantize_for_qnn,
+)
 from ivq_debug.tune.legal import forbidden, split_legal, violations
 from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
 from ivq_debug.util import (
@@ -343,8 +348,7 @@ class Tuner:
             if not (self.resume and path.exists()):
                 samples, _ = load_calibration(self.calibration, self.source(),
                                               **{k: v for k, v in self.quantize_kw.items()
-                                                 if k in ("fixed_feeds", "max_samples", "image_mean", "image_std",
-                                                          "transform")})
+                                                 if k in CALIBRATION_OPTIONS})
                 capture(make_runner("onnx", self.source(), selection=Selection()), samples, path, part=self.part,
                         summary_only=True, overwrite=True, progress=None)
             out: dict[str, tuple[float, float]] = {}

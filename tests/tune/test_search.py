@@ -29,15 +29,18 @@ def user(tmp_path_factory) -> dict[str, Path]:
     return {"model": model, "cal": d / "cal", "evals": evals}
 
 
-def _search(user, wd: Path, *extra: object) -> tuple[int, dict]:
+def _search(user, wd: Path, *extra: object, diagnose: bool = False) -> tuple[int, dict]:
     code = ivq_cli("tune", user["model"], "--calibration", user["cal"], *user["evals"], "-o", wd, "--backend", "cpu",
-                   "--search", "--no-diagnose", *extra)
+                   "--search", *([] if diagnose else ["--no-diagnose"]), *extra)
     return code, json.loads((wd / "tune.json").read_text())
 
 
 @pytest.mark.slow  # two searches of 14 levers (~45 s on 2 loaded cores)
 def test_search_finds_the_combination_only_both_levers_recover(user, tmp_path: Path, capsys) -> None:
-    base = _search(user, tmp_path / "t0")[1]
+    base = _search(user, tmp_path / "t0", diagnose=True)[1]
+    # unit levers from the diagnosis' fixes by cause (diagnose/remedy.py): per-channel on head A's weight
+    remedy = {r["lever"]: r for r in base["search"]["table"]}["remedy weight_spread"]
+    assert remedy["overrides"] == 1 and 2 < remedy["gain_db"] < 4
     target = next(r["before"] for r in base["end_to_end"] if r["what"] == "sqnr_db y") + 10
     code, rep = _search(user, tmp_path / "t", "--target-metric", f"{target:.3f}")
     out = capsys.readouterr().out

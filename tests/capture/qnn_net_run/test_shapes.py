@@ -114,11 +114,17 @@ def test_unmatched_files_say_whether_name_or_shape_failed(tmp_path):
     rd = tmp_path / "run" / "output" / "Result_0"
     (rd / "_Nope_output_0.raw").write_bytes(b"\0" * 16)
     (rd / "_Reshape_output_0.raw").write_bytes(b"\0" * 20)  # 5 floats: not [1, 3, 2, 2]
+    np.array([1, 3, 4], "<f4").tofile(rd / "_Shape_output_0.raw")  # int64 in the graph, float32 on disk
+    np.array([0.5], "<f4").tofile(rd / "_Gather_output_0.raw")  # not a whole number: kept as the device wrote it
     js = tmp_path / "m.json"
     assert ivq("ingest", "qnn-net-run", tmp_path / "run", "--model", model, "-o", tmp_path / "d.h5", "--json", js) == 0
     why = {Path(u["file"]).name: u["reason"] for u in json.loads(js.read_text())["unmatched"]}
     assert why["_Nope_output_0.raw"].startswith("name: no tensor of m.onnx is named '_Nope_output_0'")
     assert why["_Reshape_output_0.raw"] == "shape: 20 bytes is not '/Reshape_output_0' [1, 3, 2, 2] x float32"
+    with open_dump(tmp_path / "d.h5") as d:
+        shape = d.read("/Shape_output_0", (0, "model", 0))
+        assert shape.dtype == np.int64 and shape.tolist() == [1, 3, 4]
+        assert d.read("/Gather_output_0", (0, "model", 0)).tolist() == 0.5
 
 
 def _opaque_graph(path: Path, op: str = "Attend") -> Path:
