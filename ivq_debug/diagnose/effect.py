@@ -266,9 +266,14 @@ def _loaded(path: str) -> Model:
 
 def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
                 float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run as a job (a worker reads the models from their files)."""
-    return _effect_run(_loaded(model_path), open_dump(ref_path), rids, tensors, weights,
-                       _loaded(float_model) if float_model else None, runner_factory)
+    """One counterfactual run as a job (the models as this process loaded them, :func:`_loaded`). A backend that refuses the
+    lifted model is a result (``{"error": ...}``, kept in the shard), not a failure to retry: the refusal is
+    deterministic."""
+    try:
+        return _effect_run(_loaded(model_path), open_dump(ref_path), rids, tensors, weights,
+                           _loaded(float_model) if float_model else None, runner_factory)
+    except IvqError as e:
+        return {"error": e.message}
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -313,6 +318,8 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
                                                     progress=progress)
         failed = {f.key: f.error for f in report.failures}
         by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
+        failed.update({k: str(d["error"]) for k, d in by_job.items() if "error" in d})  # refused: a result
+        by_job = {k: d for k, d in by_job.items() if "error" not in d}
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
