@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ivq_debug import api, validate
+from ivq_debug import api
 from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.cli.sessions import (
@@ -65,7 +65,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget, or none does but the part's output does."""
-    validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
     con = results(json_to_stdout=args.json == "-")
     r = api.diagnose(args.ref, args.test, args.model, backend=args.backend, float_model=args.float_model,
                      record="all" if args.record == "all" else parse_record(args.record),

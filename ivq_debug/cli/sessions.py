@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ivq_debug.cli.common import add_qnn_target_arguments
 from ivq_debug.errors import UsageError
 
 #: ORT graph optimization levels (``OrtRunner``'s ``optimization``)
@@ -34,8 +35,7 @@ def add_onnx_session_arguments(p: argparse.ArgumentParser, prefix: str = "") -> 
 
 def add_qnn_session_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """The QNN HTP session flags (``prefix``: e.g. ``"qnn: "`` on a command with several backends)."""
-    p.add_argument("--soc-model", default=None, help=f"{prefix}SoC model id (default from ivq_debug.defaults)")
-    p.add_argument("--htp-arch", default=None, help=f"{prefix}HTP architecture (default from ivq_debug.defaults)")
+    add_qnn_target_arguments(p, prefix)
     p.add_argument("--allow-cpu-fallback", action="store_true", help=f"{prefix}let unsupported nodes run on the CPU")
     cache = p.add_mutually_exclusive_group()
     cache.add_argument("--qnn-cache", default=None, metavar="DIR",

@@ -264,6 +264,23 @@ def _loaded(path: str) -> Model:
     return _LOADED[key]
 
 
+_F0 = {"type": "number", "minimum": 0, "x-finite": True}
+_NAMES = {"type": "array", "items": {"type": "string"}}
+#: an effect shard's ``result`` (:func:`_effect_run`'s, or a backend's refusal ``{"error": ...}``): noise and
+#: signal powers finite and non-negative, never NaN (shards are untrusted: checked before the merge reads them)
+SHARD_RESULT_SCHEMA: dict[str, Any] = {
+    "title": "effect shard result",
+    "anyOf": [
+        {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        {"type": "object", "required": ["noise", "signal", "outputs"],
+         "properties": {"noise": _F0, "signal": _F0, "outputs": _NAMES, "weights_lifted": _NAMES,
+                        "unreached": _NAMES, "unreached_tensors": _NAMES, "backend": {"type": "string"},
+                        "seconds": _F0}},
+    ],
+    "x-message": "must be an effect run (noise and signal: finite numbers >= 0, outputs: names) or {\"error\": text}",
+}
+
+
 def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
                 float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
     """One counterfactual run as a job (the models as this process loaded them, :func:`_loaded`). A backend that refuses the
@@ -317,7 +334,7 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
         report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
                                                     progress=progress)
         failed = {f.key: f.error for f in report.failures}
-        by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
+        by_job = {k: report.load(k, SHARD_RESULT_SCHEMA)["result"] for k in jobs if k not in failed}
         failed.update({k: str(d["error"]) for k, d in by_job.items() if "error" in d})  # refused: a result
         by_job = {k: d for k, d in by_job.items() if "error" not in d}
     finally:

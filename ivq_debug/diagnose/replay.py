@@ -75,7 +75,7 @@ from ivq_debug.diagnose.units import (
 )
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.executor import Executor
 from ivq_debug.metrics import MetricAccumulator
 from ivq_debug.onnxgraph.load import Model, load
@@ -278,6 +278,9 @@ def replay(
     t_start = time.perf_counter()
     ref = reference if hasattr(reference, "entries") else open_dump(reference)
     model = load(qdq_model)
+    if not model.proto.graph.node:  # "0 units replayed", exit 0, was the answer
+        raise InputError("the model has no nodes: nothing to replay (an empty or zero-node ONNX model)",
+                         model.origin)
     fmodel = load(float_model) if float_model is not None else None
     index = _indexer(ref, model, cumulative)
     rids = model_records(ref, record, record_ids(ref, record), model, index)

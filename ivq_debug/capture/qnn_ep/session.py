@@ -250,8 +250,11 @@ class QnnSessionConfig:
         """Raise :class:`UsageError` on inconsistent options (``paths=False``: artifact paths not checked)."""
         if not str(self.soc_model).strip() or not str(self.htp_arch).strip():
             raise UsageError("soc_model and htp_arch must be set (the emulator default v68 gives other bits)")
-        if not str(self.htp_arch).isdigit():
-            raise UsageError(f"htp_arch must be a number like 73, got {self.htp_arch!r}")
+        if not str(self.htp_arch).isdigit() or str(self.htp_arch) not in defaults.QNN_HTP_ARCHS:
+            raise UsageError(f"htp_arch must be one of {', '.join(defaults.QNN_HTP_ARCHS)}, got {self.htp_arch!r}")
+        if not str(self.soc_model).isdigit():
+            raise UsageError(f"soc_model must be a QNN SoC id (a number like {defaults.QNN_SOC_MODEL}), "
+                             f"got {self.soc_model!r}")
         if self.profiling_level not in (None, *PROFILING_LEVELS):
             raise UsageError(f"profiling_level must be one of {', '.join(PROFILING_LEVELS)}, "
                              f"got {self.profiling_level!r}")
