@@ -49,7 +49,7 @@ from ivq_debug.errors import (
     one_line,
     require_extra,
 )
-from ivq_debug.util import atomic_write_text
+from ivq_debug.util import atomic_write_text, check_schema, file_in_folder_problem, is_inside, load_json
 
 #: the executors of ``--executor``
 EXECUTORS = ("local", "ray")
@@ -126,9 +126,10 @@ class RunReport:
         if self.failures:
             raise JobsFailedError(self.failures, self.folder)
 
-    def load(self, key: str) -> dict[str, Any]:
-        """The shard document of one job (:class:`InputError` when the file holds another job's)."""
-        doc = read_shard(self.shards[key])
+    def load(self, key: str, result_schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shard document of one job, its ``result`` checked against the kind's ``result_schema``
+        (:func:`read_shard`; :class:`InputError` when the file holds another job's)."""
+        doc = read_shard(self.shards[key], self.folder, result_schema)
         if doc.get("key") != key:
             raise InputError(f"the shard of job {key} holds job {one_line(str(doc.get('key')), 80)}", self.shards[key])
         return doc
@@ -139,14 +140,40 @@ def shard_path(folder: str | os.PathLike, key: str) -> Path:
     return Path(folder) / f"{key}.json"
 
 
-def read_shard(path: str | os.PathLike) -> dict[str, Any]:
-    """A shard document (``ivq-shard/1``)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"unreadable shard ({one_line(e, 200)})", path) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SHARD_SCHEMA or not isinstance(doc.get("result"), dict):
-        raise InputError(f"not an {SHARD_SCHEMA} shard", path)
+#: the envelope of every shard; each kind's ``result`` has its own schema (:meth:`RunReport.load`)
+ENVELOPE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["schema", "key", "meta", "result"],
+    "properties": {"schema": {"const": SHARD_SCHEMA}, "key": {"type": "string"}, "meta": {"type": "object"},
+                   "result": {"type": "object"}},
+}
+
+
+def read_shard(path: str | os.PathLike, folder: str | os.PathLike | None = None,
+               result_schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A shard document (``ivq-shard/1``), read as the untrusted input it is (shards on shared storage are where
+    stale or edited files appear).
+
+    ``stat`` before open: a regular file inside ``folder`` (default: its own folder; a symlink leaving it, a FIFO,
+    a folder are refused unread); the bounded JSON loader (:func:`~ivq_debug.util.load_json`: nesting, encoding);
+    :data:`ENVELOPE_SCHEMA`, then ``result_schema`` on the ``result`` (the kind's: finite, ordered, non-negative
+    numbers; docs/input-formats.md "Job shards").
+
+    Raises:
+        InputError: naming the shard (exit 3).
+    """
+    p = Path(path)
+    problem = file_in_folder_problem(p, p.parent if folder is None else folder, "shard", allow_outside=True)
+    if problem is None and not is_inside(p, p.parent if folder is None else folder):
+        problem = "shard is a symlink to a file outside the shard folder"
+    if problem is not None:
+        raise InputError(problem, p)
+    doc = load_json(p, "shard")
+    if not isinstance(doc, dict) or doc.get("schema") != SHARD_SCHEMA:
+        raise InputError(f"not an {SHARD_SCHEMA} shard", p)
+    check_schema(doc, ENVELOPE_SCHEMA, p, "shard")
+    if result_schema is not None:
+        check_schema(doc["result"], result_schema, p, result_schema.get("title", "result"))
     return doc
 
 
@@ -195,7 +222,7 @@ def _pending(jobs: list[Job], folder: Path) -> tuple[list[Job], dict[str, Path],
     todo: list[Job] = []
     for j in jobs:
         p = shard_path(folder, j.key)
-        if p.is_file():
+        if os.path.lexists(p):  # whatever it is (a FIFO, a symlink out, a folder): read_shard refuses it, exit 3
             done[j.key] = p
         else:
             todo.append(j)

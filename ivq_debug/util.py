@@ -266,6 +266,39 @@ def schema_message(err: Any) -> str:
     return one_line(err.message, 160)
 
 
+def _validator_class() -> Any:
+    """Draft 2020-12 with the project's number keywords (JSON Schema has none for them):
+
+    * ``"x-finite": true``: a number that is not NaN nor ±inf (Python's ``json`` reads ``NaN`` and ``Infinity``);
+      ``"x-finite": "not-nan"``: ±inf allowed (an empty accumulator's min / max), NaN not.
+    * ``"x-ordered": [[a, b], ...]``: on an object, the number ``a`` is at most the number ``b`` (``min`` ≤ ``max``).
+    """
+    global _VALIDATOR_CLS
+    if _VALIDATOR_CLS is None:
+        from jsonschema import Draft202012Validator, ValidationError, validators
+
+        def finite(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+            if isinstance(instance, float) and value and (
+                    math.isnan(instance) if value == "not-nan" else not math.isfinite(instance)):
+                yield ValidationError(f"must be {'a number, not NaN' if value == 'not-nan' else 'a finite number'}, "
+                                      f"got {instance!r}")
+
+        def ordered(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+            if not isinstance(instance, dict):
+                return
+            for a, b in value:
+                x, y = instance.get(a), instance.get(b)
+                if (isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool)
+                        and not isinstance(y, bool) and x > y):
+                    yield ValidationError(f"{a} {x!r} is above {b} {y!r}")
+
+        _VALIDATOR_CLS = validators.extend(Draft202012Validator, {"x-finite": finite, "x-ordered": ordered})
+    return _VALIDATOR_CLS
+
+
+_VALIDATOR_CLS: Any = None
+
+
 def check_schema(doc: Any, schema: dict[str, Any], source: str | os.PathLike | None = None,
                  what: str = "") -> None:
     """Validate a loaded document against a JSON Schema (Draft 2020-12, ``jsonschema``).
@@ -288,9 +321,7 @@ def schema_error(doc: Any, schema: dict[str, Any]) -> tuple[list[Any], str] | No
     Validators are cached by the schema's ``id``: pass module-level schemas only."""
     v = _VALIDATORS.get(id(schema))
     if v is None:
-        from jsonschema import Draft202012Validator
-
-        v = _VALIDATORS[id(schema)] = Draft202012Validator(schema)
+        v = _VALIDATORS[id(schema)] = _validator_class()(schema)
     from jsonschema.exceptions import best_match
 
     err = best_match(v.iter_errors(doc))
@@ -394,6 +425,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     for want of space, a writable folder or a file size limit; then neither the final file nor the temp
     file (nor folders created for it) remain.
     """
+    return atomic_write_with(path, lambda f: f.write(data), overwrite=overwrite)
+
+
+def atomic_write_json(path: str | os.PathLike, doc: Any, *, overwrite: bool = False, indent: int | None = 1) -> Path:
+    """:func:`atomic_write_with` of a JSON document, encoded as it is written (``json.dump``'s chunks): no
+    string of the whole document, nor its UTF-8 copy, is ever in memory (``ivq-diff --json`` of a large
+    comparison under a 384 MiB address-space cap). NaN / inf are refused (``ValueError``: nothing is left)."""
+    import json
+
+    def fill(f: IO[bytes]) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8", errors="backslashreplace", newline="\n", write_through=False)
+        json.dump(doc, text, indent=indent, allow_nan=False)
+        text.write("\n")
+        text.flush()
+        text.detach()
+
+    return atomic_write_with(path, fill, overwrite=overwrite)
+
+
+def atomic_write_with(path: str | os.PathLike, fill: Any, *, overwrite: bool = False) -> Path:
+    """The atomic write of :func:`atomic_write_bytes`, the content written by ``fill(binary_file)``."""
     p = Path(path)
     try:
         exists = os.path.lexists(p)
@@ -406,7 +458,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; outputs are meant to be shared

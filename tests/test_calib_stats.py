@@ -191,7 +191,7 @@ def test_a_tampered_shard_is_an_input_error(m, tmp_path: Path, capsys) -> None:
         p.write_text(json.dumps(doc))
     assert ivq_cli(*args, "--force") == 3
     err = capsys.readouterr().err.strip()
-    assert "not a calib-stats shard" in err and "\n" not in err
+    assert "calib-stats shard result: tensors.x: missing 'nonfinite'" in err and "\n" not in err
 
 
 def test_a_failing_job_is_listed_with_its_key_and_the_other_shards_stay(tmp_path: Path, capsys) -> None:

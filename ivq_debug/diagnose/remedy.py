@@ -38,6 +38,7 @@ API (stable; the tuner builds its unit candidates from it)::
 
     ev = unit_evidence(model, table, read, budget)    # {node: UnitEvidence} of the units over budget
     remedies_for(ev[node]) -> list[Remedy]            # the unit's remedies, weight part first when it dominates
+    ReplayResult.remedies(node)                       # the same, for the units a replay's findings fix
     group_remedy(remedies) -> (text, override)        # one group fix over its over-budget units' remedies
 
 A :class:`Remedy` carries its ``cause``, ``lever``, ``text``, the ``tensors`` and ``weights`` it names, the
@@ -317,6 +318,11 @@ def _arithmetic(ev: UnitEvidence) -> Remedy | None:
                   f"{_num(ev.act_sqnr_db):.1f} dB in its arithmetic; leave the node unquantized",
                   tensors=(ev.tensor,), exclude_nodes=(ev.node,),
                   evidence={"grid_snr_db": (ev.fit or {}).get("grid_snr_db"), "act_sqnr_db": ev.act_sqnr_db})
+
+
+def over_budget(ev: UnitEvidence) -> bool:
+    """The unit's introduced SQNR is below its budget."""
+    return _num(ev.intro_sqnr_db) < ev.budget_sqnr_db
 
 
 def remedies_for(ev: UnitEvidence) -> list[Remedy]:

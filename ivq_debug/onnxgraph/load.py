@@ -96,8 +96,12 @@ def load_model(
         raise InputError(e.message, where) from None
     try:
         if in_place or (in_place is None and p.stat().st_size >= IN_PLACE_MIN_BYTES):
-            return load_in_place(p)
-        return onnx.load(str(p), load_external_data=False)
+            proto = load_in_place(p)
+        else:
+            proto = onnx.load(str(p), load_external_data=False)
+        if not proto.HasField("graph"):  # an empty file parses as an empty ModelProto
+            raise InputError("not an ONNX model (no graph: an empty or foreign file)", where)
+        return proto
     except InputError:
         raise
     except Exception as e:  # onnx raises DecodeError / google.protobuf errors / OSError

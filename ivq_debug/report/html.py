@@ -477,7 +477,7 @@ def _summary(ctx: _Ctx) -> str:
         for c in comps:
             f = c.cmp.first_divergence
             fds.append("<td>–</td>" if f is None else
-                       f"<td class=\"name\"><code>{esc(f['ref_name'])}</code> "
+                       f"<td class=\"fd\"><code>{esc(f['ref_name'])}</code> "
                        f"({esc(_rec_label((f['sample'], f['part'], f['step']), ctx.multi_sample))}, "
                        f"{esc(fmt(f.get('sqnr_db')))} dB)</td>")
         line("first divergence", fds)
@@ -789,7 +789,7 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
              '<th data-sort="num" title="SQNR of this comparison; the status shows when a metric is undefined">'
              "SQNR dB</th>"]
     short = short_labels([ctx.label, *v.extra_labels])
-    heads += [f'<th class="wrap" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(short[lab])}'
+    heads += [f'<th class="wrap x" data-sort="num" title="SQNR of the same tensor in {esc(lab)}">SQNR {esc(short[lab])}'
               "</th>" for lab in v.extra_labels]
     tw = getattr(ctx.cmp, "three_way", None)
     if tw is not None:
@@ -801,10 +801,10 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
                   'reference inputs (replay)">introduced SQNR</th>',
                   '<th data-sort="num" title="share of the error power inherited from upstream">inherited</th>']
     heads += ['<th data-sort="str">budget</th>', '<th data-sort="num">cosine</th>', '<th data-sort="num">max |Δ|</th>',
-              '<th data-sort="num" title="rmse in quantization steps of the test encoding">LSB rmse</th>',
+              '<th class="wrap" data-sort="num" title="rmse in quantization steps of the test encoding">LSB rmse</th>',
               '<th data-sort="num" title="fraction of reference values outside the test encoding range">clipped</th>']
     if v.has_latency:
-        heads.append(f'<th data-sort="num" title="{esc(v.latency_note)}">latency {esc(v.latency_unit)}</th>')
+        heads.append(f'<th class="wrap" data-sort="num" title="{esc(v.latency_note)}">latency {esc(v.latency_unit)}</th>')
     body = []
     for r in rows:
         key = r["record"]
@@ -847,7 +847,7 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
         ]
         for lab in v.extra_labels:
             e = r["extras"].get(lab)
-            cells.append(_sqnr_cell(e["sqnr_db"], e["status"]) if e else '<td class="num" data-v="">–</td>')
+            cells.append(_sqnr_cell(e["sqnr_db"], e["status"], " x") if e else '<td class="num x" data-v="">–</td>')
         if tw is not None:
             cells += list(threeway_report.ratio_cells(tw, r))
         if v.has_replay:
@@ -887,11 +887,13 @@ def _layer_table(ctx: _Ctx, rows: list[dict[str, Any]]) -> str:
         'precision" aria-label="filter rows">'
         f'<select id="layer-status" aria-label="status"><option value="">all rows</option>{st_opts}</select>'
         f'<select id="layer-part" aria-label="part"><option value="">any part</option>{part_opts}</select>'
-        f'<span class="count" id="layer-count">{len(rows)} rows</span></div>')
+        + (f'<label class="small"><input type="checkbox" id="layer-extra"> SQNR of the {len(v.extra_labels)} other '
+           "comparison(s)</label>" if v.extra_labels else "")
+        + f'<span class="count" id="layer-count">{len(rows)} rows</span></div>')
     return (f'<section class="card" id="layers"><h2>Layers</h2><p class="muted small">One row per aligned tensor '
             "pair in execution order; click a header to sort (again to reverse). SQNR cells use the heatmap "
             "colours; hover a header for its definition.</p>"
-            f'{controls}{note}<div class="scroll tall"><table class="data sortable" id="layer-table"><thead><tr>'
+            f'{controls}{note}<div class="scroll tall"><table class="data sortable hide-x" id="layer-table"><thead><tr>'
             f'{"".join(heads)}</tr></thead><tbody>{"".join(body)}</tbody></table></div></section>')
 
 

@@ -144,9 +144,6 @@ def _us_per_cycle(rows: Any) -> float | None:
     return us / cyc if us is not None and cyc else None
 
 
-#: the order parts are listed in
-
-
 def build_timelines(dump: Any, model: Any = None) -> list[Timeline]:
     """One timeline per profile the dump carries (per part; see the module docstring), vision → decode.
 

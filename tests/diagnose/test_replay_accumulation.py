@@ -7,6 +7,7 @@ clean model's logits stay above the budget and nothing is said.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import ivq_debug as ivq
 from ivq_debug.diagnose.replay import replay, replay_records
 from tests.diagnose.test_replay_hazards import _quantize
 from tests.support import tiny
+from tests.support.dynamic_models import run_ivq
 
 FACTOR = 6.0
 
@@ -85,3 +87,18 @@ def test_clean_model_and_a_unit_over_budget_say_nothing_of_accumulation(coarse: 
 def test_replay_records_are_the_ones_the_replay_uses(coarse: dict[str, Any]) -> None:
     assert replay_records(coarse["coarse"], coarse["ref"]) == [(0, "model", 0)]
     assert np.isfinite(replay(coarse["coarse"], coarse["ref"], progress=False, lift=False).table["intro_sqnr_db"]).all()
+
+
+def test_ivq_diagnose_says_where_and_exits_1(coarse: dict[str, Any], tmp_path: Path, capfd: Any) -> None:
+    """The CLI a user runs: the accumulation instead of "no unit introduces more error than the budget", exit 1,
+    the cumulative column filled, and the JSON's accumulation block."""
+    code, out, err = run_ivq(["diagnose", coarse["ref"], coarse["test"], "--model", coarse["coarse"], "--no-lift",
+                              "--json", tmp_path / "d.json"], capfd)
+    text = " ".join((out + err).split())
+    assert code == 1, text[-600:]
+    assert "accumulated_error no unit introduces more error than the budget (20 dB" in text
+    assert "yet model output logits is at" in text and "[green]" not in text
+    assert "no unit introduces more error than the budget (20 dB)" not in text  # the green all-clear line
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert doc["accumulation"]["outputs"][0]["tensor"] == "logits"
+    assert all(u["cum_sqnr_db"] is not None for u in doc["units"])  # the replayed record's cumulative error

@@ -71,6 +71,11 @@
     apply();
   }
 
+  var extra = document.getElementById("layer-extra");
+  if (table && extra) {
+    extra.addEventListener("change", function () { table.classList.toggle("hide-x", !extra.checked); });
+  }
+
   var reveal = function () {
     var id = decodeURIComponent(location.hash.slice(1));
     var el = id ? document.getElementById(id) : null;
