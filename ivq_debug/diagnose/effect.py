@@ -246,14 +246,49 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
+#: the models of the current run by (file, size, mtime): a job in this process (or in a forked worker) reads no
+#: model file again; a worker started otherwise reads each once
+_LOADED: dict[tuple[str, int, int], Model] = {}
+
+
+def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
+
+
+def _loaded(path: str) -> Model:
+    """The model of ``path``, parsed once per process and file version."""
+    key = _file_key(path)
+    if key not in _LOADED:
+        _LOADED[key] = load(path)
+    return _LOADED[key]
+
+
+_F0 = {"type": "number", "minimum": 0, "x-finite": True}
+_NAMES = {"type": "array", "items": {"type": "string"}}
+#: an effect shard's ``result`` (:func:`_effect_run`'s, or a backend's refusal ``{"error": ...}``): noise and
+#: signal powers finite and non-negative, never NaN (shards are untrusted: checked before the merge reads them)
+SHARD_RESULT_SCHEMA: dict[str, Any] = {
+    "title": "effect shard result",
+    "anyOf": [
+        {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        {"type": "object", "required": ["noise", "signal", "outputs"],
+         "properties": {"noise": _F0, "signal": _F0, "outputs": _NAMES, "weights_lifted": _NAMES,
+                        "unreached": _NAMES, "unreached_tensors": _NAMES, "backend": {"type": "string"},
+                        "seconds": _F0}},
+    ],
+    "x-message": "must be an effect run (noise and signal: finite numbers >= 0, outputs: names) or {\"error\": text}",
+}
+
+
 def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
                 float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run as a job (a worker reads the models from their files). A backend that refuses the
+    """One counterfactual run as a job (the models as this process loaded them, :func:`_loaded`). A backend that refuses the
     lifted model is a result (``{"error": ...}``, kept in the shard), not a failure to retry: the refusal is
     deterministic."""
     try:
-        return _effect_run(load(model_path), open_dump(ref_path), rids, tensors, weights,
-                           load(float_model) if float_model else None, runner_factory)
+        return _effect_run(_loaded(model_path), open_dump(ref_path), rids, tensors, weights,
+                           _loaded(float_model) if float_model else None, runner_factory)
     except IvqError as e:
         return {"error": e.message}
 
@@ -277,6 +312,8 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
         backend = describe_factory(runner_factory)
     except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
         backend = repr(runner_factory)
+    _LOADED.clear()  # this run's models, already parsed
+    _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
     ref_path = str(Path(ref.path).resolve())
     meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": ref.content_digest(),
             "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
@@ -297,7 +334,7 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
         report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
                                                     progress=progress)
         failed = {f.key: f.error for f in report.failures}
-        by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
+        by_job = {k: report.load(k, SHARD_RESULT_SCHEMA)["result"] for k in jobs if k not in failed}
         failed.update({k: str(d["error"]) for k, d in by_job.items() if "error" in d})  # refused: a result
         by_job = {k: d for k, d in by_job.items() if "error" not in d}
     finally:

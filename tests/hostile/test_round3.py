@@ -87,3 +87,37 @@ def test_json_outputs_are_encoded_as_written_not_as_one_string(tmp_path: Path) -
     assert size > 2_500_000 and peak < size / 5, (size, peak)  # json.dumps held 2x the size
     assert json.loads((tmp_path / "d.json").read_text())["layers"][-1]["metrics"]["sqnr_db"] == 30.0 + 19_999 % 7
     assert [p.name for p in tmp_path.iterdir()] == ["d.json"]
+
+
+def test_every_shard_kind_is_read_through_its_schema(tmp_path: Path) -> None:
+    """Each kind of job shard has a result schema with finite / ordered / non-negative numbers: a forged shard of
+    each kind is an InputError naming the shard and the field (the CLI cases in the catalog's ``shards`` table
+    cover calib-stats, diagnose and tune --sweep through the command line)."""
+    import json
+
+    import pytest
+
+    from ivq_debug.calib_stats import SHARD_RESULT_SCHEMA as CALIB
+    from ivq_debug.diagnose.effect import SHARD_RESULT_SCHEMA as EFFECT
+    from ivq_debug.diagnose.jobs import SHARD_RESULT_SCHEMA as REPLAY
+    from ivq_debug.errors import InputError
+    from ivq_debug.executor import read_shard
+    from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP
+
+    forged = {
+        "calib": (CALIB, {"tensors": {"t": {"count": 3, "nonfinite": 0, "sum": 1.0, "sumsq": 1.0, "min": 2.0,
+                                            "max": 1.0}}, "fits": {}}, "min 2.0 is above max 1.0"),
+        "replay": (REPLAY, {"units": {}, "backend": "cpu", "info": {}, "sessions": -1}, "sessions"),
+        "sweep": (SWEEP, {"label": "x", "error": None, "sqnr": {}, "task": {}, "model_bytes": 1,
+                          "cycles": float("nan")}, "cycles"),
+        "effect": (EFFECT, {"noise": float("nan"), "signal": 1.0, "outputs": []}, "effect run"),
+    }
+    for kind, (schema, result, words) in forged.items():
+        p = tmp_path / f"{kind}.json"
+        p.write_text(json.dumps({"schema": "ivq-shard/1", "key": kind, "meta": {}, "result": result}))
+        with pytest.raises(InputError) as e:
+            read_shard(p, tmp_path, schema)
+        assert str(p) in e.value.one_line() and words in e.value.one_line(), e.value.one_line()
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"schema": "ivq-shard/1", "key": "ok", "meta": {}, "result": {"error": "refused"}}))
+    assert read_shard(ok, tmp_path, EFFECT)["result"] == {"error": "refused"}
