@@ -18,6 +18,7 @@ from typing import Any
 
 from ivq_debug import comparator, defaults
 from ivq_debug.align.preprocess import check_outputs, quantizer_reference
+from ivq_debug.arrays import read_arrays
 from ivq_debug.capture.base import Selection, make_runner, model_facts, sample_shapes
 from ivq_debug.capture.base import capture as capture_runner
 from ivq_debug.comparator.contract import backend_pair, check_common_records, check_contract
@@ -30,7 +31,6 @@ from ivq_debug.dump import Dump, open_dump
 from ivq_debug.errors import UsageError
 from ivq_debug.executor import Executor
 from ivq_debug.onnxgraph.load import Model, load
-from ivq_debug.util import read_arrays
 
 #: ``ivq.diagnose`` backends: the replay's runner backend for each
 REPLAY_BACKENDS = {"cpu": "onnx", "qnn": "qnn"}

@@ -53,10 +53,11 @@ from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.stats import StatsAccumulator, flat_blocks
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, LocalExecutor, RunReport, job_key, merge_check, versions
+from ivq_debug.inputfiles import regular_file, sha256_file
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import encodings_from_qdq_model, read_encodings
 from ivq_debug.qnn.quantize import load_calibration
-from ivq_debug.util import json_safe, regular_file, sha256_file
 
 #: the ``ivq-calib-stats/1`` document (:meth:`CalibStats.to_json`, ``ivq calib-stats -o``)
 SCHEMA = "ivq-calib-stats/1"

@@ -10,7 +10,7 @@ The commands call these before any work, so that a bad input is one line on stde
 * :func:`check_model`: an ONNX model given only for its graph (``ivq report --model``) is read now, not when
   an export first needs it.
 
-Readers of the file formats validate themselves (``util.read_arrays``, ``qnn.encodings``, ``qnn.netjson``,
+Readers of the file formats validate themselves (``arrays.read_arrays``, ``qnn.encodings``, ``qnn.netjson``,
 ``qnn.profiling``, ``onnxgraph.load``, the dump reader); this module holds the checks that belong to no
 reader. The feeds of a model are checked by :func:`ivq_debug.onnxgraph.inputs.check_feeds`, a Hugging Face
 ``config.json`` by :func:`ivq_debug.vlm.config.check_hf_config`: beside what they check, so that capture
@@ -26,8 +26,10 @@ from typing import Any
 
 from ivq_debug.comparator.comparison import SCHEMA as DIFF_SCHEMA
 from ivq_debug.errors import UsageError
+from ivq_debug.jsonio import load_json
 from ivq_debug.onnxgraph.load import load_model
-from ivq_debug.util import check_output, check_schema, load_json
+from ivq_debug.outputs import check_output
+from ivq_debug.schema import check_schema
 
 PathLike = str | os.PathLike
 
@@ -89,7 +91,7 @@ BASELINE_SCHEMA: dict[str, Any] = {
 # ============================================================================ outputs
 def check_outputs(outputs: Iterable[PathLike | None], inputs: Iterable[PathLike | None],
                   overwrite: bool = False, *, folders_exist: bool = True) -> None:
-    """:func:`~ivq_debug.util.check_output` for every output (``None`` and ``"-"``, stdout, are skipped),
+    """:func:`~ivq_debug.outputs.check_output` for every output (``None`` and ``"-"``, stdout, are skipped),
     then refuse two outputs that are one file (same real path, or the same inode when both exist).
 
     With ``folders_exist`` (the default: outputs a user named, ``-o missing/x.h5``), an output whose folder does not

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.arrays import read_arrays
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import comma_list, escape, fmt_bytes
 from ivq_debug.cli.sessions import (
@@ -17,7 +18,6 @@ from ivq_debug.cli.sessions import (
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.onnxgraph.inputs import check_feeds
-from ivq_debug.util import read_arrays
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.arrays import read_arrays
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.cli.common import add_qnn_target_arguments, comma_list, escape, fmt_num, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
@@ -42,7 +43,6 @@ from ivq_debug.tune.verify import (
     prune_workdir,
     verify,
 )
-from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_outputs
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ivq_debug import defaults, interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
-from ivq_debug.util import WRITE_ERRNOS, atomic_write_json
+from ivq_debug.outputs import WRITE_ERRNOS, atomic_write_json
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:

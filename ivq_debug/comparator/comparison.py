@@ -26,6 +26,7 @@ from ivq_debug.comparator.ranking import default_rank_metric
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.errors import UsageError
+from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.metrics import (
     HIGHER_IS_BETTER,
     METRICS,
@@ -34,7 +35,6 @@ from ivq_debug.metrics import (
     one_blas_thread,
     sort_key,
 )
-from ivq_debug.util import as_float, json_safe
 
 SCHEMA = "ivq-diff/1"
 

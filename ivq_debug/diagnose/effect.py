@@ -49,11 +49,11 @@ from ivq_debug.diagnose.patterns import groups, sortable
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import IvqError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
+from ivq_debug.inputfiles import sha256_file
 from ivq_debug.metrics import dot
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import Model, load
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, floors_at_zero, quant_params
-from ivq_debug.util import sha256_file
 
 #: the worst groups over budget whose effect is measured (by their worst unit's introduced SQNR)
 EFFECT_GROUPS = 6

@@ -19,8 +19,9 @@ from ivq_debug.diagnose.units import Unit, lineage_aliases, model_units
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, job_key, merge_check, versions
+from ivq_debug.inputfiles import sha256_file
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import Model, load
-from ivq_debug.util import json_safe, sha256_file
 
 #: the shard fields that must agree across a run's batches (``executor.merge_check``)
 SHARD_FIELDS = ("model_sha256", "reference_sha256", "test_sha256", "backend", "records", "versions")

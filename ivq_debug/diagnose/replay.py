@@ -77,9 +77,9 @@ from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.executor import Executor
+from ivq_debug.jsonio import json_safe
 from ivq_debug.metrics import MetricAccumulator
 from ivq_debug.onnxgraph.load import Model, load
-from ivq_debug.util import json_safe
 
 #: public names of the replay's modules that callers import from here
 __all__ = ["ATTRIBUTIONS", "SCHEMA", "ReplayResult", "Unit", "describe_factory", "find_dynamic_units", "find_units",

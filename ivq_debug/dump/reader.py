@@ -16,7 +16,7 @@ from ivq_debug.dump import format as fmt
 from ivq_debug.dump import validate as dv
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.util import check_schema
+from ivq_debug.schema import check_schema
 
 RecordKey = tuple[int, str, int]
 

@@ -38,7 +38,9 @@ import numpy as np
 
 from ivq_debug.dump import format as fmt
 from ivq_debug.errors import InputError, one_line
-from ivq_debug.util import check_schema, parse_json, regular_file, schema_error
+from ivq_debug.inputfiles import regular_file
+from ivq_debug.jsonio import parse_json
+from ivq_debug.schema import check_schema, schema_error
 
 #: dtype kinds a tensor dataset may have: bool, signed / unsigned integers, floats, complex
 DATA_KINDS = "biufc"

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError
+from ivq_debug.inputfiles import regular_file
 from ivq_debug.onnxgraph.fold import constant_nodes
 from ivq_debug.onnxgraph.sites import activation_quantizers, constant_arrays, float_name
-from ivq_debug.util import regular_file
 
 #: models larger than this are opened with their weights referenced in place (see :func:`load_in_place`)
 IN_PLACE_MIN_BYTES = 64 << 20

@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.inputfiles import open_input, read_input_text
+from ivq_debug.jsonio import parse_json
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import list_sites
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import open_input, parse_json, read_input_text
 
 #: the normalized table's columns, in order
 COLUMNS = (

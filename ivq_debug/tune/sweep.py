@@ -58,6 +58,8 @@ from ivq_debug.executor import (
     merge_check,
     versions,
 )
+from ivq_debug.inputfiles import sha256_file
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import encodings_from_qdq_model
 from ivq_debug.tune.suggest import Suggestion
@@ -72,7 +74,6 @@ from ivq_debug.tune.verify import (
     judge,
     load_task_metric,
 )
-from ivq_debug.util import json_safe, sha256_file
 
 #: the precisions a group can be given
 PRECISIONS = ("a16", "fp16")

@@ -42,7 +42,10 @@ from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
+from ivq_debug.jsonio import json_safe, load_json
 from ivq_debug.onnxgraph.load import load_model, model_file_bytes
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
 from ivq_debug.qnn.quantize import (
     CALIBRATION_OPTIONS,
@@ -50,17 +53,9 @@ from ivq_debug.qnn.quantize import (
     preprocess_float_model,
     quantize_for_qnn,
 )
+from ivq_debug.schema import check_schema
 from ivq_debug.tune.legal import forbidden, split_legal, violations
 from ivq_debug.tune.suggest import EXCLUDE_SUFFIX, Suggestion, read_overrides, write_suggestions
-from ivq_debug.util import (
-    atomic_write_text,
-    check_schema,
-    is_inside,
-    json_safe,
-    load_json,
-    regular_file,
-    sha256_file,
-)
 
 CHECKPOINT = "checkpoint.json"
 #: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)

@@ -36,7 +36,7 @@ def _capture(model: Path, feeds: dict[str, np.ndarray], out: Path) -> Path:
     from ivq_debug.capture.base import Selection
     from ivq_debug.capture.onnxrt.runner import OrtRunner
     from ivq_debug.dump import DumpWriter
-    from ivq_debug.util import sha256_file
+    from ivq_debug.inputfiles import sha256_file
 
     r = OrtRunner(model, selection=Selection())
     with DumpWriter(out, backend=r.backend, backend_info=r.info,

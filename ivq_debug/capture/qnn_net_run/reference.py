@@ -39,7 +39,7 @@ from ivq_debug.capture.qnn_net_run.shapes import GraphIO
 from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.util import sha256_file
+from ivq_debug.inputfiles import sha256_file
 from ivq_debug.vlm.config import check_hf_config
 from ivq_debug.vlm.inputs import rope_index
 
