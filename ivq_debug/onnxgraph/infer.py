@@ -122,8 +122,18 @@ def _ort_symbolic(model: Any) -> Any:
     log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level = log.level
     log.setLevel(logging.CRITICAL)
+    # SymbolicShapeInference.infer_shapes, less its last step: when inference stays incomplete it saves the
+    # model as ``sym_shape_infer_temp.onnx`` (+ external data) into the working directory, a user's folder
     try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        if not model.opset_import or max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) < 7:
+            return None
+        ssi = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        done = False
+        ssi._preprocess(model)
+        while ssi.run_:
+            done = ssi._infer_impl()
+        ssi._update_output_from_vi()
+        return ssi.out_mp_ if done else None
     except Exception:  # an op it does not know, an inconsistent graph: onnx's inference instead
         return None
     finally:
