@@ -71,6 +71,40 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
     return out
 
 
+def check_outputs(outputs: Iterable[str | os.PathLike | None], inputs: Iterable[str | os.PathLike | None],
+                  overwrite: bool = False, *, folders_exist: bool = True) -> None:
+    """:func:`~ivq_debug.outputs.check_output` for every output (``None`` and ``"-"``, stdout, are skipped),
+    then refuse two outputs that are one file (same real path, or the same inode when both exist).
+
+    With ``folders_exist`` (the default: outputs a user named, ``-o missing/x.h5``), an output whose folder does not
+    exist is refused too, rather than the folder made silently; a command that owns a folder it creates (``ivq
+    tune``'s workdir) passes False.
+
+    Raises:
+        UsageError: an output would replace an input or another output, exists without ``overwrite``, or its folder
+            does not exist.
+    """
+    ins = [i for i in inputs if i is not None]
+    seen: list[tuple[str, tuple[int, int] | None, str | os.PathLike]] = []
+    for out in outputs:
+        if out is None or os.fspath(out) == "-":
+            continue
+        check_output(out, ins, overwrite)
+        parent = os.path.dirname(os.fspath(out)) or "."
+        if folders_exist and not os.path.isdir(parent):
+            raise UsageError(f"the output folder {parent!r} does not exist (create it first)", out)
+        real = os.path.realpath(out)
+        try:
+            st = os.stat(out)
+            ino: tuple[int, int] | None = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            ino = None
+        for other_real, other_ino, other in seen:
+            if real == other_real or (ino is not None and ino == other_ino):
+                raise UsageError(f"two outputs name the same file ({os.fspath(other)!r})", out)
+        seen.append((real, ino, out))
+
+
 def _holds_inode(folder: Path, st: os.stat_result) -> bool:
     """Whether a file under ``folder`` is ``st``'s inode (a hard link of it; only asked when it has several)."""
     for dirpath, _, files in os.walk(folder):

@@ -13,7 +13,7 @@ from typing import Any
 
 from ivq_debug import defaults, interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
-from ivq_debug.outputs import WRITE_ERRNOS, atomic_write_json
+from ivq_debug.outputs import WRITE_ERRNOS, atomic_write_json, check_outputs
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -164,8 +164,6 @@ def check_args_io(args: Any, command: str, extra_inputs: Any = ()) -> None:
     Raises:
         UsageError: exit 2, "output would replace an input", before any work.
     """
-    from ivq_debug.validate import check_outputs
-
     ins: list[str] = [*(_paths(extra_inputs))]
     outs: list[str] = []
     for dest, value in sorted(vars(args).items()):
