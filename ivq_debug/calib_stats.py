@@ -4,7 +4,7 @@
 reference at ``optimization="disable"``) on every calibration sample and reports, per selected float tensor, the
 count, min, max, mean, std and percentiles of its values over the whole set and, given the encodings of a quantized
 model, its *calibration coverage*: the share of its values inside the encoding's representable range (and the
-clipped share, the clipping SNR and the grid SNR of :class:`~ivq_debug.comparator.encoding_fit.EncodingAccumulator`).
+clipped share, the clipping SNR and the grid SNR of :class:`~ivq_debug.encoding_fit.EncodingAccumulator`).
 
 The samples are cut into jobs of ``samples_per_job`` (:mod:`ivq_debug.executor`: content-hash keys, one JSON shard
 each, resumable, retried once, a local process pool or a Ray cluster). A job never holds the activations of more
@@ -48,7 +48,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, make_runner
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.stats import StatsAccumulator, flat_blocks
 from ivq_debug.errors import InputError, UsageError, one_line

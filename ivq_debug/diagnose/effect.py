@@ -44,8 +44,12 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
+from ivq_debug.diagnose.batch import cpu_runner
 from ivq_debug.diagnose.graphs import typed_inputs
+from ivq_debug.diagnose.jobs import describe_factory
 from ivq_debug.diagnose.patterns import groups, sortable
+from ivq_debug.diagnose.remedy import unit_evidence
+from ivq_debug.diagnose.units import activation_bits
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import IvqError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
@@ -195,7 +199,6 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
                 fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
     """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
     its runner in memory)."""
-    from ivq_debug.diagnose.batch import cpu_runner
 
     t0 = time.perf_counter()
     model = qdq.proto
@@ -306,7 +309,6 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
              executor: Executor | None, shards: str | os.PathLike | None,
              progress: bool) -> tuple[dict[str, Any], dict[str, str], int, int]:
     """The targets' runs as jobs (models read from files): ``(docs, refused, runs, resumed)`` by target key."""
-    from ivq_debug.diagnose.jobs import describe_factory
 
     try:
         backend = describe_factory(runner_factory)
@@ -490,8 +492,6 @@ def replay_effects(model: Model, ref: Any, rids: list[str], table: Any, budget: 
     candidates with that unit (``effects["groups"]`` lists each group's fix units). Adds ``effect_share`` /
     ``effect_gain_db`` columns to ``table`` (NaN for units not measured alone).
     """
-    from ivq_debug.diagnose.remedy import unit_evidence
-    from ivq_debug.diagnose.units import activation_bits
 
     table["effect_share"] = np.nan
     table["effect_gain_db"] = np.nan

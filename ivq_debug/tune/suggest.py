@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.comparator.encoding_fit import encoding_range
+from ivq_debug.encoding_fit import encoding_range
 from ivq_debug.diagnose.patterns import WEIGHT_DOMINATED, groups
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 from ivq_debug.diagnose.weight_spread import weight_spreads
