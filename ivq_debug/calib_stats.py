@@ -48,9 +48,9 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, make_runner
-from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.stats import StatsAccumulator, flat_blocks
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, LocalExecutor, RunReport, job_key, merge_check, versions
 from ivq_debug.inputfiles import regular_file, sha256_file

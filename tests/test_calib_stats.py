@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ivq_debug.calib_stats import CalibStats, calib_stats, histogram_percentiles, read_activation_encodings
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.dump import open_dump
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.executor import LocalExecutor
 from ivq_debug.qnn.encodings import encodings_from_qdq_model, write_encodings
 from tests.support import vit

@@ -21,10 +21,10 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.align.matcher import Alignment, Pair, align
 from ivq_debug.comparator.budgets import Budget, Budgets
-from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.comparator.ranking import default_rank_metric
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.errors import UsageError
 from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.metrics import (

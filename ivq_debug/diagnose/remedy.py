@@ -58,8 +58,8 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.diagnose.weight_spread import channel_axis, channel_ranges
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, quant_params
 
 #: a weight encoding whose grid spans at least this many times the weight's largest magnitude is mis-fit

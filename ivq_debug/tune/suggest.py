@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.encoding_fit import encoding_range
 from ivq_debug.diagnose.patterns import WEIGHT_DOMINATED, groups
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 from ivq_debug.diagnose.weight_spread import weight_spreads
+from ivq_debug.encoding_fit import encoding_range
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.sites import constant_arrays
