@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## capture and diff against the machine ({load_avg()})\n")
     print("\n".join(table(rows)))
     if opts.json:
-        from ivq_debug.util import atomic_write_text
+        from ivq_debug.outputs import atomic_write_text
 
         atomic_write_text(opts.json, json.dumps(rows, indent=1), overwrite=True)
     return 0

@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     _tables(rows, caches, captures)
     if a.json:
-        from ivq_debug.util import atomic_write_text
+        from ivq_debug.outputs import atomic_write_text
 
         atomic_write_text(a.json, json.dumps({"options": options, "sessions": rows, "cache": caches,
                                               "capture": captures}, indent=1), overwrite=True)

@@ -2,7 +2,7 @@
 
 ``run`` executes a fixed list of ``ivq diagnose`` commands in this process (the CLI a user takes) and writes, per
 command, its exit code, its ``--json`` document (``ivq-replay/2``: the replay table, skipped units, findings; the
-run's ``seconds`` dropped), and what it parsed: every ``onnx.load`` / ``onnx.load_from_string`` / in-place load
+wall times, ``seconds``, dropped), and what it parsed: every ``onnx.load`` / ``onnx.load_from_string`` / in-place load
 and every ONNX Runtime session by source (a file path, or ``<bytes>`` for a model serialized in memory), and every
 ONNX model written to disk (``onnx.save``). Run it with each revision (``PYTHONPATH=<checkout>``) on the same
 work folder; ``compare`` then checks that every document is equal (floats are compared through their JSON text,
@@ -22,14 +22,11 @@ every record, the executor) built in ``WORK/vit`` on first use, and with ``--dem
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,55 +94,10 @@ def commands(work: Path, demo: Path | None) -> dict[str, list[str]]:
     return {k: [str(x) for x in v] for k, v in out.items()}
 
 
-@contextlib.contextmanager
-def counting() -> Iterator[dict[str, Counter]]:
-    """Count ONNX parses, ONNX Runtime sessions and ONNX files written while the block runs."""
-    import onnx
-    import onnxruntime as ort
-
-    from ivq_debug.onnxgraph import load as loader
-
-    counts: dict[str, Counter] = {"onnx_parse": Counter(), "ort_session": Counter(), "onnx_save": Counter()}
-
-    def key(x: Any) -> str:
-        if isinstance(x, bytes | bytearray | memoryview):
-            return "<bytes>"
-        if hasattr(x, "read"):
-            return f"<file {getattr(x, 'name', '?')}>"
-        return Path(os.fspath(x)).name
-
-    def wrap(kind: str, fn: Any) -> Any:
-        def inner(first: Any, *a: Any, **k: Any) -> Any:
-            counts[kind][key(first) if kind != "onnx_save" else key(a[0] if a else k.get("f", "?"))] += 1
-            return fn(first, *a, **k)
-        return inner
-
-    saved = {n: getattr(onnx, n) for n in ("load", "load_model", "load_from_string", "load_model_from_string",
-                                           "save", "save_model")}
-    in_place = loader.load_in_place
-    sess_init = ort.InferenceSession.__init__
-    onnx.load = onnx.load_model = wrap("onnx_parse", saved["load"])
-    onnx.load_from_string = onnx.load_model_from_string = wrap("onnx_parse", saved["load_from_string"])
-    onnx.save = onnx.save_model = wrap("onnx_save", saved["save"])
-    loader.load_in_place = wrap("onnx_parse", in_place)
-
-    def session(self: Any, path_or_bytes: Any, *a: Any, **k: Any) -> None:
-        counts["ort_session"][key(path_or_bytes)] += 1
-        sess_init(self, path_or_bytes, *a, **k)
-
-    ort.InferenceSession.__init__ = session
-    try:
-        yield counts
-    finally:
-        for n, f in saved.items():
-            setattr(onnx, n, f)
-        loader.load_in_place = in_place
-        ort.InferenceSession.__init__ = sess_init
-
-
 def run_one(args: list[str], out: Path) -> dict[str, Any]:
     """One ``ivq diagnose`` in this process: exit code, JSON document, parse counts."""
     from ivq_debug.cli.main import main
+    from tests.support.parses import counting
 
     out.unlink(missing_ok=True)
     with counting() as counts:
@@ -179,8 +131,17 @@ def run_mode(work: Path, demo: Path | None, out: str, only: list[str] | None) ->
     return 0
 
 
+def timeless(doc: Any) -> Any:
+    """A document without its wall times (:data:`RUN_FIELDS` at any depth: the effect runs time themselves too)."""
+    if isinstance(doc, dict):
+        return {k: timeless(v) for k, v in doc.items() if k not in RUN_FIELDS}
+    return [timeless(v) for v in doc] if isinstance(doc, list) else doc
+
+
 def compare_mode(a_path: str, b_path: str) -> int:
     a, b = json.loads(Path(a_path).read_text()), json.loads(Path(b_path).read_text())
+    for res in (*a.values(), *b.values()):
+        res["doc"] = timeless(res["doc"])
     bad = 0
     for name in sorted(set(a) & set(b)):
         ra, rb = a[name], b[name]

@@ -32,6 +32,7 @@ _LAZY = {
     "DumpWriter": ("ivq_debug.dump", "DumpWriter"),
     "compare": ("ivq_debug.api", "compare"),
     "capture": ("ivq_debug.api", "capture"),
+    "diagnose": ("ivq_debug.api", "diagnose"),
     "Comparison": ("ivq_debug.comparator", "Comparison"),
     "Budgets": ("ivq_debug.comparator", "Budgets"),
     "write_report": ("ivq_debug.report", "write_report"),

@@ -1,26 +1,39 @@
 """The notebook API: the stages composed (capture -> dump -> align -> compare -> diagnose).
 
-``import ivq_debug as ivq`` exposes these lazily (``ivq.compare``, ``ivq.capture``); each stage also has its own
-module (:mod:`ivq_debug.capture.base`, :mod:`ivq_debug.comparator`, :mod:`ivq_debug.diagnose`) for callers that
-want one stage alone. The CLI is a script of these calls.
+``import ivq_debug as ivq`` exposes these lazily (``ivq.compare``, ``ivq.capture``, ``ivq.diagnose``); each stage
+also has its own
+module (:mod:`ivq_debug.capture.base`, :mod:`ivq_debug.comparator`, :mod:`ivq_debug.diagnose`) for callers
+that want one stage alone. The CLI is a script of these calls.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ivq_debug import comparator, defaults
+from ivq_debug.align.preprocess import check_outputs, quantizer_reference
+from ivq_debug.arrays import read_arrays
 from ivq_debug.capture.base import Selection, make_runner, model_facts, sample_shapes
 from ivq_debug.capture.base import capture as capture_runner
 from ivq_debug.comparator.contract import backend_pair, check_common_records, check_contract
 from ivq_debug.comparator.threeway import three_way
+from ivq_debug.console import status
 from ivq_debug.diagnose import diagnose as run_diagnostics
+from ivq_debug.diagnose.replay import ReplayResult, replay, replay_records
 from ivq_debug.diagnose.verdict import build_verdict
 from ivq_debug.dump import Dump, open_dump
-from ivq_debug.util import read_arrays
+from ivq_debug.errors import UsageError
+from ivq_debug.executor import Executor
+from ivq_debug.onnxgraph.load import Model, load
+
+#: ``ivq.diagnose`` backends: the replay's runner backend for each
+REPLAY_BACKENDS = {"cpu": "onnx", "qnn": "qnn"}
 
 
 def compare(
@@ -112,3 +125,104 @@ def capture(
     runner = make_runner(backend, model, **options)
     return capture_runner(runner, samples, output, part=part, overwrite=overwrite, summary_only=summary_only,
                           model=model_facts(model, part))
+
+
+def diagnose(
+    ref: Dump | str | os.PathLike,
+    test: Dump | str | os.PathLike,
+    model: str | os.PathLike | Model,
+    *,
+    backend: str = "cpu",
+    float_model: str | os.PathLike | Model | None = None,
+    record: Any = None,
+    nodes: Sequence[str] | None = None,
+    attribution: str = "local",
+    budget_sqnr_db: float | None = None,
+    lift: bool = True,
+    allow_input_mismatch: bool = False,
+    executor: Executor | None = None,
+    shards: str | os.PathLike | None = None,
+    progress: bool = True,
+    **runner_options: Any,
+) -> ReplayResult:
+    """Who introduced the error (``ivq diagnose``): the test dump's cumulative error per tensor (:func:`compare`,
+    the input contract included), then each QDQ unit of ``model`` replayed alone on ``backend``
+    (:func:`~ivq_debug.diagnose.replay.replay`).
+
+    Args:
+        ref: the float reference dump: the replay's inputs and targets.
+        test: the free-running test dump of the same inputs: the cumulative error. Dumps fed different inputs
+            raise :class:`~ivq_debug.errors.ContractError` (exit 6) unless ``allow_input_mismatch``.
+        model: the QDQ model the test backend ran (a path or a loaded :class:`~ivq_debug.onnxgraph.load.Model`:
+            the file is read once for every stage).
+        backend: ``cpu`` (exact fake-quant at ``optimization="disable"``; another level runs the units as ORT
+            fuses them) or ``qnn`` (QNN HTP); the shadow copies stay on the exact CPU path.
+        float_model: the float model ``ref`` was captured from: its weights (lift, weight spreads) and, when units
+            have no reference and the QDQ model was made by ORT's QNN flow, its preprocessed graph captured on
+            ``ref``'s inputs as the reference (kept when its outputs equal the user's; ``result.note`` says which).
+        record: the record(s) to replay: a key ``(sample, part, step)``, a record id, ``"all"``, or None (the first
+            record whose inputs fit the model).
+        nodes, attribution, budget_sqnr_db, lift, executor, shards, progress: those of
+            :func:`~ivq_debug.diagnose.replay.replay`.
+        runner_options: the backend's session options, as ``make_runner`` / ``ivq capture`` take them
+            (``optimization``, ``session_config``; ``soc_model``, ``htp_arch``, ``allow_cpu_fallback``,
+            ``qnn_cache``, ``fast_compile``).
+    """
+    if backend not in REPLAY_BACKENDS:
+        raise UsageError(f"unknown replay backend {backend!r} ({', '.join(REPLAY_BACKENDS)})")
+    ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
+    test_d = test if isinstance(test, Dump) else open_dump(test)
+    qdq = load(model)
+    fmodel = load(float_model) if float_model is not None else None
+    factory = replay_factory(backend, **runner_options)
+    # the cumulative error of the replayed records only (the first record holding the model's inputs by default: a
+    # session dump's vision record for the vision part), every record with "all"
+    keys = set(replay_records(qdq, ref_d, record))
+    only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
+
+    def run(reference: Dump, allow: bool) -> ReplayResult:
+        cmp = compare(reference, test_d, records=only, allow_input_mismatch=allow, diagnose=False)
+        return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
+                      budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
+                      lift=lift, executor=executor, shards=shards, progress=progress)
+
+    r = run(ref_d, allow_input_mismatch)
+    if r.skipped and fmodel is not None:  # tensors neither the reference nor the lineage name: the preprocessing
+        tmp = Path(tempfile.mkdtemp(prefix=".ivq-diagnose-", dir=qdq.folder))
+        try:
+            pre_ref, note = _preprocessed_reference(ref_d, fmodel, qdq, tmp)
+            if pre_ref is not None:  # fed ref's own inputs: the contract is the one checked above
+                r = run(pre_ref, True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        r.note = note
+    return r
+
+
+def replay_factory(backend: str, **options: Any) -> Any:
+    """The replay's runner factory for ``backend`` (``cpu`` / ``qnn``) and its session options: None for the exact
+    CPU path (``cpu`` with no option beyond ``optimization="disable"``), else ``make_runner`` with every option."""
+    given = {k: v for k, v in options.items() if v is not None and not (k == "optimization" and v == "disable")}
+    if backend == "cpu" and not given:
+        return None
+    return functools.partial(make_runner, REPLAY_BACKENDS[backend], **given)
+
+
+def _preprocessed_reference(ref: Dump, float_model: Model, qdq: Model, folder: Path) -> tuple[Dump | None, str]:
+    """The float model through the quantizer's preprocessing, captured on ``ref``'s inputs into ``folder``, when
+    it is identified and its outputs equal the user's (``align.preprocess``); and what was done."""
+    pre, how = quantizer_reference(float_model, qdq, folder)
+    if pre is None or pre == float_model.path:
+        return None, f"no preprocessed reference: {how}"
+    feeds = [{e.name: ref.read(e) for e in ref.tensors(rid, kind="input")}
+             for rid in ref.records.sort_values(["sample", "step"])["rid"]]
+    pm = load(pre)
+    with status("reference: the float model through the quantizer's preprocessing"):
+        pre_ref = open_dump(capture_runner(make_runner("onnx", pm, selection=Selection()), feeds,
+                                           folder / "reference.h5", progress=None))
+    chk = check_outputs(ref, pre_ref, [o.name for o in pm.proto.graph.output])
+    if not chk["ok"]:
+        why = chk.get("why") or "max relative difference {:.2g}".format(chk["max_rel"])
+        return None, f"preprocessed reference rejected ({why})"
+    return pre_ref, (f"reference: {how}; its outputs equal the user's within {chk['max_rel']:.1e} "
+                     f"(tolerance {chk['rtol']:g})")

@@ -4,7 +4,7 @@
 reference at ``optimization="disable"``) on every calibration sample and reports, per selected float tensor, the
 count, min, max, mean, std and percentiles of its values over the whole set and, given the encodings of a quantized
 model, its *calibration coverage*: the share of its values inside the encoding's representable range (and the
-clipped share, the clipping SNR and the grid SNR of :class:`~ivq_debug.comparator.encoding_fit.EncodingAccumulator`).
+clipped share, the clipping SNR and the grid SNR of :class:`~ivq_debug.encoding_fit.EncodingAccumulator`).
 
 The samples are cut into jobs of ``samples_per_job`` (:mod:`ivq_debug.executor`: content-hash keys, one JSON shard
 each, resumable, retried once, a local process pool or a Ray cluster). A job never holds the activations of more
@@ -48,21 +48,56 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, make_runner
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.stats import StatsAccumulator, flat_blocks
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, LocalExecutor, RunReport, job_key, merge_check, versions
+from ivq_debug.inputfiles import regular_file, sha256_file
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import encodings_from_qdq_model, read_encodings
 from ivq_debug.qnn.quantize import load_calibration
-from ivq_debug.util import json_safe, regular_file, sha256_file
 
 #: the ``ivq-calib-stats/1`` document (:meth:`CalibStats.to_json`, ``ivq calib-stats -o``)
 SCHEMA = "ivq-calib-stats/1"
 #: the shard fields that must agree across a pass's jobs (:func:`~ivq_debug.executor.merge_check`)
 SHARD_FIELDS = ("kind", "model_sha256", "calibration_sha256", "selection", "versions", "bins", "edges_sha256",
                 "encodings_sha256")
+_COUNT = {"type": "integer", "minimum": 0}
+_FINITE = {"type": "number", "x-finite": True}
+_FINITE0 = {"type": "number", "minimum": 0, "x-finite": True}
+#: a calib-stats shard's ``result`` (:meth:`StatsAccumulator.state` without edges and
+#: :meth:`EncodingAccumulator.state` per tensor): counts non-negative integers, sums finite (squares non-negative),
+#: ``min`` ≤ ``max`` and both finite once a value was counted (an empty tensor's are +inf / -inf), never NaN;
+#: an encoding's range ordered with a positive step. Shards are untrusted: checked before the merge reads them.
+SHARD_RESULT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "calib-stats shard result",
+    "required": ["tensors", "fits"],
+    "properties": {
+        "tensors": {"type": "object", "additionalProperties": {
+            "type": "object",
+            "required": ["count", "nonfinite", "sum", "sumsq", "min", "max"],
+            "properties": {"count": _COUNT, "nonfinite": _COUNT, "sum": _FINITE, "sumsq": _FINITE0,
+                           "min": {"type": "number", "x-finite": "not-nan"},
+                           "max": {"type": "number", "x-finite": "not-nan"},
+                           "hist": {"type": ["array", "null"], "items": _COUNT}},
+            "if": {"properties": {"count": {"minimum": 1}}},
+            "then": {"properties": {"min": _FINITE, "max": _FINITE}, "x-ordered": [["min", "max"]]},
+        }},
+        "fits": {"type": "object", "additionalProperties": {
+            "type": "object",
+            "required": ["lo", "hi", "step", "zp", "qmin", "qmax", "n", "clipped", "clip_sq", "sig_sq", "n_inf", "s1",
+                         "s2", "noise"],
+            "properties": {"lo": _FINITE, "hi": _FINITE, "step": {**_FINITE, "exclusiveMinimum": 0}, "zp": _FINITE,
+                           "qmin": {"type": "integer"}, "qmax": {"type": "integer"}, "n": _COUNT, "clipped": _COUNT,
+                           "n_inf": _COUNT, "clip_sq": _FINITE0, "sig_sq": _FINITE0, "s1": _FINITE, "s2": _FINITE0,
+                           "noise": _FINITE0},
+            "x-ordered": [["lo", "hi"], ["qmin", "qmax"], ["clipped", "n"], ["n_inf", "n"]],
+        }},
+    },
+}
 #: the bounds of ``bins`` (a shard holds ``bins + 2`` counts per tensor)
 MAX_BINS = 1 << 16
 
@@ -211,7 +246,7 @@ def sample_digest(feeds: Mapping[str, np.ndarray]) -> str:
 def _merge(report: RunReport, jobs: list[Job], edges: Mapping[str, list[float]] | None
            ) -> tuple[dict[str, StatsAccumulator], dict[str, EncodingAccumulator]]:
     """The shards of one pass, checked and added in job order."""
-    docs = [report.load(j.key) for j in jobs]
+    docs = [report.load(j.key, SHARD_RESULT_SCHEMA) for j in jobs]
     merge_check(docs, SHARD_FIELDS)
     stats: dict[str, StatsAccumulator] = {}
     fits: dict[str, EncodingAccumulator] = {}

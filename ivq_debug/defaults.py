@@ -107,6 +107,8 @@ PROJECTOR_COVERAGE_MISS = 1e-3
 #: Snapdragon X Elite; the x86 HTP emulator defaults to SM8350/v68 without it, where several ops fail.
 QNN_SOC_MODEL = "60"
 QNN_HTP_ARCH = "73"
+#: the HTP architectures the x86 emulator compiles for (another number compiled silently for nothing: issue 31)
+QNN_HTP_ARCHS = ("68", "69", "73", "75", "79", "81")
 QNN_EP_NAME = "QNNExecutionProvider"
 #: when nodes are unsupported at ORT optimization "disable", the session is tried once more at "all" (to say
 #: whether ``--optimization all`` fixes it) for models up to this size; larger ones get the advice unchecked.

@@ -36,14 +36,15 @@ from ivq_debug.comparator import Budgets
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError, require_extra
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import scope_of
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import encodings_from_qdq_model
 from ivq_debug.qnn.quantize import quantize_for_qnn
 from ivq_debug.report import write_report
 from ivq_debug.tune.suggest import suggest, write_suggestions
 from ivq_debug.tune.verify import Tuner, verify
-from ivq_debug.util import atomic_write_text, json_safe
 from ivq_debug.vlm import pipeline
 from ivq_debug.vlm.manifest import model_attrs
 from ivq_debug.vlm.task import caption_accuracy, make_samples

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.logs import root_warnings
 from ivq_debug.onnxgraph.intake import check_written_model
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
-from ivq_debug.util import publish_staged, root_warnings
+from ivq_debug.outputs import publish_staged
 
 WEIGHT_TYPES = ("QInt8", "QUInt8")
 #: the ops a dynamic model computes in integers (as written by quantize_dynamic, and as fused by ONNX Runtime)

@@ -6,7 +6,7 @@ numbers). An executor runs a list of jobs against a shard folder:
 
 * a job whose shard ``<folder>/<key>.json`` exists is skipped (a rerun after a crash or a preempted worker
   redoes only what is missing);
-* a job writes its own shard atomically (:func:`~ivq_debug.util.atomic_write_text`: temp file + rename), in the
+* a job writes its own shard atomically (:func:`~ivq_debug.outputs.atomic_write_text`: temp file + rename), in the
   worker, so a shard on disk is always complete;
 * a job that raises (or whose worker dies) is retried once; a second failure is recorded with its key and error,
   the other jobs go on (a dead pool worker breaks the whole pool: the jobs lost with it are not charged an
@@ -49,7 +49,10 @@ from ivq_debug.errors import (
     one_line,
     require_extra,
 )
-from ivq_debug.util import atomic_write_text
+from ivq_debug.inputfiles import file_in_folder_problem, is_inside
+from ivq_debug.jsonio import load_json
+from ivq_debug.outputs import atomic_write_text
+from ivq_debug.schema import check_schema
 
 #: the executors of ``--executor``
 EXECUTORS = ("local", "ray")
@@ -126,9 +129,10 @@ class RunReport:
         if self.failures:
             raise JobsFailedError(self.failures, self.folder)
 
-    def load(self, key: str) -> dict[str, Any]:
-        """The shard document of one job (:class:`InputError` when the file holds another job's)."""
-        doc = read_shard(self.shards[key])
+    def load(self, key: str, result_schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shard document of one job, its ``result`` checked against the kind's ``result_schema``
+        (:func:`read_shard`; :class:`InputError` when the file holds another job's)."""
+        doc = read_shard(self.shards[key], self.folder, result_schema)
         if doc.get("key") != key:
             raise InputError(f"the shard of job {key} holds job {one_line(str(doc.get('key')), 80)}", self.shards[key])
         return doc
@@ -139,14 +143,40 @@ def shard_path(folder: str | os.PathLike, key: str) -> Path:
     return Path(folder) / f"{key}.json"
 
 
-def read_shard(path: str | os.PathLike) -> dict[str, Any]:
-    """A shard document (``ivq-shard/1``)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"unreadable shard ({one_line(e, 200)})", path) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SHARD_SCHEMA or not isinstance(doc.get("result"), dict):
-        raise InputError(f"not an {SHARD_SCHEMA} shard", path)
+#: the envelope of every shard; each kind's ``result`` has its own schema (:meth:`RunReport.load`)
+ENVELOPE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["schema", "key", "meta", "result"],
+    "properties": {"schema": {"const": SHARD_SCHEMA}, "key": {"type": "string"}, "meta": {"type": "object"},
+                   "result": {"type": "object"}},
+}
+
+
+def read_shard(path: str | os.PathLike, folder: str | os.PathLike | None = None,
+               result_schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A shard document (``ivq-shard/1``), read as the untrusted input it is (shards on shared storage are where
+    stale or edited files appear).
+
+    ``stat`` before open: a regular file inside ``folder`` (default: its own folder; a symlink leaving it, a FIFO,
+    a folder are refused unread); the bounded JSON loader (:func:`~ivq_debug.jsonio.load_json`: nesting, encoding);
+    :data:`ENVELOPE_SCHEMA`, then ``result_schema`` on the ``result`` (the kind's: finite, ordered, non-negative
+    numbers; docs/input-formats.md "Job shards").
+
+    Raises:
+        InputError: naming the shard (exit 3).
+    """
+    p = Path(path)
+    problem = file_in_folder_problem(p, p.parent if folder is None else folder, "shard", allow_outside=True)
+    if problem is None and not is_inside(p, p.parent if folder is None else folder):
+        problem = "shard is a symlink to a file outside the shard folder"
+    if problem is not None:
+        raise InputError(problem, p)
+    doc = load_json(p, "shard")
+    if not isinstance(doc, dict) or doc.get("schema") != SHARD_SCHEMA:
+        raise InputError(f"not an {SHARD_SCHEMA} shard", p)
+    check_schema(doc, ENVELOPE_SCHEMA, p, "shard")
+    if result_schema is not None:
+        check_schema(doc["result"], result_schema, p, result_schema.get("title", "result"))
     return doc
 
 
@@ -195,7 +225,7 @@ def _pending(jobs: list[Job], folder: Path) -> tuple[list[Job], dict[str, Path],
     todo: list[Job] = []
     for j in jobs:
         p = shard_path(folder, j.key)
-        if p.is_file():
+        if os.path.lexists(p):  # whatever it is (a FIFO, a symlink out, a folder): read_shard refuses it, exit 3
             done[j.key] = p
         else:
             todo.append(j)
@@ -221,13 +251,13 @@ def _done(fn: Callable[[], Any]) -> cf.Future:
 
 
 def _drive(todo: list[Job], submit: Callable[[Job], cf.Future], report: RunReport, description: str,
-           progress: bool, limit: int | None = None, lost: Callable[[cf.Future], None] | None = None) -> None:
+           progress: bool, limit: int | None = None, lost: Callable[[cf.Future], bool] | None = None) -> None:
     """The one run loop of every executor: ``submit`` each job (at most ``limit`` in flight), collect the futures as
     they complete, record each shard, retry a failed job once (:data:`ATTEMPTS`), then report it.
 
-    ``lost(future)`` is called for a failure that may not be the job's own (a pool broken by another job's dead worker:
-    every job in flight fails with it). Such a job is not charged an attempt and reruns alone, with nothing else in
-    flight, so that a death is then its own."""
+    ``lost(future)`` is called for a broken pool (a worker died: every job of the pool fails with it) and says whether
+    the pool ran other jobs too, so the death may not be this job's. Such a job is not charged an attempt and reruns
+    alone, with nothing else in flight, so that a death is then its own."""
     attempts = dict.fromkeys((j.key for j in todo), 0)
     queue = list(todo)
     alone: set[str] = set()
@@ -247,17 +277,14 @@ def _drive(todo: list[Job], submit: Callable[[Job], cf.Future], report: RunRepor
     def results() -> Iterator[None]:
         fill()
         while inflight:
-            shared = len(inflight) > 1
             finished, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
             for f in finished:
                 j = inflight.pop(f)
                 try:
                     report.shards[j.key] = Path(f.result())
                 except Exception as e:  # a job's failure is data: retried once, then reported
-                    broken = lost is not None and isinstance(e, BrokenProcessPool)
-                    if broken:
-                        lost(f)
-                    if broken and shared and j.key not in alone:
+                    shared = lost is not None and isinstance(e, BrokenProcessPool) and lost(f)
+                    if shared and j.key not in alone:
                         alone.add(j.key)
                     else:
                         attempts[j.key] += 1
@@ -295,6 +322,7 @@ class LocalExecutor:
             return report
         pools: list[cf.ProcessPoolExecutor | None] = [None]
         owner: dict[cf.Future, cf.ProcessPoolExecutor] = {}
+        served: dict[cf.ProcessPoolExecutor, int] = {}
         ctx = multiprocessing.get_context("forkserver")
 
         def submit(j: Job) -> cf.Future:
@@ -302,12 +330,15 @@ class LocalExecutor:
                 pools[0] = cf.ProcessPoolExecutor(max_workers=min(self.workers, len(todo)), mp_context=ctx)
             f = pools[0].submit(run_job, j, str(folder))
             owner[f] = pools[0]
+            served[pools[0]] = served.get(pools[0], 0) + 1
             return f
 
-        def lost(f: cf.Future) -> None:  # a broken pool is replaced for the jobs that follow (once)
-            if owner.pop(f, None) is pools[0] and pools[0] is not None:
-                pools[0].shutdown(wait=False, cancel_futures=True)
+        def lost(f: cf.Future) -> bool:  # a broken pool is replaced for the jobs that follow (once)
+            pool = owner.pop(f, None)
+            if pool is not None and pool is pools[0]:
+                pool.shutdown(wait=False, cancel_futures=True)
                 pools[0] = None
+            return pool is not None and served.get(pool, 0) > 1
 
         try:
             _drive(todo, submit, report, description, progress, lost=lost)

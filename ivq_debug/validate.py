@@ -10,7 +10,7 @@ The commands call these before any work, so that a bad input is one line on stde
 * :func:`check_model`: an ONNX model given only for its graph (``ivq report --model``) is read now, not when
   an export first needs it.
 
-Readers of the file formats validate themselves (``util.read_arrays``, ``qnn.encodings``, ``qnn.netjson``,
+Readers of the file formats validate themselves (``arrays.read_arrays``, ``qnn.encodings``, ``qnn.netjson``,
 ``qnn.profiling``, ``onnxgraph.load``, the dump reader); this module holds the checks that belong to no
 reader. The feeds of a model are checked by :func:`ivq_debug.onnxgraph.inputs.check_feeds`, a Hugging Face
 ``config.json`` by :func:`ivq_debug.vlm.config.check_hf_config`: beside what they check, so that capture
@@ -20,14 +20,13 @@ modules import neither the comparator nor the quantizer through this one.
 from __future__ import annotations
 
 import os
-import stat
-from collections.abc import Iterable
 from typing import Any
 
 from ivq_debug.comparator.comparison import SCHEMA as DIFF_SCHEMA
-from ivq_debug.errors import UsageError
+from ivq_debug.jsonio import load_json
 from ivq_debug.onnxgraph.load import load_model
-from ivq_debug.util import check_output, check_schema, load_json
+from ivq_debug.outputs import check_outputs  # re-exported: the commands' output check lives with check_output
+from ivq_debug.schema import check_schema
 
 PathLike = str | os.PathLike
 
@@ -84,41 +83,6 @@ BASELINE_SCHEMA: dict[str, Any] = {
         },
     },
 }
-
-
-# ============================================================================ outputs
-def check_outputs(outputs: Iterable[PathLike | None], inputs: Iterable[PathLike | None],
-                  overwrite: bool = False, *, folders_exist: bool = True) -> None:
-    """:func:`~ivq_debug.util.check_output` for every output (``None`` and ``"-"``, stdout, are skipped),
-    then refuse two outputs that are one file (same real path, or the same inode when both exist).
-
-    With ``folders_exist`` (the default: outputs a user named, ``-o missing/x.h5``), an output whose folder does not
-    exist is refused too, rather than the folder made silently; a command that owns a folder it creates (``ivq
-    tune``'s workdir) passes False.
-
-    Raises:
-        UsageError: an output would replace an input or another output, exists without ``overwrite``, or its folder
-            does not exist.
-    """
-    ins = [i for i in inputs if i is not None]
-    seen: list[tuple[str, tuple[int, int] | None, PathLike]] = []
-    for out in outputs:
-        if out is None or os.fspath(out) == "-":
-            continue
-        check_output(out, ins, overwrite)
-        parent = os.path.dirname(os.fspath(out)) or "."
-        if folders_exist and not os.path.isdir(parent):
-            raise UsageError(f"the output folder {parent!r} does not exist (create it first)", out)
-        real = os.path.realpath(out)
-        try:
-            st = os.stat(out)
-            ino: tuple[int, int] | None = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
-        except OSError:
-            ino = None
-        for other_real, other_ino, other in seen:
-            if real == other_real or (ino is not None and ino == other_ino):
-                raise UsageError(f"two outputs name the same file ({os.fspath(other)!r})", out)
-        seen.append((real, ino, out))
 
 
 # ============================================================================ ivq-diff JSON inputs

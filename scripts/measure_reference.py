@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from ivq_debug.util import atomic_write_text
+    from ivq_debug.outputs import atomic_write_text
     from ivq_debug.vlm import task
     from ivq_debug.vlm.build import BUCKETS, MODEL_NAMES, family
     from ivq_debug.vlm.export import export_parts

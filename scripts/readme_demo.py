@@ -70,6 +70,7 @@ def figures(doc: dict[str, Any]) -> dict[str, Any]:
     tune = doc.get("tune") or {}
     e2e = {r["what"]: r for r in tune.get("end_to_end") or []}
     watch = (tune.get("watch") or ["?"])[0]
+    changed = tune.get("changed") or []
     sq = e2e.get(f"sqnr_db {watch}", {})
     return {
         "schema": SCHEMA,
@@ -89,8 +90,11 @@ def figures(doc: dict[str, Any]) -> dict[str, Any]:
         "positions_restart": {"accuracy": _acc(doc, "fp32-restart"), "offset": int(po["evidence"]["offset"]),
                               "prefill_len": int(po["evidence"]["prefill_len"]),
                               "first_wrong_step": int(po["evidence"]["first_wrong_step"])},
-        "tune": {"recommended": bool(tune.get("recommended")), "tensors": len(tune.get("changed") or []),
-                 "actions": sorted({c["action"] for c in tune.get("changed") or []}), "watch": watch,
+        "tune": {"recommended": bool(tune.get("recommended")), "tensors": len(changed),
+                 "by_action": {a: sum(c["action"] == a for c in changed) for a in sorted({c["action"] for c in changed})},
+                 "projector_tensors": sum("multi_modal_projector" in c["tensor"] or c["tensor"] == watch
+                                          for c in changed),
+                 "watch": watch,
                  "sqnr_before": round(float(sq.get("before", float("nan"))), 1),
                  "sqnr_after": round(float(sq.get("after", float("nan"))), 1),
                  "exact_before": round(float(e2e.get("caption exact_match", {}).get("before", float("nan"))), 2),
@@ -136,9 +140,12 @@ def render(f: dict[str, Any]) -> str:
         + (" (= −S)" if pr["offset"] == -pr["prefill_len"] else "")
         + f" from decode step {pr['first_wrong_step']}; also inferred from the KV cache alone |",
     ]
-    actions = " / ".join(_ACTIONS.get(a, a) for a in tu["actions"])
-    tail = (f"and then tunes the projector fault: the suggested `quantization_overrides.json` ({actions} on "
-            f"{tu['tensors']} projector tensors), re-quantized and re-captured on HTP, lifts the projector output "
+    by = sorted(tu["by_action"].items(), key=lambda kv: -kv[1])
+    actions = ", ".join(f"{_ACTIONS.get(a, a)} on {n}" for a, n in by)
+    where = (f"{tu['tensors']} projector tensors" if tu["projector_tensors"] == tu["tensors"] else
+             f"{tu['tensors']} tensors, {tu['projector_tensors']} of them in the projector")
+    tail = (f"and then tunes the projector fault: the suggested `quantization_overrides.json` ({actions}: "
+            f"{where}), re-quantized and re-captured on HTP, lifts the projector output "
             f"from {_db(tu['sqnr_before'])} dB to {_db(tu['sqnr_after'])} dB SQNR and the captions from "
             f"{_f2(tu['exact_before'])} back to {_f2(tu['exact_after'])}."
             if tu["recommended"] else "and then tunes the projector fault: no override set was recommended.")

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ivq_debug.calib_stats import CalibStats, calib_stats, histogram_percentiles, read_activation_encodings
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
 from ivq_debug.dump import open_dump
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.executor import LocalExecutor
 from ivq_debug.qnn.encodings import encodings_from_qdq_model, write_encodings
 from tests.support import vit
@@ -191,7 +191,7 @@ def test_a_tampered_shard_is_an_input_error(m, tmp_path: Path, capsys) -> None:
         p.write_text(json.dumps(doc))
     assert ivq_cli(*args, "--force") == 3
     err = capsys.readouterr().err.strip()
-    assert "not a calib-stats shard" in err and "\n" not in err
+    assert "calib-stats shard result: tensors.x: missing 'nonfinite'" in err and "\n" not in err
 
 
 def test_a_failing_job_is_listed_with_its_key_and_the_other_shards_stay(tmp_path: Path, capsys) -> None:

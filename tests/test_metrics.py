@@ -79,7 +79,7 @@ def test_logits_metrics_and_lsb() -> None:
 _SUMS = """
 import json, sys
 import numpy as np
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.metrics import MetricAccumulator
 from threadpoolctl import threadpool_info, threadpool_limits
 blas_threads = lambda: [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]

@@ -1,4 +1,4 @@
-"""``util.read_arrays``: the one loader of user ``.npz`` / ``.npy`` files (inputs, calibration)."""
+"""``arrays.read_arrays``: the one loader of user ``.npz`` / ``.npy`` files (inputs, calibration)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ivq_debug.arrays import read_arrays
 from ivq_debug.errors import EXIT_INPUT, InputError
-from ivq_debug.util import read_arrays
 
 
 def test_reads_npz_and_npy(tmp_path: Path) -> None:

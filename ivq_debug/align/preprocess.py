@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.onnxgraph.load import load_model
-from ivq_debug.onnxgraph.sites import activation_quantizers
+from ivq_debug.onnxgraph.load import Model, load, load_model
 from ivq_debug.qnn.quantize import preprocess_float_model
 
 #: a preprocessed float model reproduces the user's outputs within this relative max error (fusions reorder
@@ -29,8 +28,7 @@ OUTPUT_RTOL = 1e-4
 
 def qdq_float_names(qdq_model: Any) -> set[str]:
     """The float tensors a QDQ model quantizes (what a reference must name)."""
-    m = load_model(qdq_model) if not hasattr(qdq_model, "graph") else qdq_model
-    return {name for name, _ in activation_quantizers(m)}
+    return {name for name, _ in load(qdq_model).quantizers}
 
 
 def graph_names(model: Any) -> set[str]:
@@ -39,19 +37,23 @@ def graph_names(model: Any) -> set[str]:
     return {i.name for i in m.graph.input} | {o for n in m.graph.node for o in n.output if o}
 
 
-def quantizer_reference(float_model: str | os.PathLike, qdq_model: str | os.PathLike,
+def quantizer_reference(float_model: str | os.PathLike | Model, qdq_model: str | os.PathLike | Model,
                         folder: str | os.PathLike) -> tuple[Path | None, str]:
     """``(path, how)``: the float model as the quantizer saw it, when that is what the QDQ model was made from.
 
     ``path`` is the float model itself when it already names every QDQ float tensor, ``<folder>/<name>.pre.onnx``
-    when ``qnn_preprocess_model`` makes it so, and None otherwise (``how`` says why).
+    when ``qnn_preprocess_model`` makes it so, and None otherwise (``how`` says why). The models: paths or loaded
+    :class:`~ivq_debug.onnxgraph.load.Model` objects (the float one read from its file).
     """
+    fm = load(float_model)
     want = qdq_float_names(qdq_model)
-    have = graph_names(float_model)
+    have = graph_names(fm.proto)
+    if fm.path is None:
+        raise ValueError("quantizer_reference needs the float model's file (qnn_preprocess_model reads it)")
     if want <= have:
-        return Path(float_model), "the float model names every QDQ tensor"
-    out = Path(folder) / (Path(float_model).stem + ".pre.onnx")
-    if not preprocess_float_model(float_model, out):
+        return fm.path, "the float model names every QDQ tensor"
+    out = Path(folder) / (fm.path.stem + ".pre.onnx")
+    if not preprocess_float_model(fm.path, out):
         return None, f"qnn_preprocess_model changes nothing; {len(want - have)} QDQ tensors stay unnamed"
     missing = want - graph_names(out)
     if missing:

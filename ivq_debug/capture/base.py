@@ -24,9 +24,9 @@ from ivq_debug.console import track
 from ivq_debug.dump import DumpWriter
 from ivq_debug.dump.contract import CONTRACT_META, host_platform, model_precision
 from ivq_debug.errors import UsageError
+from ivq_debug.inputfiles import sha256_file
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import Model, load_model
-from ivq_debug.util import sha256_file
 
 
 @dataclass

@@ -19,7 +19,6 @@ from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.console import results
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
 from ivq_debug.executor import LocalExecutor
-from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -56,7 +55,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the two passes, write the document, print the table; exit 1 on low coverage."""
-    check_outputs([args.output], [args.model, args.calibration, args.encodings], args.force)
     if args.shards and Path(args.shards).resolve() == Path(args.calibration).resolve():
         raise UsageError("--shards must not be the calibration folder", args.shards)
     executor = executor_from_args(args) or LocalExecutor(1)

@@ -6,13 +6,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.arrays import read_arrays
 from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, model_facts, sample_shapes
 from ivq_debug.cli.common import comma_list, escape, fmt_bytes
+from ivq_debug.cli.sessions import (
+    add_onnx_session_arguments,
+    add_optimization_argument,
+    add_qnn_session_arguments,
+    session_options,
+)
 from ivq_debug.console import console, results
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.onnxgraph.inputs import check_feeds
-from ivq_debug.util import read_arrays
-from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -43,11 +48,10 @@ def _common_arguments(p: argparse.ArgumentParser) -> None:
                    help="capture in groups of at most N tensors (bounds memory); on the CPU EP each group is a "
                         "consecutive subgraph, so the capture still costs one forward (default on the CPU EP: "
                         "groups of about 1 GiB when a record's tensors would take more)")
-    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
-                   help="ORT graph optimization level (default disable: exact reference, every node output). Above "
-                        "disable only the tensors of the optimized graph are exposed (no fusion is stopped) and "
-                        "the model outputs are checked bit-identical with and without the exposure; recorded in the "
-                        "dump (a comparison warns when the two sides differ)")
+    add_optimization_argument(p, "ORT graph optimization level (default disable: exact reference, every node output). "
+                                 "Above disable only the tensors of the optimized graph are exposed (no fusion is "
+                                 "stopped) and the model outputs are checked bit-identical with and without the "
+                                 "exposure; recorded in the dump (a comparison warns when the two sides differ)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads (default: ONNX Runtime's, one per core); recorded in the dump")
     p.add_argument("--summary-only", action="store_true", help="store statistics and sampled values only")
@@ -57,38 +61,16 @@ def _common_arguments(p: argparse.ArgumentParser) -> None:
 def _onnx_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--whole-model-runs", action="store_true",
                    help="with --max-outputs-per-run, run the whole model once per group instead of subgraphs")
-    p.add_argument("--session-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an ONNX Runtime session config entry as the deployment sets it, e.g. "
-                        "session.x64quantprecision=1 (repeatable); recorded in the dump")
+    add_onnx_session_arguments(p)
 
 
 def _qnn_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--soc-model", default=None, help="SoC model id (default from ivq_debug.defaults)")
-    p.add_argument("--htp-arch", default=None, help="HTP architecture (default from ivq_debug.defaults)")
-    p.add_argument("--allow-cpu-fallback", action="store_true", help="let unsupported nodes run on the CPU")
+    add_qnn_session_arguments(p)
     p.add_argument("--profiling", choices=["off", "basic", "detailed"], default="off", help="QNN profiling")
-    cache = p.add_mutually_exclusive_group()
-    cache.add_argument("--qnn-cache", default=None, metavar="DIR",
-                       help="compiled-context cache folder (default $IVQ_QNN_CACHE or "
-                            "${XDG_CACHE_HOME:-~/.cache}/ivq-debug/qnn-contexts)")
-    cache.add_argument("--no-qnn-cache", action="store_true", help="compile every session, cache nothing")
-    p.add_argument("--fast-compile", action="store_true",
-                   help="QNN's faster, less optimized finalization (outputs can differ by a step; recorded)")
 
 
 #: the flags only one backend takes (``ivq capture <backend> --help``), by registered backend name
 BACKEND_ARGUMENTS: dict[str, Any] = {"onnx": _onnx_arguments, "qnn": _qnn_arguments}
-
-
-def session_config(items: list[str]) -> dict[str, str]:
-    """``--session-option KEY=VALUE`` values as a dict (a repeated key keeps the last value)."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise UsageError(f"--session-option takes KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def runner_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,14 +83,11 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be >= 1")
     opts: dict[str, Any] = {"selection": sel, "max_outputs_per_run": args.max_outputs_per_run,
-                            "optimization": args.optimization, "threads": args.threads}
+                            "threads": args.threads, **session_options(args, args.backend)}
     if args.backend == "onnx":
         opts["partition"] = False if args.whole_model_runs else None
-        opts["session_config"] = session_config(args.session_option) or None
     else:
-        opts.update(soc_model=args.soc_model, htp_arch=args.htp_arch, allow_cpu_fallback=args.allow_cpu_fallback,
-                    overwrite=args.force, qnn_cache=False if args.no_qnn_cache else args.qnn_cache,
-                    fast_compile=args.fast_compile or None)
+        opts["overwrite"] = args.force
         if args.profiling != "off":
             opts.update(profiling_level=args.profiling, profiling_path=Path(args.output).with_suffix(".profile.csv"))
     return opts
@@ -116,7 +95,6 @@ def runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the capture."""
-    check_outputs([args.output], [args.model, *args.inputs], args.force)
     samples = [read_arrays(p) for p in args.inputs]
     if args.max_outputs_per_run is not None and args.max_outputs_per_run < 1:
         raise UsageError("--max-outputs-per-run must be >= 1")

@@ -8,25 +8,22 @@ under both attributions ("where it starts") with the effect of those measured.
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from ivq_debug import validate
-from ivq_debug.align.preprocess import check_outputs, quantizer_reference
-from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug import api
 from ivq_debug.cli.common import comma_list, escape, fmt_num, parse_record, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
-from ivq_debug.comparator import compare
-from ivq_debug.console import results, status
-from ivq_debug.diagnose.replay import ATTRIBUTIONS, replay, replay_records
-from ivq_debug.dump import open_dump
+from ivq_debug.cli.sessions import (
+    add_onnx_session_arguments,
+    add_optimization_argument,
+    add_qnn_session_arguments,
+    session_options,
+)
+from ivq_debug.console import results
+from ivq_debug.diagnose.replay import ATTRIBUTIONS, ReplayResult
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK
-from ivq_debug.onnxgraph.load import load_model
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -38,9 +35,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                          "model was made by ORT's QNN flow, its preprocessed graph as reference")
     p.add_argument("--backend", choices=["cpu", "qnn"], default="cpu",
                    help="replay backend: cpu (exact fake-quant, ORT_DISABLE_ALL) or qnn (QNN HTP)")
-    p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
-                   help="cpu: ORT graph optimization level of the replay (all: dynamic INT8 units run fused, "
-                        "DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs them)")
+    add_optimization_argument(p, "ORT graph optimization level of the replayed units (cpu: all runs dynamic INT8 "
+                                 "units fused, DynamicQuantizeMatMul / MatMulIntegerToFloat, as a deployment runs "
+                                 "them; qnn: the level before QNN partitions, as in ivq capture qnn)")
+    add_onnx_session_arguments(p, "cpu: ")
+    add_qnn_session_arguments(p, "qnn: ")
     p.add_argument("--attribution", choices=list(ATTRIBUTIONS), default="local",
                    help="rank by local (producer-charged, default) or iso (input re-quantization included)")
     p.add_argument("--record", help="record(s) to replay: sample/part/step, or 'all' (default: the first record "
@@ -57,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--shards", default=None, metavar="DIR",
                    help="with --executor: keep one shard per batch in DIR; a rerun skips the batches done "
                         "(default: a temporary folder)")
+    p.add_argument("--allow-input-mismatch", action="store_true",
+                   help="diagnose even when the dumps were not fed the same inputs (else exit 6, as ivq-diff)")
     p.add_argument("--top", type=int, default=10, help="units to print")
     p.add_argument("--json", metavar="OUT", help="write the replay table and findings as JSON ('-': stdout)")
     p.add_argument("--force", action="store_true", help="overwrite --json")
@@ -64,71 +65,40 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Replay and print; exit 1 when a unit breaks the budget, or none does but the part's output does."""
-    validate.check_outputs([args.json], [args.ref, args.test, args.model, args.float_model], args.force)
-    ref, test = open_dump(args.ref), open_dump(args.test)
     con = results(json_to_stdout=args.json == "-")
-    # cpu at ORT_DISABLE_ALL: the replay's own exact fake-quant session; another level (dynamic INT8 units fused, as a
-    # deployment runs them) or QNN HTP: the units run on that backend, the shadow copies stay on the exact CPU path
-    factory = (partial(make_runner, "qnn") if args.backend == "qnn"
-               else partial(make_runner, "onnx", optimization=args.optimization) if args.optimization != "disable"
-               else None)
-    rec = "all" if args.record == "all" else parse_record(args.record)
-    executor = executor_from_args(args, implied=bool(args.shards))
-
-    # the cumulative error of the records the replay uses only (the others are not replayed): for a session dump
-    # the first record that holds the model's inputs (the vision record for the vision part), not the first record
-    chosen = set(replay_records(args.model, ref, rec))
-    only = (lambda k: k in chosen) if chosen & set(test.record_keys()) else None
-
-    def run(reference: Any) -> Any:
-        cmp = compare(reference, test, records=only)  # the cumulative error per tensor (no diagnostics needed)
-        return replay(args.model, reference, record=rec, runner_factory=factory, cumulative=cmp,
-                      budget_sqnr_db=args.budget_sqnr, nodes=comma_list(args.nodes, "--nodes"),
-                      attribution=args.attribution, float_model=args.float_model, lift=not args.no_lift,
-                      executor=executor, shards=args.shards)
-
-    r = run(ref)
-    note = None
-    if r.skipped and args.float_model:  # tensors neither the reference nor the lineage name: the preprocessing
-        tmp = Path(tempfile.mkdtemp(prefix=".ivq-diagnose-", dir=Path(args.model).resolve().parent))
-        try:
-            pre, how = quantizer_reference(args.float_model, args.model, tmp)
-            if pre is not None and pre != Path(args.float_model):
-                feeds = [{e.name: ref.read(e) for e in ref.tensors(rid, kind="input")}
-                         for rid in ref.records.sort_values(["sample", "step"])["rid"]]
-                with status("reference: the float model through the quantizer's preprocessing"):
-                    pre_ref = open_dump(capture(make_runner("onnx", pre, selection=Selection()), feeds,
-                                                tmp / "reference.h5", progress=None))
-                chk = check_outputs(ref, pre_ref, [o.name for o in load_model(pre).graph.output])
-                if chk["ok"]:
-                    r = run(pre_ref)
-                    note = (f"reference: {how}; its outputs equal the user's within {chk['max_rel']:.1e} "
-                            f"(tolerance {chk['rtol']:g})")
-                else:
-                    why = chk.get("why") or "max relative difference {:.2g}".format(chk["max_rel"])
-                    note = f"preprocessed reference rejected ({why})"
-            else:
-                note = f"no preprocessed reference: {how}"
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    findings = r.findings()
+    r = api.diagnose(args.ref, args.test, args.model, backend=args.backend, float_model=args.float_model,
+                     record="all" if args.record == "all" else parse_record(args.record),
+                     nodes=comma_list(args.nodes, "--nodes"), attribution=args.attribution,
+                     budget_sqnr_db=args.budget_sqnr, lift=not args.no_lift,
+                     allow_input_mismatch=args.allow_input_mismatch,
+                     executor=executor_from_args(args, implied=bool(args.shards)), shards=args.shards,
+                     **session_options(args, api.REPLAY_BACKENDS[args.backend]))
     if args.json:  # written before anything is printed: a full disk is then the only stderr line
         write_json(r.to_json(), args.json, overwrite=args.force)
-    other = "iso" if args.attribution == "local" else "local"
-    t = Table(title=f"introduced error ({r.backend}, {len(r.records)} record(s) from {r.record}); worst {args.top} "
-                    f"by {args.attribution}", title_justify="left", header_style="bold")
-    for c in ("#", "tensor", "op", f"{args.attribution} dB", f"{other} dB", "weight share", "effect dB",
-              "cumulative dB", "inherited"):
+    render(con, r, args.top)
+    return EXIT_FAIL if r.first_breaking or r.accumulation is not None else EXIT_OK
+
+
+def render(con: Any, r: ReplayResult, top: int) -> None:
+    """Print a replay: the worst units under both attributions, how the reference was chosen, what ran, the
+    skipped units and the findings."""
+    findings = r.findings()
+    att = r.attribution
+    other = "iso" if att == "local" else "local"
+    t = Table(title=f"introduced error ({r.backend}, {len(r.records)} record(s) from {r.record}); worst {top} "
+                    f"by {att}", title_justify="left", header_style="bold")
+    for c in ("#", "tensor", "op", f"{att} dB", f"{other} dB", "weight share", "effect dB", "cumulative dB",
+              "inherited"):
         t.add_column(c, justify="left" if c in ("tensor", "op") else "right", overflow="fold")
-    for i, (_, row) in enumerate(r.worst(args.top).iterrows(), 1):
+    for i, (_, row) in enumerate(r.worst(top).iterrows(), 1):
         flag = " ≈" if row.get("approximate") else ""
         t.add_row(str(i), escape(row["tensor"]) + flag, escape(row["op_type"]), fmt_num(row["intro_sqnr_db"]),
                   fmt_num(row[f"{other}_sqnr_db"]), fmt_num(row["weight_share"]), fmt_num(row.get("effect_gain_db")),
                   fmt_num(row["cum_sqnr_db"]),
                   fmt_num(row["inherited_share"]))
     con.print(t)
-    if note:
-        con.print(escape(note))
+    if r.note:
+        con.print(escape(r.note))
     con.print(f"{len(r.table)} units replayed in {r.batches} batch(es), {r.sessions} session(s), {r.seconds:.1f} s; "
               f"skipped {len(r.skipped)}")
     if r.jobs:
@@ -153,4 +123,3 @@ def execute(args: argparse.Namespace) -> int:
                       f"{fmt_num(fb['intro_sqnr_db'])} dB")
     if not any(f.kind in ("introduced_error", "accumulated_error") for f in findings):
         con.print(f"[green]no unit introduces more error than the budget ({r.budget_sqnr_db:g} dB)[/green]")
-    return EXIT_FAIL if r.first_breaking or r.accumulation is not None else EXIT_OK

@@ -22,7 +22,6 @@ from ivq_debug.capture.qnn_net_run.ingest import (
 from ivq_debug.cli.common import escape, write_json
 from ivq_debug.console import console, results, status
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
-from ivq_debug.validate import check_outputs
 
 
 def parse_dims(specs: Sequence[str]) -> dict[str, int]:
@@ -171,12 +170,19 @@ def _inputs(args: argparse.Namespace, spec: SessionSpec | None) -> list[str | Pa
             spec.config]
 
 
+def extra_inputs(args: argparse.Namespace) -> list[str | Path | None]:
+    """What the ingest reads besides its options (a session spec's folders and models): for the one output check
+    (:func:`~ivq_debug.cli.common.check_args_io`)."""
+    if not args.source:
+        return []
+    return _inputs(args, session_spec(args) if args.source == "session" else None)
+
+
 def execute(args: argparse.Namespace) -> int:
     """Run the ingest; exit 1 when a --graph ingest had to write an incomplete dump."""
     if not args.source:
         raise UsageError("ivq ingest needs a source: qnn-net-run or session (ivq ingest SOURCE --help)")
     spec = session_spec(args) if args.source == "session" else None
-    check_outputs([args.output, args.json], _inputs(args, spec), args.force)
     info = {"device": args.device} if args.device else None
     with status(f"ingesting {args.source} folders"):
         cap = _qnn_net_run(args, info) if spec is None else capture_session(

@@ -41,7 +41,7 @@ def execute(args: argparse.Namespace) -> int:
             return EXIT_OK
         e = d.entry(args.name, parse_record(args.record), "input" if args.input else "tensor")
         d.dataset(e)  # checked against the manifest (and read) before anything is printed: one error line
-        arr = d.read_any(e)[0].reshape(-1)[: args.values] if args.values else None
+        arr = d.head(e, args.values)[0] if args.values else None  # N values read, not the declared size
         con.print(entry_panel(d, e))
         if arr is not None:
             import numpy as np

@@ -10,7 +10,6 @@ from ivq_debug.console import console, results, status
 from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
 from ivq_debug.errors import EXIT_OK, UsageError
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, IMAGE_RESIZE, quantize_for_qnn
-from ivq_debug.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -64,7 +63,6 @@ def effective_line(effective: dict) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     """Quantize."""
-    check_outputs([args.output, args.json], [args.model, args.calibration, args.overrides], args.force)
     con = results(json_to_stdout=args.json == "-")
     if args.dynamic:
         for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),

@@ -19,10 +19,11 @@ from ivq_debug.console import results
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, UsageError
+from ivq_debug.metrics import METRICS
 from ivq_debug.qnn.profiling import profiling_tables
 from ivq_debug.report import write_junit, write_model_explorer, write_perfetto, write_report
 from ivq_debug.report.html import comparison_label
-from ivq_debug.validate import check_model, check_outputs, read_name_map
+from ivq_debug.validate import check_model, read_name_map
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "path recorded inside a dump is never opened)")
     p.add_argument("--perfetto", metavar="OUT.json", help="write the profiling timeline as Perfetto trace JSON")
     p.add_argument("--model-explorer", metavar="OUT.json", help="write a Model Explorer node-data overlay")
-    p.add_argument("--overlay-metric", default="sqnr_db", metavar="METRIC", help="metric of the overlay")
+    p.add_argument("--overlay-metric", default="sqnr_db", choices=list(METRICS), metavar="METRIC",
+                   help="metric of the overlay (one of ivq_debug.metrics.METRICS; checked before the report is written)")
     p.add_argument("--junit", metavar="OUT.xml", help="write JUnit XML of the budget checks")
     add_budget_arguments(p)  # the same thresholds as ivq-diff, parsed by Budgets.from_args
     p.add_argument("--map", metavar="MAP.json", help="explicit {ref_name: test_name} pairs")
@@ -58,8 +60,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Compare, write the report and the requested exports; returns the exit code."""
-    inputs = [args.ref, args.test, *(p for pair in args.extra for p in pair), args.model, args.map, args.replay]
-    check_outputs([args.output, args.perfetto, args.model_explorer, args.junit], inputs, args.force)
     check_model(args.model)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
     mapping = read_name_map(args.map) if args.map else None

@@ -9,8 +9,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ivq_debug.arrays import read_arrays
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.cli.common import comma_list, escape, fmt_num, write_json
+from ivq_debug.cli.common import add_qnn_target_arguments, comma_list, escape, fmt_num, write_json
 from ivq_debug.cli.jobs import add_executor_arguments, executor_from_args
 from ivq_debug.cli.render import Col, TableData, emit, resolve_format
 from ivq_debug.console import results, status, warn
@@ -39,9 +40,9 @@ from ivq_debug.tune.verify import (
     evaluation_split,
     greedy,
     load_task_metric,
+    prune_workdir,
     verify,
 )
-from ivq_debug.util import read_arrays
 from ivq_debug.validate import check_outputs
 
 
@@ -61,8 +62,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--optimization", default="disable", choices=["disable", "basic", "extended", "all"],
                    help="qnn: ORT graph optimization level of every HTP session (as ivq capture qnn; 'all' folds "
                         "Shape -> Reshape chains HTP refuses); recorded in each trial")
-    p.add_argument("--soc-model", default=None, help="qnn: SoC model id (default from ivq_debug.defaults)")
-    p.add_argument("--htp-arch", default=None, help="qnn: HTP architecture (default from ivq_debug.defaults)")
+    add_qnn_target_arguments(p, "qnn: ")
     p.add_argument("--fast-compile", action="store_true",
                    help="qnn: QNN's faster, less optimized finalization (recorded)")
     p.add_argument("--per-channel", action="store_true", help="quantizer knob: per-channel weights in every trial")
@@ -106,6 +106,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="candidate sets to try before giving up (each is one quantize + capture)")
     p.add_argument("--format", default="legacy", choices=["legacy", "1.0.0", "ort"],
                    help="overrides file format (every trial writes and reads it back)")
+    p.add_argument("--keep-dumps", action="store_true",
+                   help="keep every dump and trial model (default: a finished run keeps the checkpoint, the overrides "
+                        "files and the baseline's and recommended QDQ models)")
     p.add_argument("--resume", action="store_true", help="reuse the finished trials of WORKDIR/checkpoint.json")
     p.add_argument("--force", action="store_true", help="reuse a non-empty workdir, overwriting its files")
 
@@ -203,7 +206,9 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     path = md = None
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
-    write_json(rep.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
+    doc = rep.to_dict()
+    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
+               overwrite=True)
     _print(con, rep, where)
     if not rep.recommended:
         con.print(f"[bold red]no override set recommended[/bold red]: each of the {len(rep.refused)} candidate "
@@ -291,7 +296,9 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     path = None
     if rep.recommended and rep.after.suggestions:
         path, _ = _write_overrides(args, tuner, rep, wd, preset=res.chosen.preset)
-    write_json(res.to_dict() | {"evaluation": tuner.evaluation}, str(wd / "tune.json"), overwrite=True)
+    doc = res.to_dict()
+    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
+               overwrite=True)
     out = results()
     cols = [Col("lever", "lever", "name"), Col("kind", "kind", drop=3), Col("knobs", "knobs", drop=4),
             Col("overrides", "overrides", "num", drop=5), Col("SQNR dB", "sqnr_db", "num"),
@@ -319,6 +326,17 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     return _budget(out, rep, args.budget)
 
 
+def _prune(args: argparse.Namespace, tuner: Tuner, rep: Any, wd: Path) -> dict[str, Any]:
+    """A finished run keeps what the report needs (``verify.prune_workdir``; the reference dump this run made
+    too) unless ``--keep-dumps``; the workdir's size as ``tune.json`` records it."""
+    if not args.keep_dumps:
+        prune_workdir(tuner.workdir, [rep.before.qdq_model, rep.after.qdq_model])
+        if not args.reference:
+            (wd / "reference.h5").unlink(missing_ok=True)
+    size = sum(f.stat().st_size for f in wd.rglob("*") if f.is_file())
+    return {"bytes": size, "model_bytes": Path(args.model).stat().st_size, "pruned": not args.keep_dumps}
+
+
 def _write_overrides(args: argparse.Namespace, tuner: Tuner, rep: Any, wd: Path,
                      preset: str | None = None) -> tuple[Path, Path]:
     act_bits = 16 if (preset or args.preset).startswith("a16") else 8
@@ -339,8 +357,9 @@ def _print(con: Any, rep: Any, where: str) -> None:
     """The refused candidates, the end-to-end table and the changed layers, on stdout (the results)."""
     out = results()
     for r in rep.refused:
+        on = "" if "QNN HTP" in r["reason"] or "not run by" in r["reason"] else f" on {where}"
         out.print(f"[yellow]refused[/yellow] {escape(r['candidate'])} ({len(r.get('overrides', []))} override(s)): "
-                  f"{escape(r['reason'])} on {where}")
+                  f"{escape(r['reason'])}{on}")
     tables = [TableData(f"end to end ({where})", [Col("what", "what", "name"), Col("before", "before", "num"),
                                                     Col("after", "after", "num"), Col("change", "change", "num")],
                         rep.end_to_end.to_dict("records"))]

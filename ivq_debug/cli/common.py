@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import math
 import os
 import signal
@@ -9,9 +11,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ivq_debug import interrupt
+from ivq_debug import defaults, interrupt
 from ivq_debug.errors import EXIT_FAIL, EXIT_USAGE, IvqError, UsageError, missing_extra, one_line, printable
-from ivq_debug.util import WRITE_ERRNOS, atomic_write_text
+from ivq_debug.outputs import WRITE_ERRNOS, atomic_write_json, check_outputs
 
 
 def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -32,8 +34,12 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
             previous[sig] = signal.signal(sig, interrupt.on_signal)
     except ValueError:  # not the main thread: leave the handlers alone
         pass
+    hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, hook)
     try:
-        return fn(argv)
+        rc = fn(argv)
+        interrupt.raise_if_signalled()  # a signal whose exception a weakref callback or __del__ swallowed
+        return rc
     except IvqError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
@@ -53,8 +59,18 @@ def run(prog: str, fn: Callable[[list[str]], int], argv: list[str] | None = None
     except Exception as e:  # last resort, keeps the one-line contract
         return _internal(prog, argv, e)
     finally:
+        sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _unraisable(previous: Callable[[Any], Any], u: Any) -> None:
+    """``sys.unraisablehook`` of a CLI run: a signal raised inside a weakref callback or ``__del__`` is not
+    printed as "Exception ignored ..." with a traceback (:mod:`ivq_debug.interrupt` remembers it and the run
+    exits 130 / 143 with one line); anything else goes to the previous hook."""
+    if isinstance(u.exc_value, KeyboardInterrupt):
+        return
+    previous(u)
 
 
 def _internal(prog: str, argv: list[str], e: Exception) -> int:
@@ -68,6 +84,116 @@ def _internal(prog: str, argv: list[str], e: Exception) -> int:
     msg = one_line(f"{type(e).__name__}: {e}", 500)
     print(f"{prog}: internal error: {msg} (set IVQ_TRACEBACK=1 for details)", file=sys.stderr)
     return EXIT_FAIL
+
+
+# ------------------------------------------------------------------------------------------ the one output check
+#: the role of every string option of every command, by argparse ``dest`` (:func:`check_args_io`): ``input`` (a
+#: file or folder the command reads), ``output`` (a file it writes), ``workdir`` (a folder it writes into) or
+#: ``value`` (not a path). ``tests/cli/test_io_roles.py`` fails for an option of no role, so a new command cannot
+#: skip the check.
+ROLES: dict[str, str] = {
+    **dict.fromkeys(("dump", "ref", "test", "baseline", "expected", "map", "model", "inputs", "output_dir", "graph",
+                     "input_list", "config", "profiling", "spec", "vision", "prefill", "decode", "model_dir",
+                     "vision_model", "prefill_model", "decode_model", "session", "calibration", "overrides",
+                     "float_model", "shards", "reference", "replay", "extra", "encodings", "qnn_cache", "image_processor"),
+                    "input"),
+    **dict.fromkeys(("output", "json", "report", "perfetto", "model_explorer", "junit"), "output"),
+    **dict.fromkeys(("workdir", "golden", "reports"), "workdir"),
+    **dict.fromkeys(("name", "record", "records", "budget", "rank_by", "max_unmatched", "part", "include", "exclude",
+                     "op_types", "session_option", "soc_model", "htp_arch", "dim", "device", "grid_thw",
+                     "exclude_nodes", "nodes", "ray_address", "tensors", "watch", "task_metric", "groups",
+                     "precisions", "title", "overlay_metric", "source", "command", "missing_input"), "value"),
+}
+#: command → the options whose role differs there (``ivq demo --model`` names a built-in model, not a file)
+COMMAND_ROLES: dict[str, dict[str, str]] = {"demo": {"model": "value"}}
+
+
+#: the least value of every numeric option, by argparse ``dest`` (None: any number); NaN is refused for every
+#: float option (a NaN threshold compares false and passes everything). ``tests/cli/test_io_roles.py`` fails for
+#: a numeric option missing here.
+NUMBER_MIN: dict[str, float | None] = {
+    "samples": 1, "eval": 1, "limit": 0, "values": 0, "top": 0, "max_outputs_per_run": 1, "threads": 1,
+    "first_step": 0, "max_samples": 1, "workers": 1, "bins": 1, "samples_per_job": 1, "max_candidates": 1,
+    "drilldowns": 0, "max_rows": 1, "max_points": 1, "max_abs": 0, "min_coverage": 0,
+    "min_sqnr": None, "min_cosine": None, "max_ratio": None, "budget_sqnr": None, "min_gain": None, "budget": None,
+    "max_size": None, "max_cycles": None, "target_metric": None,  # tune --search checks > 0 itself
+}
+
+
+def check_args_numbers(args: Any) -> None:
+    """Every numeric option's value before work starts: no NaN, nothing below its :data:`NUMBER_MIN`
+    (``--workers 0``, ``--top -1``). :class:`UsageError` (exit 2) naming the option."""
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, float) and math.isnan(value):
+            raise UsageError(f"{flag} must be a number, got nan")
+        least = NUMBER_MIN.get(dest)
+        if least is not None and value < least:
+            raise UsageError(f"{flag} must be at least {least:g}, got {value:g}")
+
+
+def check_args(args: Any, command: str, extra_inputs: Any = ()) -> None:
+    """What both entry points check once the command line is parsed, before the command runs: the numbers
+    (:func:`check_args_numbers`) and the outputs against the inputs (:func:`check_args_io`)."""
+    check_args_numbers(args)
+    check_args_io(args, command, extra_inputs)
+
+
+def io_role(command: str, dest: str) -> str | None:
+    """The role of option ``dest`` of ``command`` (:data:`ROLES`), None when undeclared."""
+    return COMMAND_ROLES.get(command, {}).get(dest) or ROLES.get(dest)
+
+
+def _paths(value: Any) -> list[str]:
+    if value is None or isinstance(value, bool):
+        return []
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _paths(v)]
+    return [os.fspath(value)] if isinstance(value, (str, os.PathLike)) else []
+
+
+def check_args_io(args: Any, command: str, extra_inputs: Any = ()) -> None:
+    """The one output check of every writer, run by both entry points (``ivq``, ``ivq-diff``) after parsing and
+    before the command starts: no output (``output`` role) is an input (``input`` role, ``extra_inputs``: what
+    a command reads besides its options, e.g. the folders of a session spec), by path, real path or inode, nor a
+    file inside an input folder (the shard folder ``--json`` must not land in), even with ``--force``; no two
+    outputs are one file; an existing output needs ``--force``; a ``workdir`` is not an existing file.
+
+    Raises:
+        UsageError: exit 2, "output would replace an input", before any work.
+    """
+    ins: list[str] = [*(_paths(extra_inputs))]
+    outs: list[str] = []
+    for dest, value in sorted(vars(args).items()):
+        role = io_role(command, dest)
+        if role == "input":
+            ins += _paths(value)
+        elif role == "output":
+            outs += _paths(value)
+        elif role == "workdir":
+            for w in _paths(value):
+                if os.path.exists(w) and not os.path.isdir(w):
+                    raise UsageError("the working folder is a file, not a folder", w)
+    check_outputs(outs, ins, bool(getattr(args, "force", False)))
+
+
+def _soc_id(value: str) -> str:
+    """``--soc-model``: a QNN SoC id is a number (checked before a model is compiled for it)."""
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"a QNN SoC id is a number like {defaults.QNN_SOC_MODEL}, got {value!r}")
+    return value.strip()
+
+
+def add_qnn_target_arguments(p: argparse.ArgumentParser, note: str = "") -> None:
+    """``--soc-model`` (a number) and ``--htp-arch`` (one of ``defaults.QNN_HTP_ARCHS``), checked by the parser:
+    a usage error before anything is compiled (``--soc-model abc`` was exit 7 after compiling, ``--htp-arch
+    9999`` exit 0). ``note`` prefixes the help (``"qnn: "``)."""
+    p.add_argument("--soc-model", default=None, type=_soc_id,
+                   help=f"{note}QNN SoC model id, a number (default {defaults.QNN_SOC_MODEL})")
+    p.add_argument("--htp-arch", default=None, choices=defaults.QNN_HTP_ARCHS,
+                   help=f"{note}HTP architecture (default {defaults.QNN_HTP_ARCH})")
 
 
 def parse_record(sel: str | None) -> str | tuple[int, str, int] | None:
@@ -138,9 +264,9 @@ def write_json(doc: Any, path: str, overwrite: bool = True) -> None:
     """Write JSON to ``path`` atomically (``-`` writes to stdout)."""
     import json
 
-    text = json.dumps(doc, indent=1, allow_nan=False)
     if path == "-":
-        sys.stdout.write(text + "\n")
+        json.dump(doc, sys.stdout, indent=1, allow_nan=False)  # in chunks, as the file below
+        sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    atomic_write_text(path, text + "\n", overwrite=overwrite)
+    atomic_write_json(path, doc, overwrite=overwrite)

@@ -13,7 +13,7 @@ import argparse
 
 from ivq_debug import __version__, defaults
 from ivq_debug.api import compare
-from ivq_debug.cli.common import comma_list, escape, run, write_json
+from ivq_debug.cli.common import check_args, comma_list, escape, run, write_json
 from ivq_debug.cli.render import FORMATS, comparison_report, emit, print_line, resolve_format
 from ivq_debug.comparator import Budgets, regressions_against
 from ivq_debug.console import results
@@ -21,7 +21,7 @@ from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, AlignmentError, UsageError
 from ivq_debug.report import write_report
-from ivq_debug.validate import check_outputs, read_baseline, read_name_map
+from ivq_debug.validate import read_baseline, read_name_map
 
 __all__ = ["FAIL_ON", "add_budget_arguments", "add_diff_arguments", "execute_diff", "failing_findings", "main"]
 
@@ -95,8 +95,6 @@ def parse_allowance(value: str | None) -> int | float | None:
 
 def execute_diff(args: argparse.Namespace) -> int:
     """Run a diff from parsed arguments; returns the exit code."""
-    check_outputs([args.json, args.report],
-                  [args.ref, args.test, getattr(args, "expected", None), args.map, args.baseline], args.force)
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
     mapping = read_name_map(args.map) if args.map else None
     baseline = read_baseline(args.baseline) if args.baseline else None
@@ -133,6 +131,13 @@ def execute_diff(args: argparse.Namespace) -> int:
     except AlignmentError as e:  # the verdict is still the last line of the results
         print_line(con, f"[bold red]FAIL[/bold red]: {escape(e.one_line())}")
         raise
+    tw = cmp.three_way
+    if tw is not None and cmp.alignment.pairs and not len(tw.table):  # the policy of zero REF/TEST pairs
+        e = AlignmentError(f"the --expected dump holds none of the {len(cmp.alignment.pairs)} compared tensors "
+                           f"({len(tw.missing)} missing: a dump of another model?); the three-way check compared "
+                           f"nothing", args.expected)
+        print_line(con, f"[bold red]FAIL[/bold red]: {escape(e.one_line())}")
+        raise e
     ok = verdict.passed
     print_line(con, ("[bold green]PASS[/bold green]: " if ok else "[bold red]FAIL[/bold red]: ")
                + escape(verdict.sentence)
@@ -145,7 +150,9 @@ def _main(argv: list[str]) -> int:
     p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI (docs/cli.md).")
     p.add_argument("--version", action="version", version=f"ivq-debug {__version__}")
     add_diff_arguments(p)
-    return execute_diff(p.parse_args(argv))
+    args = p.parse_args(argv)
+    check_args(args, "diff")  # the check of every writer (cli.main runs it for `ivq diff`)
+    return execute_diff(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from ivq_debug import __version__
-from ivq_debug.cli.common import run
+from ivq_debug.cli.common import check_args, run
 from ivq_debug.errors import UsageError
 
 #: subcommand → (module, help); each module defines ``add_arguments(parser)`` and ``execute(args) -> int``
@@ -62,7 +62,10 @@ def _main(argv: list[str]) -> int:
     if not args.command:
         p.print_help()
         return 2
-    return importlib.import_module(args._module).execute(args)
+    module = importlib.import_module(args._module)
+    extra = getattr(module, "extra_inputs", None)
+    check_args(args, args.command, extra(args) if extra is not None else ())  # every writer, before any work
+    return module.execute(args)
 
 
 def main(argv: list[str] | None = None) -> int:

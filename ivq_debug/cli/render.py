@@ -25,7 +25,7 @@ from typing import Any
 
 from ivq_debug.cli.common import escape, fmt_bytes, fmt_num, safe
 from ivq_debug.errors import UsageError, printable
-from ivq_debug.util import json_safe
+from ivq_debug.jsonio import json_safe
 
 SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 #: ``--format`` values (``None``: ``table`` on a terminal, else ``tsv``)

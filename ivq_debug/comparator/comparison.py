@@ -1,7 +1,7 @@
 """Compare two dumps: align, stream metrics per tensor pair, rank, find the first divergence.
 
 A comparison only measures: the pinned metrics (:mod:`ivq_debug.metrics`) and the encoding fit
-(:mod:`ivq_debug.comparator.encoding_fit`) of every aligned pair, in one streaming pass. Diagnostics read the
+(:mod:`ivq_debug.encoding_fit`) of every aligned pair, in one streaming pass. Diagnostics read the
 resulting :class:`Comparison` (:mod:`ivq_debug.diagnose`); :func:`ivq_debug.compare` composes the two.
 """
 
@@ -21,11 +21,12 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.align.matcher import Alignment, Pair, align
 from ivq_debug.comparator.budgets import Budget, Budgets
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
 from ivq_debug.comparator.ranking import default_rank_metric
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.errors import UsageError
+from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.metrics import (
     HIGHER_IS_BETTER,
     METRICS,
@@ -34,7 +35,6 @@ from ivq_debug.metrics import (
     one_blas_thread,
     sort_key,
 )
-from ivq_debug.util import as_float, json_safe
 
 SCHEMA = "ivq-diff/1"
 

@@ -37,6 +37,7 @@ from ivq_debug.align.matcher import align
 from ivq_debug.comparator.contract import ContractCheck, check_contract
 from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, Entry, open_dump
+from ivq_debug.jsonio import as_float
 from ivq_debug.metrics import (
     SHAPE_TEST_MIN_VALUES,
     ErrorHistogram,
@@ -44,7 +45,6 @@ from ivq_debug.metrics import (
     bhattacharyya,
     rel_linf,
 )
-from ivq_debug.util import as_float
 
 NUMERIC = ("rel_l2_test", "rel_l2_expected", "ratio_l2", "rel_linf_test", "rel_linf_expected", "ratio_linf", "bc")
 #: the float64 sums behind the ratios (pooled per layer by :meth:`ThreeWay.layers`)

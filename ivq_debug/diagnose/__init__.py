@@ -9,6 +9,9 @@ QDQ model, :mod:`ivq_debug.diagnose.replay`) are listed with ``run=None`` so the
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -118,5 +121,17 @@ def headline(findings: Iterable[Finding]) -> Finding | None:
     ranked = sorted(findings, key=lambda f: rank_of(f.kind))
     return ranked[0] if ranked else None
 
+
+class _Package(types.ModuleType):
+    """This package as ``ivq.diagnose``: importing a subpackage makes it the parent's attribute (``ivq_debug.diagnose``
+    is then this module, not the lazily exported API function), so calling it is :func:`ivq_debug.api.diagnose`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """:func:`ivq_debug.api.diagnose` (resolved on call, as ``ivq_debug._LAZY`` does: the API imports this
+        package)."""
+        return importlib.import_module("ivq_debug.api").diagnose(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = ["DIAGNOSTICS", "Diagnostic", "Finding", "diagnose", "headline", "order", "rank_of"]

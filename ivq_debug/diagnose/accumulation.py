@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivq_debug.diagnose.findings import Finding
-from ivq_debug.util import as_float
+from ivq_debug.jsonio import as_float
 
 #: entries listed per category (outputs, inputs, iso outliers, units, related findings)
 TOP = 5

@@ -44,16 +44,20 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
+from ivq_debug.diagnose.batch import cpu_runner
 from ivq_debug.diagnose.graphs import typed_inputs
+from ivq_debug.diagnose.jobs import describe_factory
 from ivq_debug.diagnose.patterns import groups, sortable
+from ivq_debug.diagnose.remedy import unit_evidence
+from ivq_debug.diagnose.units import activation_bits
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import IvqError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
+from ivq_debug.inputfiles import sha256_file
 from ivq_debug.metrics import dot
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import Model, load
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, floors_at_zero, quant_params
-from ivq_debug.util import sha256_file
 
 #: the worst groups over budget whose effect is measured (by their worst unit's introduced SQNR)
 EFFECT_GROUPS = 6
@@ -195,7 +199,6 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
                 fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
     """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
     its runner in memory)."""
-    from ivq_debug.diagnose.batch import cpu_runner
 
     t0 = time.perf_counter()
     model = qdq.proto
@@ -246,11 +249,51 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
+#: the models of the current run by (file, size, mtime): a job in this process (or in a forked worker) reads no
+#: model file again; a worker started otherwise reads each once
+_LOADED: dict[tuple[str, int, int], Model] = {}
+
+
+def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
+
+
+def _loaded(path: str) -> Model:
+    """The model of ``path``, parsed once per process and file version."""
+    key = _file_key(path)
+    if key not in _LOADED:
+        _LOADED[key] = load(path)
+    return _LOADED[key]
+
+
+_F0 = {"type": "number", "minimum": 0, "x-finite": True}
+_NAMES = {"type": "array", "items": {"type": "string"}}
+#: an effect shard's ``result`` (:func:`_effect_run`'s, or a backend's refusal ``{"error": ...}``): noise and
+#: signal powers finite and non-negative, never NaN (shards are untrusted: checked before the merge reads them)
+SHARD_RESULT_SCHEMA: dict[str, Any] = {
+    "title": "effect shard result",
+    "anyOf": [
+        {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        {"type": "object", "required": ["noise", "signal", "outputs"],
+         "properties": {"noise": _F0, "signal": _F0, "outputs": _NAMES, "weights_lifted": _NAMES,
+                        "unreached": _NAMES, "unreached_tensors": _NAMES, "backend": {"type": "string"},
+                        "seconds": _F0}},
+    ],
+    "x-message": "must be an effect run (noise and signal: finite numbers >= 0, outputs: names) or {\"error\": text}",
+}
+
+
 def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
                 float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run as a job (a worker reads the models from their files)."""
-    return _effect_run(load(model_path), open_dump(ref_path), rids, tensors, weights,
-                       load(float_model) if float_model else None, runner_factory)
+    """One counterfactual run as a job (the models as this process loaded them, :func:`_loaded`). A backend that refuses the
+    lifted model is a result (``{"error": ...}``, kept in the shard), not a failure to retry: the refusal is
+    deterministic."""
+    try:
+        return _effect_run(_loaded(model_path), open_dump(ref_path), rids, tensors, weights,
+                           _loaded(float_model) if float_model else None, runner_factory)
+    except IvqError as e:
+        return {"error": e.message}
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -266,12 +309,13 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
              executor: Executor | None, shards: str | os.PathLike | None,
              progress: bool) -> tuple[dict[str, Any], dict[str, str], int, int]:
     """The targets' runs as jobs (models read from files): ``(docs, refused, runs, resumed)`` by target key."""
-    from ivq_debug.diagnose.jobs import describe_factory
 
     try:
         backend = describe_factory(runner_factory)
     except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
         backend = repr(runner_factory)
+    _LOADED.clear()  # this run's models, already parsed
+    _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
     ref_path = str(Path(ref.path).resolve())
     meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": ref.content_digest(),
             "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),
@@ -292,7 +336,9 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
         report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
                                                     progress=progress)
         failed = {f.key: f.error for f in report.failures}
-        by_job = {k: report.load(k)["result"] for k in jobs if k not in failed}
+        by_job = {k: report.load(k, SHARD_RESULT_SCHEMA)["result"] for k in jobs if k not in failed}
+        failed.update({k: str(d["error"]) for k, d in by_job.items() if "error" in d})  # refused: a result
+        by_job = {k: d for k, d in by_job.items() if "error" not in d}
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -446,8 +492,6 @@ def replay_effects(model: Model, ref: Any, rids: list[str], table: Any, budget: 
     candidates with that unit (``effects["groups"]`` lists each group's fix units). Adds ``effect_share`` /
     ``effect_gain_db`` columns to ``table`` (NaN for units not measured alone).
     """
-    from ivq_debug.diagnose.remedy import unit_evidence
-    from ivq_debug.diagnose.units import activation_bits
 
     table["effect_share"] = np.nan
     table["effect_gain_db"] = np.nan

@@ -1,7 +1,7 @@
 """Quantization hazards from the comparison table: saturation and resolution collapse.
 
 Both come from how the *test* tensor's encoding fits the *reference* values
-(:mod:`ivq_debug.comparator.encoding_fit`), computed during the comparison's streaming pass.
+(:mod:`ivq_debug.encoding_fit`), computed during the comparison's streaming pass.
 """
 
 from __future__ import annotations

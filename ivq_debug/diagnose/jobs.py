@@ -19,11 +19,44 @@ from ivq_debug.diagnose.units import Unit, lineage_aliases, model_units
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, job_key, merge_check, versions
+from ivq_debug.inputfiles import sha256_file
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import Model, load
-from ivq_debug.util import json_safe, sha256_file
 
 #: the shard fields that must agree across a run's batches (``executor.merge_check``)
 SHARD_FIELDS = ("model_sha256", "reference_sha256", "test_sha256", "backend", "records", "versions")
+_N = {"type": "integer", "minimum": 0}
+_F = {"type": "number", "x-finite": True}
+_F0 = {"type": "number", "minimum": 0, "x-finite": True}
+_METRIC_STATE = {
+    "type": "object",
+    "required": ["n", "sum_abs", "sum_sq_err", "sum_r2", "sum_t2", "sum_tr", "max_abs", "nonfinite_ref",
+                 "nonfinite_test"],
+    "additionalProperties": False,
+    "properties": {"n": _N, "sum_abs": _F0, "sum_sq_err": _F0, "sum_r2": _F0, "sum_t2": _F0, "sum_tr": _F,
+                   "max_abs": _F0, "nonfinite_ref": _N, "nonfinite_test": _N, "logits": {"type": "boolean"},
+                   "rows": _N, "top1_agree": _N, "kl_sum": _F},
+    "x-ordered": [["top1_agree", "rows"]],
+}
+_SHARE = {"type": ["number", "null"], "minimum": 0, "maximum": 1, "x-finite": True}
+#: a replay shard's ``result`` (:meth:`Acc.state` per unit): counts non-negative integers, sums finite and
+#: squares non-negative, never NaN (shards are untrusted: checked before the merge reads them)
+SHARD_RESULT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "replay shard result",
+    "required": ["units", "backend", "info", "sessions"],
+    "properties": {
+        "units": {"type": "object", "additionalProperties": {
+            "type": "object",
+            "required": [*Acc.SUMS, "selfcheck", "selfcheck_share", "replayed_on", "ref_match"],
+            "properties": {**dict.fromkeys(Acc.SUMS, _METRIC_STATE),
+                           "selfcheck": {"type": ["number", "null"], "minimum": 0},  # NaN where the test held one
+                           "selfcheck_share": _SHARE, "replayed_on": {"type": "string"},
+                           "ref_match": {"type": "string"}},
+        }},
+        "backend": {"type": "string"}, "info": {"type": "object"}, "sessions": _N,
+    },
+}
 #: per worker process: the opened inputs of the last replay (jobs of one run share them)
 _WORKER_CACHE: dict[tuple[Any, ...], tuple[Model, dict[str, Unit], dict[str, RefIndex]]] = {}
 
@@ -101,7 +134,7 @@ def replay_jobs(executor: Executor, shards: str | os.PathLike | None, model: Mod
     try:
         report = executor.run(jobs, shards, "replaying", progress=progress)
         report.raise_failures()
-        docs = [report.load(j.key) for j in jobs]
+        docs = [report.load(j.key, SHARD_RESULT_SCHEMA) for j in jobs]
         merge_check(docs, SHARD_FIELDS)
         out = []
         for doc, batch in zip(docs, batches, strict=True):

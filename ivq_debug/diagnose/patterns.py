@@ -138,7 +138,8 @@ def fix_for(res: Any, over: list[dict[str, Any]]) -> tuple[str, str, dict[str, A
           for r in (remedies_for(res.evidence[row["node"]]) if row["node"] in getattr(res, "evidence", {}) else [])]
     if not rs:
         return "", "no rule matched the evidence (no encoding or weight of these units is known)", {}, []
-    return group_remedy(rs)
+    lever, text, override, exclude = group_remedy(rs)
+    return lever, text + " (not run here: `ivq tune` applies and verifies it)", override, exclude
 
 
 def _effect_text(e: dict[str, Any] | None, n: int = 2) -> str:

@@ -46,7 +46,7 @@ import numpy as np
 from ivq_debug import defaults
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.util import read_json
+from ivq_debug.jsonio import read_json
 from ivq_debug.vlm.config import check_hf_config
 
 

@@ -38,6 +38,7 @@ API (stable; the tuner builds its unit candidates from it)::
 
     ev = unit_evidence(model, table, read, budget)    # {node: UnitEvidence} of the units over budget
     remedies_for(ev[node]) -> list[Remedy]            # the unit's remedies, weight part first when it dominates
+    ReplayResult.remedies(node)                       # the same, for the units a replay's findings fix
     group_remedy(remedies) -> (text, override)        # one group fix over its over-budget units' remedies
 
 A :class:`Remedy` carries its ``cause``, ``lever``, ``text``, the ``tensors`` and ``weights`` it names, the
@@ -57,8 +58,8 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
 from ivq_debug.diagnose.weight_spread import channel_axis, channel_ranges
+from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, quant_params
 
 #: a weight encoding whose grid spans at least this many times the weight's largest magnitude is mis-fit
@@ -317,6 +318,11 @@ def _arithmetic(ev: UnitEvidence) -> Remedy | None:
                   f"{_num(ev.act_sqnr_db):.1f} dB in its arithmetic; leave the node unquantized",
                   tensors=(ev.tensor,), exclude_nodes=(ev.node,),
                   evidence={"grid_snr_db": (ev.fit or {}).get("grid_snr_db"), "act_sqnr_db": ev.act_sqnr_db})
+
+
+def over_budget(ev: UnitEvidence) -> bool:
+    """The unit's introduced SQNR is below its budget."""
+    return _num(ev.intro_sqnr_db) < ev.budget_sqnr_db
 
 
 def remedies_for(ev: UnitEvidence) -> list[Remedy]:

@@ -56,14 +56,14 @@ from typing import Any
 from ivq_debug import defaults
 from ivq_debug.console import track
 from ivq_debug.diagnose.accumulation import Accumulation, explain_accumulation
-from ivq_debug.diagnose.batch import Acc, BatchContext, RunnerFactory, replay_batch
+from ivq_debug.diagnose.batch import Acc, BatchContext, BatchResult, RunnerFactory, replay_batch
 from ivq_debug.diagnose.effect import replay_effects
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.jobs import describe_factory, replay_jobs
 from ivq_debug.diagnose.patterns import replay_findings
 from ivq_debug.diagnose.refs import RefIndex, model_records, pairs_for, record_ids
-from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, remedies_for
+from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, over_budget, remedies_for
 from ivq_debug.diagnose.units import (
     Unit,
     find_dynamic_units,
@@ -75,11 +75,11 @@ from ivq_debug.diagnose.units import (
 )
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import UsageError
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.executor import Executor
+from ivq_debug.jsonio import json_safe
 from ivq_debug.metrics import MetricAccumulator
 from ivq_debug.onnxgraph.load import Model, load
-from ivq_debug.util import json_safe
 
 #: public names of the replay's modules that callers import from here
 __all__ = ["ATTRIBUTIONS", "SCHEMA", "ReplayResult", "Unit", "describe_factory", "find_dynamic_units", "find_units",
@@ -143,6 +143,8 @@ class ReplayResult:
     spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
     #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
     jobs: dict[str, Any] = field(default_factory=dict)
+    #: how the reference was chosen when it was not the given dump (``ivq_debug.api.diagnose``), for the reader
+    note: str | None = None
     #: when no unit breaks the budget but the part's output does: where the error accumulates
     #: (:func:`~ivq_debug.diagnose.accumulation.explain_accumulation`; needs ``cumulative``)
     accumulation: Accumulation | None = None
@@ -177,10 +179,16 @@ class ReplayResult:
         return list(t.loc[t["approximate"].astype(bool), "tensor"]) if len(t) else []
 
     def remedies(self, node: str) -> list[Remedy]:
-        """The fixes by cause of one unit over budget (:func:`~ivq_debug.diagnose.remedy.remedies_for`; empty for a
-        unit within budget)."""
+        """The fixes by cause of one unit (:func:`~ivq_debug.diagnose.remedy.remedies_for`): a unit over budget, or
+        one within it whose measured effect on the output makes it a finding (``effects["groups"]``); empty for
+        any other unit."""
         ev = self.evidence.get(node)
-        return remedies_for(ev) if ev is not None else []
+        if ev is None:
+            return []
+        fix_units = {n for ns in (self.effects.get("groups") or {}).values() for n in ns}
+        if not (over_budget(ev) or node in fix_units):
+            return []
+        return remedies_for(ev)
 
     def findings(self) -> list[Finding]:
         """The headline (worst introducer's pattern) first, then other patterns and the self-check
@@ -270,6 +278,9 @@ def replay(
     t_start = time.perf_counter()
     ref = reference if hasattr(reference, "entries") else open_dump(reference)
     model = load(qdq_model)
+    if not model.proto.graph.node:  # "0 units replayed", exit 0, was the answer
+        raise InputError("the model has no nodes: nothing to replay (an empty or zero-node ONNX model)",
+                         model.origin)
     fmodel = load(float_model) if float_model is not None else None
     index = _indexer(ref, model, cumulative)
     rids = model_records(ref, record, record_ids(ref, record), model, index)
@@ -285,13 +296,7 @@ def replay(
     else:
         done, jobs = replay_jobs(executor, shards, model, ref, cumulative, rids, batches, runner_factory, do_check,
                                  progress)
-    accs: dict[str, Acc] = {}
-    backend, info, sessions = None, {}, 0
-    for got in done:
-        accs.update(got.accs)
-        if got.backend is not None:
-            backend, info = got.backend, got.info
-        sessions += got.sessions
+    accs, backend, info, sessions = _merged(done)
     table = _table(runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
     # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py
     idx0 = index(rids[0])
@@ -300,19 +305,10 @@ def replay(
         float_model=fmodel, runner_factory=runner_factory, executor=executor, shards=shards, measure=lift,
         progress=progress)
     spread = spread_by_weight(fmodel if fmodel is not None else model)
-    recs = []
-    for rid in rids:
-        rr = ref.records.set_index("rid").loc[rid]
-        recs.append({"sample": int(rr["sample"]), "part": rr["part"], "step": int(rr["step"])})
-    accumulation = None
-    if cumulative is not None:  # nothing over budget but the output: where the error accumulates
-        g = model.proto.graph
-        inits = {i.name for i in g.initializer}
-        accumulation = explain_accumulation(
-            table, budget, recs[0], attribution=attribution, cumulative=_cum_rows(cumulative, ref, rids[0]),
-            model_inputs=[i.name for i in g.input if i.name not in inits], model_outputs=[o.name for o in g.output],
-            unit_inputs={u.output: u.inputs for u in runnable},
-            findings=resolution_collapse(cumulative) + saturation(cumulative))
+    by_rid = ref.records.set_index("rid")
+    recs = [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
+             "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+    accumulation = _accumulation(model, table, budget, recs[0], attribution, cumulative, ref, rids, runnable)
     return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
                         seconds=round(time.perf_counter() - t_start, 3), model_path=str(model.origin), lift=lifted,
@@ -328,6 +324,32 @@ def replay_records(qdq_model: str | os.PathLike | Model, reference: Any, record:
     model = load(qdq_model)
     key_of = {rid: key for key, rid in ref.record_keys().items()}
     return [key_of[r] for r in model_records(ref, record, record_ids(ref, record), model, _indexer(ref, model, None))]
+
+
+def _accumulation(model: Model, table: Any, budget: float, record: dict[str, Any], attribution: str,
+                  cumulative: Any, ref: Any, rids: list[str], runnable: list[Unit]) -> Accumulation | None:
+    """When nothing is over budget but the output: where the error accumulates (needs ``cumulative``)."""
+    if cumulative is None:
+        return None
+    g = model.proto.graph
+    inits = {i.name for i in g.initializer}
+    return explain_accumulation(
+        table, budget, record, attribution=attribution, cumulative=_cum_rows(cumulative, ref, rids[0]),
+        model_inputs=[i.name for i in g.input if i.name not in inits], model_outputs=[o.name for o in g.output],
+        unit_inputs={u.output: u.inputs for u in runnable},
+        findings=resolution_collapse(cumulative) + saturation(cumulative))
+
+
+def _merged(done: list[BatchResult]) -> tuple[dict[str, Acc], str | None, dict[str, Any], int]:
+    """The batches' accumulators, the backend that ran units (the last batch that ran any) and the sessions."""
+    accs: dict[str, Acc] = {}
+    backend, info, sessions = None, {}, 0
+    for got in done:
+        accs.update(got.accs)
+        if got.backend is not None:
+            backend, info = got.backend, got.info
+        sessions += got.sessions
+    return accs, backend, info, sessions
 
 
 def _indexer(ref: Any, model: Model, cumulative: Any) -> Any:

@@ -12,7 +12,7 @@ such a failure is safe, so :class:`WriteGuard` keeps HDF5 from ever seeing one:
   bytes about to be written plus a margin for metadata (``posix_fallocate``: a full disk, a quota or the
   file size limit fails *there*, with ``ENOSPC`` / ``EDQUOT`` / ``EFBIG``, while HDF5's state is intact);
 * the writer then closes the file with its descriptor on ``/dev/null`` (nothing reaches the disk),
-  removes the temporary file and raises :func:`~ivq_debug.util.output_error` (exit 2, one line);
+  removes the temporary file and raises :func:`~ivq_debug.outputs.output_error` (exit 2, one line);
 * :func:`trim` cuts the preallocated tail of a finished file at the end-of-file address its superblock
   records.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ivq_debug.errors import IvqError
-from ivq_debug.util import WRITE_ERRNOS, output_error
+from ivq_debug.outputs import WRITE_ERRNOS, output_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 

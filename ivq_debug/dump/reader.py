@@ -16,6 +16,7 @@ from ivq_debug.dump import format as fmt
 from ivq_debug.dump import validate as dv
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.schema import check_schema
 
 RecordKey = tuple[int, str, int]
 
@@ -310,6 +311,16 @@ class Dump:
             return self.read(entry), False
         return self.read_sample(entry), True
 
+    def head(self, entry: Entry, n: int) -> tuple[np.ndarray, bool]:
+        """The first ``n`` values in C order, reading about ``n`` values (a chunk of a compressed dataset), not
+        the declared size: ``(values, sampled)`` (``sampled``: from the strided sample of a summary-only
+        tensor). ``ivq show --values 5`` of a tensor that declares 1 TiB reads 5 values."""
+        if entry.stored != "full":
+            return self.read_sample(entry)[:n], True
+        if n <= 0 or entry.size == 0:
+            return logical(np.empty(0, dtype=self.stored_dtype(entry)), entry.dtype), False
+        return np.array(next(iter(self.iter_flat(entry, min(n, entry.size))))), False
+
     def read_raw(self, entry: Entry) -> np.ndarray | None:
         """The raw quantized integers stored beside a tensor, if any."""
         if not entry.has_raw:
@@ -393,7 +404,10 @@ class Dump:
         grp = dv.member(self._f, fmt.META, "group", "meta", self.path, required=False)
         if grp is None or name not in grp:
             return default
-        return dv.json_dataset(grp, name, f"meta {name!r}", self.path)
+        doc = dv.json_dataset(grp, name, f"meta {name!r}", self.path)
+        if name in dv.META_SCHEMAS:  # the values a reader uses: typed before it uses them
+            check_schema(doc, dv.META_SCHEMAS[name], self.path, f"meta {name!r}")
+        return doc
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

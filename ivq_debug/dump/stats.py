@@ -87,6 +87,8 @@ class StatsAccumulator:
             hist = np.asarray(doc["hist"], dtype=np.int64)
             if hist.shape != acc.hist.shape:
                 raise ValueError("histogram counts do not match its edges")
+            if int(hist.sum()) != acc.count:  # every finite value falls in one bin (the outer two included)
+                raise ValueError(f"histogram counts sum to {int(hist.sum())}, not count {acc.count}")
             acc.hist = hist
         return acc
 

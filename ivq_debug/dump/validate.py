@@ -38,7 +38,9 @@ import numpy as np
 
 from ivq_debug.dump import format as fmt
 from ivq_debug.errors import InputError, one_line
-from ivq_debug.util import check_schema, parse_json, regular_file, schema_error
+from ivq_debug.inputfiles import regular_file
+from ivq_debug.jsonio import parse_json
+from ivq_debug.schema import check_schema, schema_error
 
 #: dtype kinds a tensor dataset may have: bool, signed / unsigned integers, floats, complex
 DATA_KINDS = "biufc"
@@ -72,6 +74,8 @@ _STR_OR_NULL = {"type": ["string", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}
 _STAT = {"type": ["number", "null"]}
 _SCALAR = {"type": ["number", "string", "boolean", "null"]}
+_NUMBERS = {"anyOf": [{"type": ["number", "null"]}, {"type": "array", "items": {"type": "number"}}]}
+_INT_OR_NULL = {"type": ["integer", "null"]}
 #: the type of each manifest column (``docs/dump-format.md``); columns a newer writer appends are not checked
 MANIFEST_COLUMN_TYPES: dict[str, dict[str, Any]] = {
     "rid": {"type": "string", "pattern": r"^r[0-9]{6,}$"},
@@ -94,12 +98,32 @@ MANIFEST_COLUMN_TYPES: dict[str, dict[str, Any]] = {
     "mean": _STAT,
     "std": _STAT,
     "nonfinite": {"type": ["integer", "null"], "minimum": 0},
-    # an encoding: bitwidth, scale / zero point (a number or a flat list), axis, dtype, qmin / qmax, ...
+    # an encoding: bitwidth, scale / zero point (a number or a flat list), axis, dtype, qmin / qmax, ...; the
+    # fields the readers compute with are typed (a string scale was a ValueError, a bitwidth of 10^9 sized 2**bits)
     "encoding": {"type": ["object", "null"],
+                 "properties": {"bitwidth": {"type": ["integer", "null"], "minimum": 1, "maximum": 64},
+                                "scale": _NUMBERS, "zero_point": _NUMBERS, "offset": _NUMBERS,
+                                "axis": {"type": ["integer", "null"]}, "qmin": _INT_OR_NULL,
+                                "qmax": _INT_OR_NULL, "dtype": _STR_OR_NULL},
                  "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]}},
     "has_raw": {"type": "boolean"},
     "qnn_name": _STR_OR_NULL,
     "source_file": _STR_OR_NULL,
+}
+
+_NODE = {"type": "object", "properties": {"name": _STR, "op_type": _STR_OR_NULL, "domain": _STR_OR_NULL,
+                                          "ep": _STR_OR_NULL, "reason": _STR_OR_NULL, "io_offload": {"type": "boolean"}}}
+#: ``/meta/<name>`` values a reader uses (:meth:`~ivq_debug.dump.reader.Dump.meta` checks them when read)
+META_SCHEMAS: dict[str, dict[str, Any]] = {
+    # a QNN capture's partition (``Partition.to_dict``): what diagnose's cpu_fallback and the report read
+    "partition": {"type": "object", "properties": {
+        "all_on_qnn": {"type": "boolean"}, "fallback_allowed": {"type": "boolean"},
+        "counts": {"type": "object"}, "cpu_nodes": {"type": "array", "items": _NODE},
+        "subgraphs": {"type": "array", "items": {"type": "object", "required": ["ep", "nodes"], "properties": {
+            "ep": _STR, "nodes": {"type": "array", "items": {"type": "array", "items": _STR_OR_NULL}}}}},
+        "rewritten": {"type": "object", "properties": {"added": {"type": "array", "items": _STR},
+                                                       "removed": {"type": "array", "items": _STR}}}}},
+    "kernels": {"type": "object", "properties": {"tensors": {"type": "object"}}},
 }
 
 #: one record group's attributes (``meta`` parsed), all records checked in one call
@@ -436,8 +460,11 @@ def open_dataset(group: Any, key: str, what: str, path: Path, dapl: Any = None) 
         raise InputError(f"{what} is {_article(link)} {link} link (links are never followed)", path)
     try:
         ds = h5py.Dataset(h5py.h5d.open(group.id, key.encode("utf-8", "surrogateescape"), dapl), readonly=True)
-    except (KeyError, ValueError, RuntimeError, OSError):
-        kind = _object_kind(group, key)
+    except (KeyError, ValueError, RuntimeError, OSError) as e:
+        try:
+            kind = _object_kind(group, key)
+        except (KeyError, ValueError, RuntimeError, OSError):  # a corrupt object header (its checksum) too
+            raise InputError(f"{what} is unreadable ({one_line(e, 120)})", path) from None
         raise InputError(f"{what} is a {kind}, not a dataset", path) from None
     dcpl = ds.id.get_create_plist()
     if dcpl.get_layout() == h5py.h5d.VIRTUAL:

@@ -28,7 +28,7 @@ from ivq_debug.dump.guard import WriteGuard, guarded, trim
 from ivq_debug.dump.reader import logical
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.util import _umask
+from ivq_debug.outputs import current_umask
 
 
 def _tool_version() -> str:
@@ -474,7 +474,7 @@ class DumpWriter:
             os.unlink(self._tmp)
             raise UsageError("output appeared while capturing; not overwritten", self.path)
 
-        os.chmod(self._tmp, 0o666 & ~_umask())
+        os.chmod(self._tmp, 0o666 & ~current_umask())
         os.replace(self._tmp, self.path)
         interrupt.unregister(self._tmp)
         return self.path

@@ -29,8 +29,7 @@ def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]]
     """
     import onnx
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    m = _without_weights(model)
     g = m.graph
     del g.value_info[:]
     for vi in g.input:
@@ -50,6 +49,42 @@ def value_types(model: Any, input_dims: Mapping[str, Sequence[int | str | None]]
         if ort is not None:
             out = _types(ort)
     return out
+
+
+#: float initializers larger than this lose their values in the copy shape inference sees (their dims stay):
+#: inference reads the values of small integer tensors only (Reshape targets, Slice bounds), and a copy of a
+#: 2 GB decoder per inference would dominate the ingest
+_KEEP_VALUES = 4096
+_FLOATS = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _without_weights(model: Any) -> Any:
+    """A copy of ``model`` for shape inference: large float initializers keep their dims and type, not their
+    values (nothing large is copied)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(m, f, getattr(model, f))
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    src, g = model.graph, m.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    for t in src.initializer:
+        n = 1
+        for d in t.dims:
+            n *= int(d)
+        if t.data_type in _FLOATS and n > _KEEP_VALUES:
+            e = g.initializer.add()
+            e.name, e.data_type = t.name, t.data_type
+            e.dims.extend(t.dims)
+        else:
+            g.initializer.append(t)
+    return m
 
 
 def _types(inferred: Any) -> dict[str, ValueType]:
@@ -87,8 +122,18 @@ def _ort_symbolic(model: Any) -> Any:
     log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level = log.level
     log.setLevel(logging.CRITICAL)
+    # SymbolicShapeInference.infer_shapes, less its last step: when inference stays incomplete it saves the
+    # model as ``sym_shape_infer_temp.onnx`` (+ external data) into the working directory, a user's folder
     try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        if not model.opset_import or max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) < 7:
+            return None
+        ssi = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        done = False
+        ssi._preprocess(model)
+        while ssi.run_:
+            done = ssi._infer_impl()
+        ssi._update_output_from_vi()
+        return ssi.out_mp_ if done else None
     except Exception:  # an op it does not know, an inconsistent graph: onnx's inference instead
         return None
     finally:

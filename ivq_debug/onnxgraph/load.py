@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError
+from ivq_debug.inputfiles import regular_file
 from ivq_debug.onnxgraph.fold import constant_nodes
 from ivq_debug.onnxgraph.sites import activation_quantizers, constant_arrays, float_name
-from ivq_debug.util import regular_file
 
 #: models larger than this are opened with their weights referenced in place (see :func:`load_in_place`)
 IN_PLACE_MIN_BYTES = 64 << 20
@@ -96,8 +96,12 @@ def load_model(
         raise InputError(e.message, where) from None
     try:
         if in_place or (in_place is None and p.stat().st_size >= IN_PLACE_MIN_BYTES):
-            return load_in_place(p)
-        return onnx.load(str(p), load_external_data=False)
+            proto = load_in_place(p)
+        else:
+            proto = onnx.load(str(p), load_external_data=False)
+        if not proto.HasField("graph"):  # an empty file parses as an empty ModelProto
+            raise InputError("not an ONNX model (no graph: an empty or foreign file)", where)
+        return proto
     except InputError:
         raise
     except Exception as e:  # onnx raises DecodeError / google.protobuf errors / OSError

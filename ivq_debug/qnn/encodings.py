@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.jsonio import load_json
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import constant_arrays
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import atomic_write_text, load_json
-from ivq_debug.util import check_schema as _check_schema
+from ivq_debug.schema import check_schema as _check_schema
 
 INT_BITWIDTHS = (4, 8, 16, 32)
 FLOAT_BITWIDTHS = (16, 32)

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError
-from ivq_debug.util import check_schema, load_json
+from ivq_debug.jsonio import load_json
+from ivq_debug.schema import check_schema
 
 # ----------------------------------------------------------------------------- enums
 #: Qnn_DataType_t code → (name, numpy dtype name or None, bitwidth)

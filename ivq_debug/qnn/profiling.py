@@ -30,15 +30,16 @@ import io
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.inputfiles import open_input, read_input_text
+from ivq_debug.jsonio import parse_json
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import list_sites
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import open_input, parse_json, read_input_text
 
 #: the normalized table's columns, in order
 COLUMNS = (
@@ -190,6 +191,10 @@ def _parse_qnn_ep_csv(text: str, p: Path, graph: str | Sequence[str] | None, gra
             ident, ops_cell = ",".join(rec[6:-1]).strip(), rec[-1].strip()
         else:
             ident, ops_cell = ",".join(rec[6:]).strip(), ""
+        # QNN EP writes identifiers unquoted: more fields than the header are a node name holding commas, and
+        # then the rejoined identifier is still "<name>:OpId_<n> (cycles)"; anything else is a foreign row
+        if len(rec) > ncols and (msg.strip().upper() != "NODE" or split_op_identifier(ident)[1] is None):
+            raise InputError(f"line {lineno} has {len(rec)} fields, the header {ncols} (not a QNN EP row)", p)
         try:
             value = float(tval)
         except ValueError:
@@ -372,7 +377,7 @@ def read_chrome_trace(path: str | os.PathLike) -> Any:
                   if e.get("cat") == "Session" and e.get("name") == "model_run")
     rows = []
     for e in spans:
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        args = _args(e)
         ts, dur = float(e["ts"]), float(e["dur"])
         name = str(e.get("name", ""))
         cat = e.get("cat")
@@ -421,9 +426,14 @@ def _spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             st = stacks.get((e.get("pid"), e.get("tid"), e.get("name"))) or stacks.get((e.get("pid"), e.get("tid"), None))
             if st:
                 b = st.pop()
-                out.append({**b, "ph": "X", "dur": float(e["ts"]) - float(b["ts"]),
-                            "args": {**(b.get("args") or {}), **(e.get("args") or {})}})
+                out.append({**b, "ph": "X", "dur": float(e["ts"]) - float(b["ts"]), "args": {**_args(b), **_args(e)}})
     return sorted(out, key=lambda e: float(e["ts"]))
+
+
+def _args(e: Mapping[str, Any]) -> dict[str, Any]:
+    """A trace event's ``args`` when it is an object (a list or a string there is ignored, as an absent one)."""
+    a = e.get("args")
+    return a if isinstance(a, dict) else {}
 
 
 def _is_num(v: Any) -> bool:

@@ -30,22 +30,17 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import interrupt
+from ivq_debug.arrays import read_arrays
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.jsonio import load_json
+from ivq_debug.logs import root_warnings
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.inputs import InputSpec, model_inputs
 from ivq_debug.onnxgraph.load import has_external_data, load_model
 from ivq_debug.onnxgraph.sites import is_qdq_model
+from ivq_debug.outputs import WRITE_ERRNOS, check_output, output_error, publish_staged
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
 from ivq_debug.qnn.names import NameMap
-from ivq_debug.util import (
-    WRITE_ERRNOS,
-    check_output,
-    load_json,
-    output_error,
-    publish_staged,
-    read_arrays,
-    root_warnings,
-)
 
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {

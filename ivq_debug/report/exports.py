@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ivq_debug.errors import UsageError
+from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.metrics import HIGHER_IS_BETTER, METRICS
 from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.report.layers import build_layers
 from ivq_debug.report.timeline import build_timeline
-from ivq_debug.util import as_float, atomic_write_text, json_safe
 
 #: SQNR written for identical tensors (+inf) in the Model Explorer overlay (its values must be finite)
 SQNR_CAP_DB = 200.0

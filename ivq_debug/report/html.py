@@ -35,6 +35,7 @@ from ivq_debug.diagnose.findings import SEVERITIES, severity_rank
 from ivq_debug.dump.format import part_rank
 from ivq_debug.dump.stats import sample_indices
 from ivq_debug.errors import UsageError, one_line
+from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.report import threeway as threeway_report
 from ivq_debug.report.charts import (
     NODATA_COLOR,
@@ -58,7 +59,6 @@ from ivq_debug.report.exports import write_text
 from ivq_debug.report.layers import Labeled, LayerView, build_layers
 from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
 from ivq_debug.report.timeline import build_timelines
-from ivq_debug.util import as_float, json_safe
 
 #: default cap of points per chart series and per drill-down scatter
 MAX_POINTS = 400

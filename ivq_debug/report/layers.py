@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ivq_debug.util import as_float
+from ivq_debug.jsonio import as_float
 
 RecordKey = tuple[int, str, int]
 

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ivq_debug.jsonio import json_safe
 from ivq_debug.tune.legal import forbidden
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import Trial, Tuner, TuneReport, _default_watch, confirm_on_target, judge
-from ivq_debug.util import json_safe
 
 #: a lever's relative cost below this counts as this (a free lever ranks by its gain alone)
 COST_FLOOR = 0.01

@@ -42,16 +42,16 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import defaults
-from ivq_debug.comparator.encoding_fit import encoding_range
 from ivq_debug.diagnose.patterns import WEIGHT_DOMINATED, groups
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 from ivq_debug.diagnose.weight_spread import weight_spreads
+from ivq_debug.encoding_fit import encoding_range
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.sites import constant_arrays
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import Encoding, EncodingSet, read_encodings, write_encodings
 from ivq_debug.tune.legal import WEIGHT_PAIR_OPS, forbidden
-from ivq_debug.util import atomic_write_text
 
 ACTIONS = ("a16", "widen", "a16+widen", "a8", "fp16", "w_per_channel", "w16")
 #: actions on weights (initializers) rather than activations

@@ -58,6 +58,8 @@ from ivq_debug.executor import (
     merge_check,
     versions,
 )
+from ivq_debug.inputfiles import sha256_file
+from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import encodings_from_qdq_model
 from ivq_debug.tune.suggest import Suggestion
@@ -72,7 +74,6 @@ from ivq_debug.tune.verify import (
     judge,
     load_task_metric,
 )
-from ivq_debug.util import check_schema, json_safe, sha256_file
 
 #: the precisions a group can be given
 PRECISIONS = ("a16", "fp16")
@@ -86,15 +87,17 @@ MIN_GAIN_DB = 0.5
 SWEEP_FIELDS = ("model_sha256", "reference_sha256", "inputs_sha256", "calibration_sha256", "settings", "versions")
 KIND = "tune-sweep/1"
 _NUM = {"type": ["number", "null"]}
+_COST = {"type": ["number", "null"], "minimum": 0, "x-finite": True}
 #: a sweep shard's ``result`` (shards are untrusted: checked before the selection reads them)
 RESULT_SCHEMA: dict[str, Any] = {
     "type": "object",
+    "title": "sweep shard result",
     "required": ["label", "error", "sqnr", "task", "model_bytes", "cycles"],
     "properties": {
         "label": {"type": "string"}, "error": {"type": ["string", "null"]},
         "sqnr": {"type": "object", "additionalProperties": _NUM},
         "task": {"type": "object", "additionalProperties": _NUM},
-        "model_bytes": {"type": ["integer", "null"], "minimum": 0}, "cycles": _NUM, "seconds": _NUM},
+        "model_bytes": {"type": ["integer", "null"], "minimum": 0}, "cycles": _COST, "seconds": _COST},
 }
 
 
@@ -433,10 +436,9 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
         by_key = {c["key"]: c["label"] for c in cands}
         raise JobsFailedError([JobFailure(f"{by_key.get(f.key, '?')} ({f.key})", f.error) for f in report.failures],
                               shards)
-    docs = [report.load(j.key) for j in jobs]
+    docs = [report.load(j.key, RESULT_SCHEMA) for j in jobs]
     merge_check(docs, SWEEP_FIELDS)
     for c, doc in zip(cands, docs, strict=True):
-        check_schema(doc["result"], RESULT_SCHEMA, report.shards[doc["key"]], "result")
         c |= {k: doc["result"].get(k) for k in ("error", "sqnr", "task", "model_bytes", "cycles", "seconds")}
     base = measure(before, watch)
     table, picked = select(base, cands, watch, budget_sqnr_db=budget_sqnr_db, min_gain_db=min_gain_db)

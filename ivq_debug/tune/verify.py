@@ -42,7 +42,10 @@ from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
+from ivq_debug.jsonio import json_safe, load_json
 from ivq_debug.onnxgraph.load import load_model, model_file_bytes
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
 from ivq_debug.qnn.quantize import (
     CALIBRATION_OPTIONS,
@@ -50,17 +53,9 @@ from ivq_debug.qnn.quantize import (
     preprocess_float_model,
     quantize_for_qnn,
 )
+from ivq_debug.schema import check_schema
 from ivq_debug.tune.legal import forbidden, split_legal, violations
-from ivq_debug.tune.suggest import Suggestion, read_overrides, write_suggestions
-from ivq_debug.util import (
-    atomic_write_text,
-    check_schema,
-    is_inside,
-    json_safe,
-    load_json,
-    regular_file,
-    sha256_file,
-)
+from ivq_debug.tune.suggest import EXCLUDE_SUFFIX, Suggestion, read_overrides, write_suggestions
 
 CHECKPOINT = "checkpoint.json"
 #: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
@@ -419,19 +414,19 @@ class Tuner:
 
         Type conflicts the quantizer raises are resolved in the *suggestions* (:meth:`_quantize`), so the trial's
         :attr:`Trial.suggestions` — what is delivered — hold the type of every tensor the trial changed.
-        ``keep_dump``: keep the trial's dump (default: only the baseline's, which the suggestions read); the
-        others are measured and removed (``tune.json`` and the checkpoint hold the figures).
+        ``keep_dump``: keep the trial's dump (default: only the baseline's, label ``before``, which the suggestions
+        read); the others are measured and removed (``tune.json`` and the checkpoint hold the figures).
         """
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
-        keep = (not suggestions) if keep_dump is None else keep_dump
+        keep = (label == "before") if keep_dump is None else keep_dump
         key = self.key(suggestions)
         qdq = wd / f"{label}.qdq.onnx"
         dump = wd / f"{label}.h5"
         done = self._ckpt()["trials"].get(key)
         if self.resume and done is not None and not done.get("error") and self._abs(done["qdq_model"]).exists() \
-                and (self._abs(done["dump"]).exists() or done.get("sqnr") is not None):
+                and (self._abs(done["dump"]).exists() or (done.get("sqnr") is not None and not keep)):
             dpath = self._abs(done["dump"])
             cmp = compare(self.reference, dpath, progress=False) if dpath.exists() else None
             ov = self._abs(done["overrides"]) if done.get("overrides") else None
@@ -439,7 +434,8 @@ class Tuner:
             return Trial(done["label"], applied, self._abs(done["qdq_model"]), dpath, cmp,
                          dict(done.get("task") or {}), int(done.get("model_bytes") or 0), done.get("cycles"),
                          float(done.get("seconds") or 0.0), None, ov, reused=True,
-                         sqnr_table=dict(done.get("sqnr") or {}), fixes=list(done.get("fixes") or []),
+                         sqnr_table={k: _json_number(v) for k, v in (done.get("sqnr") or {}).items()},
+                         fixes=list(done.get("fixes") or []),
                          samples=dict(done.get("samples") or {}))
         entry: dict[str, Any] = {"label": label, "suggestions": [s.to_dict() for s in suggestions],
                                  "qdq_model": self._rel(qdq), "dump": self._rel(dump),
@@ -684,6 +680,17 @@ def candidate_sets(suggestions: Sequence[Suggestion]) -> list[tuple[str, list[Su
     return uniq
 
 
+def _json_number(v: Any) -> float | None:
+    """A number of a checkpoint (``json_safe`` writes inf / NaN as ``"inf"``, ``"-inf"``, ``"nan"``) as a float:
+    a resumed ``--sweep`` compared ``"inf"`` with a float (``TypeError``, exit 1)."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return v
+
+
 def judge(before: Trial, after: Trial, watch: Sequence[str]) -> str | None:
     """Why ``after`` must not be recommended (None: it may): it failed, it lowers a watched tensor's SQNR, or
     it lowers a task metric."""
@@ -837,8 +844,18 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
                       backend=tuner.backend, format=tuner.fmt, target_check=check)
 
 
-def tune_dir_cleanup(workdir: str | os.PathLike, keep: Sequence[str] = ()) -> None:
-    """Remove trial files except the labels in ``keep``."""
-    for p in Path(workdir).glob("step*"):
-        if not any(p.name.startswith(k + ".") for k in keep):
-            p.unlink()
+def prune_workdir(workdir: str | os.PathLike, keep: Sequence[Path | None]) -> int:
+    """After a finished tune, keep only what the report needs: the checkpoint, the overrides files, the
+    preprocessed model and the QDQ models in ``keep`` (the baseline's, the recommended one); the dumps, profiles,
+    calibration capture and other trial models go (a rerun with ``--resume`` re-captures what it needs). Returns
+    the bytes left in ``workdir``."""
+    wd = Path(workdir)
+    kept = {Path(k).resolve() for k in keep if k is not None}
+    for p in wd.iterdir() if wd.is_dir() else []:
+        if not p.is_file() or p.resolve() in kept or p.name in (CHECKPOINT, "preprocessed.onnx"):
+            continue
+        if p.name.endswith((".overrides.json", ".rationale.md", EXCLUDE_SUFFIX)):
+            continue
+        if p.suffix in (".h5", ".onnx", ".csv", ".log", ".data"):
+            p.unlink(missing_ok=True)
+    return sum(f.stat().st_size for f in wd.rglob("*") if f.is_file())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ivq_debug.util import check_schema
+from ivq_debug.schema import check_schema
 
 _POS_INT = {"type": "integer", "minimum": 1}
 _THETA = {"type": "number", "exclusiveMinimum": 0}

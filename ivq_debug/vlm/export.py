@@ -47,7 +47,7 @@ import numpy as np
 from ivq_debug.defaults import EXPORT_OUTPUT_MAX_ABS
 from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.fold import fold_constants
-from ivq_debug.util import atomic_write_text
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.vlm import task
 from ivq_debug.vlm.build import (
     DEEPSTACK_INPUT,

@@ -35,7 +35,7 @@ import numpy as np
 
 from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.fold import fold_constants
-from ivq_debug.util import atomic_write_text
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.vlm import task
 from ivq_debug.vlm.build import DEEPSTACK_INPUT, DEFAULT_BUCKET, family_of
 from ivq_debug.vlm.export import (

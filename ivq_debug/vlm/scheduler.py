@@ -393,6 +393,16 @@ class Scheduler:
                 "position_ids": self.spec.prefill_positions, **ds}
 
     # ---------------------------------------------------------------- generation
+    def _budget(self, forced_tokens: Sequence[int] | None, max_new_tokens: int | None) -> int:
+        """The decode steps of one generation: ``max_new_tokens`` (default the scheduler's), or under teacher
+        forcing the forced tokens that fit the cache."""
+        budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if forced_tokens is not None:
+            if len(forced_tokens) == 0:
+                raise UsageError("forced_tokens is empty")
+            budget = min(len(forced_tokens), self.spec.max_cache - self.spec.prefill_len + 1)
+        return budget
+
     def generate(
         self, image: np.ndarray, *, sample: int = 0, writer: Any = None,
         forced_tokens: Sequence[int] | None = None, max_new_tokens: int | None = None,
@@ -406,11 +416,7 @@ class Scheduler:
         from ivq_debug.vlm.parts import decode_mask
 
         sp = self.spec
-        budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if forced_tokens is not None:
-            if len(forced_tokens) == 0:
-                raise UsageError("forced_tokens is empty")
-            budget = min(len(forced_tokens), sp.max_cache - sp.prefill_len + 1)
+        budget = self._budget(forced_tokens, max_new_tokens)
         S, C = sp.prefill_len, sp.max_cache
         # -- vision
         vf = self.vision_feeds(image)

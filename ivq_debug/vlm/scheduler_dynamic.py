@@ -97,11 +97,7 @@ class DynamicScheduler(Scheduler):
         """Greedy generation for one image; with ``forced_tokens``, teacher forcing (as the base class)."""
 
         sp = self.spec
-        budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if forced_tokens is not None:
-            if len(forced_tokens) == 0:
-                raise UsageError("forced_tokens is empty")
-            budget = min(len(forced_tokens), sp.max_cache - sp.prefill_len + 1)
+        budget = self._budget(forced_tokens, max_new_tokens)
         S = sp.prefill_len
         vf = self.vision_feeds(image)
         self._begin(writer, sample, "vision", 0, bucket=sp.bucket, image_shape=list(image.shape))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import UsageError
-from ivq_debug.util import atomic_write_text
+from ivq_debug.outputs import atomic_write_text
 from ivq_debug.vlm import task
 from ivq_debug.vlm.build import (
     BUCKETS,

@@ -11,7 +11,7 @@ from ivq_debug.capture.base import BACKENDS, Selection, capture, make_runner, mo
 from ivq_debug.cli.main import main
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError
-from ivq_debug.util import sha256_file
+from ivq_debug.inputfiles import sha256_file
 from tests.support import tiny
 
 

@@ -163,14 +163,14 @@ def test_capture_in_output_subsets_and_external_data(tmp_path: Path, captured, m
     assert (ext_dir / "tiny.data").stat().st_size > 10_000
     ext = tiny.capture_ort(ext_dir / "tiny.onnx", x, tmp_path / "ext.h5", verify=True)
     # embedded weights referenced in place (what large models get): same values, nothing left behind
-    from ivq_debug.onnxgraph.load import load_in_place
+    from ivq_debug.onnxgraph.load import Model, load_in_place
 
     inplace = tmp_path / "inplace"
     inplace.mkdir()
     onnx.save_model(onnx.load(str(onnx_path)), str(inplace / "tiny.onnx"))
     assert any(t.external_data for t in load_in_place(inplace / "tiny.onnx", inline_max_bytes=0).graph.initializer)
-    monkeypatch.setattr("ivq_debug.capture.onnxrt.runner.load_model",
-                        lambda p, **kw: load_in_place(p, inline_max_bytes=0))
+    monkeypatch.setattr("ivq_debug.capture.onnxrt.runner.load",
+                        lambda p, **kw: Model(load_in_place(p, inline_max_bytes=0), path=p))
     ip = tiny.capture_ort(inplace / "tiny.onnx", x, tmp_path / "inplace.h5", verify=True)
     monkeypatch.undo()
     assert sorted(p.name for p in inplace.iterdir()) == ["tiny.onnx"]

@@ -200,3 +200,13 @@ def test_middle_ellipsis_and_column_dropping() -> None:
     assert " b " in head and " a " not in head  # the column with the highest drop goes first
     row = next(ln for ln in lines if ELLIPSIS in ln)
     assert len(row) <= 50 and row.split("│")[1].strip().endswith("MatMul_output_0")
+
+
+def test_diff_format_json_is_the_ivq_diff_document(dumps) -> None:
+    import json
+
+    r = _pipe(IVQ_DIFF, dumps["ref"], dumps["test"], "--min-sqnr", "30", "--format", "json", cwd=dumps["dir"])
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)  # stdout holds only the document; the tables and the verdict went to stderr
+    assert doc["schema"] == "ivq-diff/1" and doc["verdict"]["passed"] is False
+    assert r.stderr.strip().splitlines()[-1].startswith("FAIL: ")

@@ -10,7 +10,7 @@ import pytest
 from ivq_debug.comparator import Budgets, compare
 from ivq_debug.comparator.comparison import _clean, _layer_json_from_dict
 from ivq_debug.dump import DumpWriter
-from ivq_debug.util import json_safe
+from ivq_debug.jsonio import json_safe
 
 ENC = {"scale": 0.02, "zero_point": 128, "bitwidth": 8}
 

@@ -51,7 +51,7 @@ def test_dump_records_digests_and_identity(dumps) -> None:
     assert fact["role"] == "external" and fact["shape"] == [2, 8, 16] and fact["dtype"] == "float32"
     assert fact["sha256"] == input_digest(d.read("x", kind="input"))
     ident = d.meta("contract")
-    from ivq_debug.util import sha256_file
+    from ivq_debug.inputfiles import sha256_file
 
     assert ident["models"]["model"]["sha256"] == sha256_file(dumps["tmp"] / "tiny.onnx")
     assert ident["models"]["model"]["precision"] == "float"

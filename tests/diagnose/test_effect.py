@@ -126,3 +126,11 @@ def test_effect_runs_on_the_replays_backend_and_the_lever_matches_cpu(m, runs) -
     head, cpu = htp.findings()[0], runs["weight"].findings()[0]
     assert head.where["node"] == cpu.where["node"] == rm.FC2_NODE
     assert head.evidence["fix"] == cpu.evidence["fix"] == "requantize_weight"
+
+
+def test_remedies_only_for_the_units_the_findings_fix(runs) -> None:
+    r = runs["weight"]
+    assert [x.cause for x in r.remedies(rm.FC2_NODE)] == ["weight_range"]  # within the budget, but the culprit
+    assert [x.cause for x in r.remedies(rm.GATE_NODE)] == ["clipping"]  # over budget
+    healthy = [n for n in r.evidence if n not in (rm.FC2_NODE, rm.GATE_NODE, "gated/Mul")]
+    assert healthy and all(r.remedies(n) == [] for n in healthy)  # measured (top 5), not a finding's unit

@@ -25,8 +25,7 @@ from tests.support.cli import ivq_cli
 def m(tmp_path_factory) -> dict[str, Any]:
     out: dict[str, Any] = dict(vit.models(tmp_path_factory))
     d = tmp_path_factory.mktemp("executor")
-    out["test"] = capture(make_runner("onnx", out["act"], selection=Selection()), [vit.image(7), vit.image(8)],
-                          d / "act.h5", progress=None)
+    out["test"] = vit.cpu_qdq(out["act"], [7, 8], d / "act.h5")
     out["cmp"] = ivq.compare(out["ref"], out["test"], progress=False)
     out["seq"] = replay(out["act"], out["ref"], record="all", cumulative=out["cmp"], float_model=out["float"],
                         progress=False, lift=False)

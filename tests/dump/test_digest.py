@@ -12,7 +12,7 @@ import pytest
 from ivq_debug.dump import DumpWriter, open_dump
 from ivq_debug.dump.digest import ATTR
 from ivq_debug.errors import InputError
-from ivq_debug.util import sha256_file
+from ivq_debug.inputfiles import sha256_file
 
 RNG = np.random.default_rng(11)
 X = RNG.standard_normal((3, 64)).astype(np.float32)

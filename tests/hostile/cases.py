@@ -1014,6 +1014,14 @@ def _profiling_cases() -> list[Case]:
         "trace-ts-inf": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("ts", float("inf"))))), 3),
         "trace-args-list": (edit(trace, trace_edit(evs(lambda e: e.__setitem__("args", [1])))), 0),
         "trace-deep": (lambda ws: ws.write(trace, b"[" * 100000 + b"]" * 100000), 3),
+        # issue 31: B/E pairs whose args are lists (their merge was a TypeError); rows a QNN EP never writes
+        "trace-begin-end-args-list": (edit(trace, trace_edit(lambda d: [
+            x for e in d for x in ({**e, "ph": "B", "args": [1]},
+                                   {**e, "ph": "E", "ts": e["ts"] + e["dur"], "args": ["x"]})])), 0),
+        "csv-extra-fields": (edit(csv_, insert(5, valid_row + b"junk,more")), 3),
+        "csv-root-extra-field": (edit(csv_, insert(5, b"0,EXECUTE,5,US,BACKEND,ROOT,QNN execute time,,extra")), 3),
+        "csv-node-name-with-commas": (edit(csv_, insert(5, b"0,NODE,1,CYCLES,BACKEND,SUB-EVENT,a,b:OpId_1 (cycles),")),
+                                      0),
         "binary-log": (lambda ws: ws.write("p.log", b"\x00\x01QNNPROF" + bytes(range(256)) * 4), 3),
     }
     out = []
@@ -1106,6 +1114,21 @@ def _onnx_cases() -> list[Case]:
             "capture", "onnx", m(ws), "--inputs", ws.copy("x.npz"), "-o", "o.h5"], code))
         out.append(Case(f"onnx/{what}/quantize", "onnx", lambda ws, m=make: [
             "quantize", m(ws), "--calibration", ws.copy("x.npz"), "-o", "q.onnx"], code))
+    def zero_nodes(ws: Workspace) -> str:  # a graph that passes its input through: no node at all
+        import onnx
+        from onnx import TensorProto, helper
+
+        x = helper.make_tensor_value_info("input.1", TensorProto.FLOAT, [1, 3, 8, 8])  # the dumps' input
+        onnx.save(helper.make_model(helper.make_graph([], "g", [x], [x]), opset_imports=[helper.make_opsetid("", 17)]),
+                  str(ws.work / "zero.onnx"))
+        return "zero.onnx"
+
+    # issue 31: "0 units replayed", exit 0
+    for what, make in (("empty", _onnx_mutations()["empty"][0]), ("zero-nodes", zero_nodes)):
+        out.append(Case(f"onnx/{what}/diagnose", "onnx", lambda ws, m=make: [
+            "diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model", m(ws), "--budget-sqnr", "-1000"], 3))
+        out.append(Case(f"onnx/{what}/report-replay", "onnx", lambda ws, m=make: [
+            "report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html", "--replay", m(ws)], 3))
     for what in ("text", "truncated", "external-data-outside", "external-data-fifo"):
         make = _onnx_mutations()[what][0]
         # report and ingest read the graph only (names, nodes), never the weights: external data is not read
@@ -1290,7 +1313,42 @@ def _output_pairs() -> dict[str, tuple[Callable[[Workspace], tuple[list[str], st
 
         return b
 
+    def reference(alias: str) -> Callable[[Workspace], tuple[list[str], str]]:
+        def b(ws: Workspace) -> tuple[list[str], str]:
+            s = ws.copy("session.h5")
+            ws.copy("parts")
+            argv = ["reference", s, "--model-dir", "parts"]
+            if alias == "session":
+                return argv, s
+            if alias == "config":
+                cfg = ws.write("cfg.json", "{}\n")
+                return [*argv, "--config", cfg], cfg
+            decode = sorted((ws.work / "parts").glob("*decode*.onnx"))[0]
+            if alias == "decode-model":
+                dm = ws.write("dm.onnx", decode.read_bytes())
+                return [*argv, "--decode-model", dm], dm
+            return argv, os.path.relpath(decode, ws.work)  # a file inside --model-dir
+
+        return b
+
+    def diagnose_shards(ws: Workspace) -> tuple[list[str], str]:
+        r, t, m = ws.copy("float.h5"), ws.copy("qdq.h5"), ws.copy("model.qdq.onnx")
+        ws.copy("replay-shards", "ds")
+        shard = os.path.relpath(sorted((ws.work / "ds").glob("*.json"))[0], ws.work)
+        return ["diagnose", r, t, "--model", m, "--shards", "ds", "--budget-sqnr", "-1000"], shard
+
+    def dynamic(ws: Workspace) -> tuple[list[str], str]:
+        m = ws.copy("model.onnx")
+        return ["quantize", m, "--dynamic"], m
+
     return {
+        # issue 31: the writers that once had no check (ivq reference, a shard of diagnose's own --shards, --dynamic)
+        "reference-o-session": (reference("session"), "-o"),
+        "reference-o-config": (reference("config"), "-o"),
+        "reference-o-decode-model": (reference("decode-model"), "-o"),
+        "reference-o-model-dir-file": (reference("model-dir-file"), "-o"),
+        "diagnose-json-shards": (diagnose_shards, "--json"),
+        "quantize-dynamic-o-model": (dynamic, "-o"),
         "diff-json-ref": (diff("ref"), "--json"),
         "diff-report-test": (diff("test"), "--report"),
         "diff-json-baseline": (diff("baseline"), "--json"),
@@ -1336,6 +1394,9 @@ def _output_cases() -> list[Case]:
         "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
         ws.copy("x.npz"), "--overrides", ws.copy("ort.json", "overrides.json"), "-o", ".", "--force"], 2,
         timeout=120))
+    out.append(Case("outputs/tune-workdir-is-file/force", "outputs", lambda ws: [
+        "tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+        ws.copy("x.npz"), "-o", ws.write("notes.txt", "mine\n"), "--force"], 2))
     out.append(Case("outputs/report-two-outputs-one-file/force", "outputs", lambda ws: [
         "report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html", "--junit", "./r.html", "--force"], 2))
     return out
@@ -1780,6 +1841,7 @@ def _reference_cases() -> list[Case]:
         "dump-no-prefill": (drop_records("prefill"), 3),
         "dump-config-attr-string": (model_attr({"config": {"rope_theta": "abc"}}), 3),
         "dump-config-attr-text-config-list": (model_attr({"config": {"text_config": [1]}}), 3),
+        "dump-config-attr-list": (model_attr({"config": [1, 2]}), 3),  # issue 31: once read as "none"
     }
     for what, (mut, code) in dumps.items():
         out.append(Case(f"reference/{what}/reference", "reference", ref(session=bad_session(mut),
@@ -1987,6 +2049,23 @@ def _expected_cases() -> list[Case]:
                  "fletcher32-flip", "dataset-is-group"):
         mut = _dump_data_mutations()[what]
         out.append(Case(f"dump/{what}/diff-expected", "dump", diff(bad_copy(mut)), 3, prog="ivq-diff"))
+    def other_model(f: Any) -> None:  # the same inputs, every computed tensor another model's name
+        from ivq_debug.dump.format import escape_name
+
+        doc = _manifest(f)
+        c = {n: i for i, n in enumerate(doc["columns"])}
+        for r in doc["rows"]:
+            if r[c["kind"]] != "input":
+                old, new = r[c["name"]], "other_model/" + r[c["name"]]
+                f.move(f"records/{r[c['rid']]}/t/{escape_name(old)}", f"records/{r[c['rid']]}/t/{escape_name(new)}")
+                f[f"records/{r[c['rid']]}/t/{escape_name(new)}"].attrs["name"] = new
+                r[c["name"]], r[c["key"]] = new, escape_name(new)
+        _set_manifest(f, json.dumps(doc))
+
+    # issue 31: a CI job wired to another model's dump once compared nothing and passed (three_way pairs 0, exit 0)
+    out.append(Case("dump/expected-other-model/diff-expected", "dump", lambda ws: [
+        ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", _h5_then(ws, ws.copy("qdq.h5", "e.h5"),
+                                                                              other_model)], 4, prog="ivq-diff"))
     out.append(Case("dump/expected-other-inputs/diff-expected", "dump", lambda ws: [
         ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", ws.copy("ingest.h5")], (0, 1, 3, 6), prog="ivq-diff"))
     for kind in SPECIAL_KINDS:
@@ -1994,6 +2073,279 @@ def _expected_cases() -> list[Case]:
             out.append(Case(f"special/{kind}/diff-expected", "special", lambda ws, k=kind: [
                 ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--expected", _special(ws, k, "in.expected")], 3,
                 prog="ivq-diff", stdin="pipe" if kind == "stdin" else "devnull", timeout=20))
+    return out
+
+
+# ============================================================================ dump fields a reader uses (issue 31)
+def _dump_field_cases() -> list[Case]:
+    """The dump fields that reached a reader unchecked (the manifest's encodings, ``/meta/partition`` and its
+    ``cpu_nodes``), a corrupt object-header checksum, and a tensor that declares 1 TiB: slot (command) × kind."""
+    import h5py
+
+    def encoding(**changes: Any) -> Callable[[Any], None]:
+        def edit(doc: dict) -> None:
+            c = doc["columns"].index("encoding")
+            for r in doc["rows"]:
+                if r[c]:
+                    r[c].update(changes)
+
+        return _edit_manifest(edit)
+
+    def meta(name: str, value: Any) -> Callable[[Any], None]:
+        def edit(f: Any) -> None:
+            g = f.require_group("meta")
+            if name in g:
+                del g[name]
+            g.create_dataset(name, data=json.dumps(value))
+
+        return edit
+
+    def header_checksum(f: Any) -> None:  # flip a byte inside the tensor's v2 object header (after "OHDR")
+        f.attrs["_ohdr"] = int(h5py.h5o.get_info(f[_tpath()].parent.id, _tpath().rsplit("/", 1)[1].encode()).addr)
+
+    def huge(f: Any) -> None:  # 1 TiB declared, consistent with the manifest, nothing written (a small file)
+        shape = (1 << 18, 1 << 20)
+        p = _tpath()
+        attrs = dict(f[p].attrs)
+        del f[p]
+        ds = f.create_dataset(p, shape=shape, dtype="float32", chunks=(1, 1 << 16), fillvalue=0.5)
+        for k, v in attrs.items():
+            ds.attrs[k] = v
+        _edit_row(T, shape=list(shape), nbytes=4 * shape[0] * shape[1])(f)
+
+    def qdq(fn: Callable[[Any], None]) -> Callable[[Workspace], str]:
+        return lambda ws: _h5_then(ws, ws.copy("qdq.h5", "bad.h5"), fn)
+
+    def flt(fn: Callable[[Any], None]) -> Callable[[Workspace], str]:
+        return lambda ws: _h5_then(ws, ws.copy("float.h5", "bad.h5"), fn)
+
+    def ohdr(ws: Workspace) -> str:
+        rel = _h5_then(ws, ws.copy("float.h5", "bad.h5"), header_checksum)
+        p = ws.work / rel
+        with h5py.File(p, "r+") as f:
+            at = int(f.attrs["_ohdr"])
+            del f.attrs["_ohdr"]
+        data = p.read_bytes()
+        assert data[at:at + 4] == b"OHDR", "not a v2 object header"
+        p.write_bytes(_flip_at(data, at + 12))
+        return rel
+
+    kinds: dict[str, tuple[Callable[[Workspace], str], tuple[str, ...], int | tuple[int, ...]]] = {
+        "encoding-scale-string": (qdq(encoding(scale="abc")), ("ls", "show", "diff", "report"), 3),
+        "encoding-zero-point-strings": (qdq(encoding(zero_point=["a", "b"])), ("ls", "diff"), 3),
+        "encoding-bitwidth-1e9": (qdq(encoding(bitwidth=10**9)), ("ls", "show", "diff", "report"), 3),
+        "encoding-qmax-float": (qdq(encoding(qmax=1.5)), ("ls", "diff"), 3),
+        "meta-partition-list": (qdq(meta("partition", [1, 2])), ("diff", "report"), 3),
+        "meta-cpu-nodes-strings": (qdq(meta("partition", {"cpu_nodes": ["a", "b"]})), ("diff", "report"), 3),
+        "meta-cpu-node-name-int": (qdq(meta("partition", {"cpu_nodes": [{"name": 5}]})), ("diff",), 3),
+        "object-header-checksum": (ohdr, ("show", "diff", "report"), 3),
+        "shape-declared-1tib": (flt(huge), ("show",), 0),
+    }
+    argv: dict[str, tuple[str, Callable[[Workspace, str], list[str]]]] = {
+        "ls": ("ivq", lambda ws, b: ["ls", b]),
+        "show": ("ivq", lambda ws, b: ["show", b, T, "--values", "5"]),
+        "diff": ("ivq-diff", lambda ws, b: [ws.copy("float.h5", "ref.h5"), b, "-q"]),
+        "report": ("ivq", lambda ws, b: ["report", ws.copy("float.h5", "ref.h5"), b, "-o", "r.html"]),
+    }
+    out = []
+    for what, (make, cmds, code) in kinds.items():
+        for cmd in cmds:
+            prog, a = argv[cmd]
+            out.append(Case(f"dumpfield/{what}/{cmd}", "dumpfield", _argv(make, a), code, prog=prog,
+                            memory=512 << 20 if what == "shape-declared-1tib" else None, timeout=20))
+    return out
+
+
+# ============================================================================ option values (issue 31)
+def _numeric_options() -> list[tuple[str, str, str, type]]:
+    """(prog, command path, flag, type) of every numeric option of every command, read from the parsers: a new
+    option gets its cases by construction."""
+    import argparse
+
+    from ivq_debug.cli.diff import _Parser, add_diff_arguments
+    from ivq_debug.cli.main import build_parser
+
+    out: list[tuple[str, str, str, type]] = []
+
+    def walk(prog: str, p: argparse.ArgumentParser, path: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(prog, sub, f"{path} {name}".strip())
+            elif a.type in (int, float) and a.option_strings:
+                out.append((prog, path, max(a.option_strings, key=len), a.type))
+
+    walk("ivq", build_parser(), "")
+    diff = _Parser(prog="ivq-diff")
+    add_diff_arguments(diff)
+    walk("ivq-diff", diff, "")
+    return out
+
+
+#: command path → a valid command line before the option under test (inputs copied from the corpus; the part
+#: a command reads last may be a name that does not exist: the option is checked before any input is read, and
+#: a command that read first would exit 3, not 2)
+_OPTION_BASES: dict[str, Callable[[Workspace], list[str]]] = {
+    "demo": lambda ws: ["demo", "--golden", "g", "--reports", "r", "--workdir", "w"],
+    "ls": lambda ws: ["ls", ws.copy("float.h5")],
+    "show": lambda ws: ["show", ws.copy("float.h5"), T],
+    "diff": lambda ws: ["diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q"],
+    "capture onnx": lambda ws: ["capture", "onnx", ws.copy("model.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+    "capture qnn": lambda ws: ["capture", "qnn", ws.copy("model.qdq.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+    "capture": lambda ws: ["capture", "onnx", ws.copy("model.onnx"), "--inputs", ws.copy("x.npz"), "-o", "o.h5"],
+    "ingest qnn-net-run": lambda ws: ["ingest", "qnn-net-run", (ws.copy("netrun"), "netrun/output")[1], "--graph",
+                                      "netrun/model_net.json", "-o", "o.h5"],
+    "ingest session": lambda ws: ["ingest", "session", "--prefill", "phone/prefill", "-o", "o.h5"],
+    "reference": lambda ws: ["reference", "session.h5", "--model-dir", "parts", "-o", "r.h5"],
+    "quantize": lambda ws: ["quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "q.onnx"],
+    "diagnose": lambda ws: ["diagnose", ws.copy("float.h5"), ws.copy("qdq.h5"), "--model", ws.copy("model.qdq.onnx")],
+    "calib-stats": lambda ws: ["calib-stats", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o", "s.json"],
+    "tune": lambda ws: ["tune", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz", "calib.npz"), "--inputs",
+                        ws.copy("x.npz"), "-o", "wd", "--backend", "cpu"],
+    "report": lambda ws: ["report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "r.html"],
+    "ivq-diff": lambda ws: [ws.copy("float.h5"), ws.copy("qdq.h5"), "-q"],
+}
+
+
+def _option_cases() -> list[Case]:
+    """Every numeric option × {NaN (floats), one below its least value (ints)}: exit 2 before any work (a NaN
+    threshold passed everything; ``--workers 0``, ``--top -1`` were accepted), plus the values a target must
+    know (``--soc-model abc``: exit 7 after compiling once, ``--htp-arch 9999``: exit 0) and ``--overlay-metric
+    nosuch`` (exit 2, but the HTML was left)."""
+    from ivq_debug.cli.common import NUMBER_MIN
+
+    out = []
+    for prog, path, flag, typ in _numeric_options():
+        base = _OPTION_BASES["ivq-diff" if prog == "ivq-diff" else path]
+        dest = flag.lstrip("-").replace("-", "_")
+        if typ is float:
+            kinds = {"nan": "nan"}
+        elif NUMBER_MIN.get(dest) is not None:
+            kinds = {"below-min": str(int(NUMBER_MIN[dest]) - 1)}
+        else:
+            continue
+        for kind, value in kinds.items():
+            command = path.replace(" ", "-") or prog
+            out.append(Case(f"options/{flag.lstrip('-')}-{kind}/{command}", "options", lambda ws, b=base, f=flag, v=value: [*b(ws), f, v],
+                            2, prog=prog, timeout=20))
+    for what, extra in (("soc-model-abc", ["--soc-model", "abc"]), ("htp-arch-9999", ["--htp-arch", "9999"])):
+        for command, base in (("capture-qnn", "capture qnn"), ("tune", "tune")):
+            out.append(Case(f"options/{what}/{command}", "options",
+                            lambda ws, e=extra, b=base: [*_OPTION_BASES[b](ws), *e], 2, timeout=20))
+    out.append(Case("options/overlay-metric-nosuch/report", "options", lambda ws: [
+        *_OPTION_BASES["report"](ws), "--model-explorer", "m.json", "--overlay-metric", "nosuch"], 2, timeout=20))
+    return out
+
+
+# ============================================================================ job shards (issue 31)
+#: slot → (the corpus folder its rerun resumes from, where the shards are inside it, the output it may write)
+SHARD_SLOTS: dict[str, tuple[str, str, str, tuple[int, ...]]] = {
+    "calib-stats": ("calib-shards", "cs", "s.json", (0, 1)),
+    "diagnose": ("replay-shards", "ds", "", (0,)),
+    "tune": ("sweep-wd", "wd/trials/sweep/shards", "wd", (0, 1)),
+}
+#: slot → the field a numeric kind breaks (first object in the result that holds it) and how
+_SHARD_FIELDS: dict[str, dict[str, tuple[str, Callable[[dict], Any]]]] = {
+    "calib-stats": {"nan": ("min", lambda o: float("nan")), "negative": ("count", lambda o: -3),
+                    "unordered": ("min", lambda o: o["max"] + 1.0), "inf-sum": ("sum", lambda o: float("inf"))},
+    "diagnose": {"nan": ("sum_r2", lambda o: float("nan")), "negative": ("n", lambda o: -1),
+                 "unordered": ("top1_agree", lambda o: o["rows"] + 1), "inf-sum": ("sum_tr", lambda o: float("inf"))},
+    "tune": {"nan": ("seconds", lambda o: float("nan")), "negative": ("model_bytes", lambda o: -1),
+             "inf-sum": ("cycles", lambda o: float("inf"))},
+}
+
+
+def _first_holding(node: Any, key: str) -> dict | None:
+    if isinstance(node, dict):
+        if key in node:
+            return node
+        children = node.values()
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    return next((h for c in children if (h := _first_holding(c, key)) is not None), None)
+
+
+def _shard_kinds(slot: str) -> dict[str, Callable[[Workspace, Path], None]]:
+    """kind → an edit of one shard file (every shard of the folder gets it: whichever is read first fails)."""
+
+    def text(data: str) -> Callable[[Workspace, Path], None]:
+        return lambda ws, p: p.write_text(data)
+
+    def doc(fn: Callable[[dict], None]) -> Callable[[Workspace, Path], None]:
+        def edit(ws: Workspace, p: Path) -> None:
+            d = json.loads(p.read_text())
+            fn(d)
+            p.write_text(json.dumps(d))  # NaN / Infinity as Python writes them (the shards' own spelling)
+
+        return edit
+
+    def field(key: str, value: Callable[[dict], Any]) -> Callable[[dict], None]:
+        def fn(d: dict) -> None:
+            o = _first_holding(d["result"], key)
+            assert o is not None, f"no {key!r} in the {slot} shard"
+            o[key] = value(o)
+
+        return fn
+
+    def outside(ws: Workspace, p: Path) -> None:
+        target = ws.outside / p.name
+        shutil.move(str(p), target)
+        os.symlink(target, p)
+
+    def replace(kind: str) -> Callable[[Workspace, Path], None]:
+        def edit(ws: Workspace, p: Path) -> None:
+            p.unlink()
+            _special(ws, kind, os.path.relpath(p, ws.work))
+
+        return edit
+
+    kinds: dict[str, Callable[[Workspace, Path], None]] = {
+        "deep": text("[" * 100_000 + "]" * 100_000),
+        "not-json": text("{shard: "),
+        "truncated": lambda ws, p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+        "not-utf8": lambda ws, p: p.write_bytes(b'{"schema": "\xff\xfe"}'),
+        "not-object": text("[1, 2]"),
+        "other-schema": doc(lambda d: d.__setitem__("schema", "ivq-shard/9")),
+        "meta-list": doc(lambda d: d.__setitem__("meta", [])),
+        "result-list": doc(lambda d: d.__setitem__("result", [])),
+        "symlink-outside": outside,
+        "fifo": replace("fifo"),
+        "dir": replace("dir"),
+        "loop": replace("loop"),
+        "dangling": lambda ws, p: (p.unlink(), os.symlink("nowhere.json", p)),
+    }
+    for kind, (key, value) in _SHARD_FIELDS[slot].items():
+        kinds[kind] = doc(field(key, value))
+    return kinds
+
+
+def _shard_cases() -> list[Case]:
+    """The slots × kinds table of job shards: every command that runs jobs resumes from a copy of a real run's
+    shards, one kind of breakage applied to every shard; exit 3 naming the shard, nothing written. The
+    ``valid`` row resumes the untouched copy (exit 0 / 1, no job rerun: a new shard would be a leftover)."""
+    from tests.hostile.corpus import SHARD_ARGV
+
+    out = []
+    for slot, (name, where, output, ok) in SHARD_SLOTS.items():
+        def build(ws: Workspace, slot: str = slot, name: str = name, where: str = where,
+                  edit: Callable[[Workspace, Path], None] | None = None) -> list[str]:
+            for f in ("model.onnx", "model.qdq.onnx", "x.npz", "float.h5", "qdq.h5"):
+                ws.copy(f)
+            ws.copy("x.npz", "calib.npz")
+            ws.copy("x.npz", "x2.npz")
+            ws.copy(name, where if slot != "tune" else "wd")
+            if edit is not None:
+                for p in sorted((ws.work / where).glob("*.json")):
+                    edit(ws, p)
+            return list(SHARD_ARGV[slot])
+
+        creates = (output,) if output else ()
+        out.append(Case(f"shards/valid/{slot}", "shards", build, ok, creates=creates, timeout=120))
+        for kind, edit in _shard_kinds(slot).items():
+            out.append(Case(f"shards/{kind}/{slot}", "shards", lambda ws, b=build, e=edit: b(ws, edit=e), 3,
+                            timeout=120, stdin="pipe" if kind == "fifo" else "devnull"))
     return out
 
 
@@ -2036,7 +2388,7 @@ def all_cases() -> list[Case]:
     cases = (_valid_cases() + _dump_cases() + _name_cases() + _npz_cases() + _overrides_cases() + _netjson_cases()
              + _netrun_cases() + _profiling_cases() + _onnx_cases() + _special_cases() + _output_cases()
              + _disk_cases() + _diff_json_cases() + _session_cases() + _netrun_model_cases() + _reference_cases()
-             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases())
+             + _dynamic_cases() + _qnn_cache_cases() + _tune_cases() + _expected_cases() + _shard_cases() + _dump_field_cases() + _option_cases())
     ids = [c.id for c in cases]
     dup = {i for i in ids if ids.count(i) > 1}
     assert not dup, f"duplicate case ids: {sorted(dup)}"

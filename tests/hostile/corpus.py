@@ -10,12 +10,14 @@ profiling files, and that folder ingested with its profile (``ingest.h5``). Each
 Built on first use (:class:`Corpus`, so a run that selects none of their cases pays nothing): a device session
 (``parts/``: the dynamic-cache InternVL-tiny export, ``phone/``: its vision / prefill / decode qnn-net-run
 folders from a real ORT run, ``session.h5``: them ingested by ``ivq ingest session``; about 9 s), and a QNN
-compiled-context cache of ``model.qdq.onnx`` (``qnncache/``: one ``ivq capture qnn`` entry).
+compiled-context cache of ``model.qdq.onnx`` (``qnncache/``: one ``ivq capture qnn`` entry), and the job shards
+of ``ivq calib-stats``, ``ivq diagnose`` and ``ivq tune --sweep`` (:func:`_jobs_run`: one real run each, 5 to 15 s).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +36,7 @@ def _capture(model: Path, feeds: dict[str, np.ndarray], out: Path) -> Path:
     from ivq_debug.capture.base import Selection
     from ivq_debug.capture.onnxrt.runner import OrtRunner
     from ivq_debug.dump import DumpWriter
-    from ivq_debug.util import sha256_file
+    from ivq_debug.inputfiles import sha256_file
 
     r = OrtRunner(model, selection=Selection())
     with DumpWriter(out, backend=r.backend, backend_info=r.info,
@@ -88,9 +90,46 @@ def _qnn_cache(root: Path) -> dict[str, Path]:
     return {"qnncache": cache}
 
 
+def _jobs_run(root: Path, slot: str, out: str, codes: tuple[int, ...]) -> Path:
+    """The shards of one command that runs jobs, from a real run in ``jobs-<slot>/`` (inputs named as the shard
+    cases name them, so that a rerun in a case's folder finds every shard and runs no job): ``calib-shards``
+    (``ivq calib-stats --shards``: the range and the histogram pass), ``replay-shards`` (``ivq diagnose
+    --shards``), ``sweep-wd`` (``ivq tune --sweep``'s workdir, its shards in ``trials/sweep/shards``)."""
+    import subprocess
+    import sys
+
+    d = root / f"jobs-{slot}"
+    d.mkdir()
+    for name in ("model.onnx", "model.qdq.onnx", "x.npz", "float.h5", "qdq.h5"):
+        shutil.copyfile(root / name, d / name)
+    shutil.copyfile(root / "x.npz", d / "calib.npz")
+    shutil.copyfile(root / "x.npz", d / "x2.npz")  # two --inputs: tune warns (a second stderr line) about one
+    argv = [a for a in SHARD_ARGV[slot] if a != "--resume"]  # the first run of a sweep is not a resume
+    r = subprocess.run([sys.executable, "-m", "ivq_debug", *argv], capture_output=True, cwd=d,
+                       env={**os.environ, "PYTHONPATH": str(FIX.parents[2]), "IVQ_NO_PROGRESS": "1"})
+    if r.returncode not in codes:
+        raise RuntimeError(f"{slot} for the shard corpus: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+    return d / out
+
+
+#: the commands that run jobs, as the shard cases and :func:`_shards` run them (inputs in the working folder)
+SHARD_ARGV: dict[str, list[str]] = {
+    "calib-stats": ["calib-stats", "model.onnx", "--calibration", "x.npz", "--encodings", "model.qdq.onnx", "-o",
+                    "s.json", "--shards", "cs"],
+    "diagnose": ["diagnose", "float.h5", "qdq.h5", "--model", "model.qdq.onnx", "--shards", "ds", "--budget-sqnr",
+                 "-1000"],
+    "tune": ["tune", "model.onnx", "--calibration", "calib.npz", "--inputs", "x.npz", "--inputs", "x2.npz", "-o",
+             "wd", "--backend", "cpu", "--sweep", "--groups", "2", "--resume"],
+}
+
 #: lazy group → the names it provides
-LAZY: dict[str, tuple[str, ...]] = {"session": ("parts", "phone", "session.h5"), "qnncache": ("qnncache",)}
-_BUILDERS = {"session": _session, "qnncache": _qnn_cache}
+LAZY: dict[str, tuple[str, ...]] = {"session": ("parts", "phone", "session.h5"), "qnncache": ("qnncache",),
+                                    "calib-shards": ("calib-shards",), "replay-shards": ("replay-shards",),
+                                    "sweep-wd": ("sweep-wd",)}
+_BUILDERS = {"session": _session, "qnncache": _qnn_cache,
+             "calib-shards": lambda root: {"calib-shards": _jobs_run(root, "calib-stats", "cs", (0, 1))},
+             "replay-shards": lambda root: {"replay-shards": _jobs_run(root, "diagnose", "ds", (0,))},
+             "sweep-wd": lambda root: {"sweep-wd": _jobs_run(root, "tune", "wd", (0, 1))}}
 
 
 def build(root: Path) -> Corpus:

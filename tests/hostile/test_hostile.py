@@ -57,6 +57,22 @@ DEFAULT_EXTRA = (
     "reference/config-theta-string/reference", "reference/export-json-path-traversal/reference",
     "qnncache/meta-is-fifo/capture", "tune/checkpoint-is-fifo/tune", "tune/metric-exits-on-import/tune",
     "dynamic/exclude-nodes-missing/quantize",
+    # issue 31: job shards (a 100,000-deep shard, forged numbers, a symlink out, a FIFO)
+    "shards/deep/calib-stats", "shards/nan/calib-stats", "shards/unordered/calib-stats", "shards/deep/diagnose",
+    "shards/symlink-outside/diagnose", "shards/fifo/calib-stats", "shards/deep/tune",
+    # issue 31: the one output check (ivq reference, diagnose --json into its --shards, --dynamic -o a hard link)
+    "outputs/reference-o-session/same-force", "outputs/reference-o-decode-model/hardlink-force",
+    "outputs/diagnose-json-shards/same-force", "outputs/quantize-dynamic-o-model/hardlink-force",
+    "outputs/tune-workdir-is-file/force",
+    # issue 31: dump fields, option values, the rest of the reproducers
+    "dumpfield/encoding-bitwidth-1e9/diff", "dumpfield/encoding-scale-string/ls", "dumpfield/meta-partition-list/diff",
+    "dumpfield/meta-cpu-nodes-strings/report", "dumpfield/object-header-checksum/show",
+    "dumpfield/shape-declared-1tib/show", "dump/expected-other-model/diff-expected", "netrun/result-index-huge/ingest",
+    "options/min-sqnr-nan/ivq-diff", "options/min-gain-nan/tune", "options/workers-below-min/calib-stats",
+    "options/top-below-min/diagnose", "options/soc-model-abc/capture-qnn", "options/htp-arch-9999/capture-qnn",
+    "options/overlay-metric-nosuch/report", "onnx/zero-nodes/diagnose", "onnx/empty/report-replay",
+    "profiling/trace-begin-end-args-list/ingest", "profiling/csv-extra-fields/ingest",
+    "reference/dump-config-attr-list/reference",
 )
 
 
@@ -116,7 +132,8 @@ def test_catalog_covers_every_command_and_format(hostile_results: dict) -> None:
                         "reference", "ivq-diff"}
     assert {c.fmt for c in CASES if c.id in DEFAULT_IDS} >= {
         "dump", "npz", "overrides", "netjson", "netrun", "profiling", "onnx", "special", "outputs", "disk",
-        "names", "diffjson", "session", "netrun-model", "reference", "dynamic", "qnncache", "tune"}
+        "names", "diffjson", "session", "netrun-model", "reference", "dynamic", "qnncache", "tune", "shards",
+        "dumpfield", "options"}
     assert len(CASES) >= 300 and len(DEFAULT_IDS) < len(CASES) / 4
 
 

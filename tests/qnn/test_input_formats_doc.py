@@ -37,3 +37,16 @@ def _table_keys(title: str) -> set[str]:
 ])
 def test_documented_keys_are_the_schema_keys(title: str, props: dict) -> None:
     assert _table_keys(title) == set(props["properties"])
+
+
+def test_documented_shard_keys_are_the_schema_keys() -> None:
+    """docs/input-formats.md "Job shards": the tables list exactly the keys each shard kind's schema checks."""
+    from ivq_debug.calib_stats import SHARD_RESULT_SCHEMA as CALIB
+    from ivq_debug.diagnose.jobs import _METRIC_STATE
+    from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP
+
+    props = CALIB["properties"]
+    assert _table_keys("calib-stats shard tensor") == set(props["tensors"]["additionalProperties"]["properties"])
+    assert _table_keys("calib-stats shard fit") == set(props["fits"]["additionalProperties"]["properties"])
+    assert _table_keys("replay shard metric") == set(_METRIC_STATE["properties"])
+    assert _table_keys("sweep shard result") == set(SWEEP["properties"])

@@ -75,7 +75,7 @@ def feeds(seed: int, n: int) -> list[dict[str, np.ndarray]]:
 def capture(runner, path: Path, inputs: list[dict[str, np.ndarray]], model: Path) -> Path:
     """Record 0 = prefill, records 1.. = decode steps 1.. (one run each)."""
     from ivq_debug.dump import DumpWriter
-    from ivq_debug.util import sha256_file
+    from ivq_debug.inputfiles import sha256_file
 
     ident = {"path": str(model), "sha256": sha256_file(model), "part": "model"}
     with DumpWriter(path, backend=runner.backend, backend_info=runner.info, model=ident,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -13,21 +12,12 @@ from tests.report.conftest import need_htp
 
 
 def _ivq_report(argv: list[str]) -> int:
-    """``ivq report ARGV`` as the CLI runs it (parser errors and IvqErrors become exit codes)."""
-    from ivq_debug.cli import cmd_report
+    """``ivq report ARGV`` as the CLI runs it (parser errors and IvqErrors become exit codes; the one output
+    check of every writer runs in the entry point, ``cli.common.check_args``)."""
     from ivq_debug.cli.common import run
-    from ivq_debug.errors import UsageError
+    from ivq_debug.cli.main import _main
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> None:
-            raise UsageError(message)
-
-    def main(args: list[str]) -> int:
-        p = Parser(prog="ivq report")
-        cmd_report.add_arguments(p, "report")
-        return cmd_report.execute(p.parse_args(args))
-
-    return run("ivq", main, argv)
+    return run("ivq", _main, ["report", *argv])
 
 
 def test_report_and_exports_then_no_overwrite(pipeline: dict[str, Path], tmp_path: Path,

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.outputs import atomic_write_bytes, atomic_write_text
 from ivq_debug.qnn.names import qnn_sanitize
-from ivq_debug.util import atomic_write_bytes, atomic_write_text
 from tests.support.device_sessions import (
     BUCKET,
     PARTS,

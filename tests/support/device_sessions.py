@@ -40,8 +40,8 @@ import numpy as np
 from ivq_debug.capture.qnn_net_run.io import write_inputs
 from ivq_debug.dump import DumpWriter, open_dump
 from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.outputs import atomic_write_bytes, atomic_write_text
 from ivq_debug.qnn.names import qnn_sanitize
-from ivq_debug.util import atomic_write_bytes, atomic_write_text
 
 CACHES = ("dynamic", "fixed")
 #: fault -> the scheduler's PositionsPolicy mode

@@ -135,3 +135,10 @@ def weight_of(qdq: Path, node: str) -> str:
     n = next(x for x in m.graph.node if x.name == node)
     dq = next(x for x in m.graph.node if x.output and x.output[0] == n.input[1])
     return dq.input[0].removesuffix("_quantized")
+
+
+def cpu_qdq(model: Path, seeds: list[int], path: Path) -> Path:
+    """A CPU-QDQ capture of ``model`` (every tensor) on the evaluation images of ``seeds``: a test dump."""
+    from ivq_debug.capture.base import Selection, capture, make_runner
+
+    return capture(make_runner("onnx", model, selection=Selection()), [image(s) for s in seeds], path, progress=None)

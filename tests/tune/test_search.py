@@ -73,3 +73,6 @@ def test_a_size_budget_excludes_what_it_cannot_afford(user, tmp_path: Path) -> N
     assert all(r["model_bytes"] <= rep["end_to_end"][-1]["before"] * 1.0001 for r in rep["search"]["table"]
                if r["eligible"])
     assert code in (0, 1)
+    # a finished run keeps what the report needs: no dump, the checkpoint and the QDQ models it names
+    assert not list((tmp_path / "b").rglob("*.h5")) and rep["workdir"]["pruned"]
+    assert (tmp_path / "b" / "trials" / "checkpoint.json").exists() and Path(rep["before"]["qdq_model"]).exists()

@@ -150,7 +150,7 @@ def test_a_tampered_shard_is_one_line_naming_it(resumed, capsys) -> None:
         victim.write_text(json.dumps(doc))
         assert ivq_cli(*args(resumed["user"], resumed["wd"], "--resume")) == 3
         err = capsys.readouterr().err
-        assert f"{victim}: result: sqnr." in err and "must be a number" in err and "Traceback" not in err, err
+        assert f"{victim}: sweep shard result: sqnr." in err and "must be a number" in err and "Traceback" not in err, err
     finally:
         victim.write_text(good)
 

@@ -49,7 +49,9 @@ from typing import Any
 from ivq_debug import defaults
 from ivq_debug.console import warn
 from ivq_debug.errors import InputError, UsageError, one_line
-from ivq_debug.util import atomic_write_text, file_in_folder_problem, load_json, sha256_file
+from ivq_debug.inputfiles import file_in_folder_problem, sha256_file
+from ivq_debug.jsonio import load_json
+from ivq_debug.outputs import atomic_write_text
 
 #: bump when the material or the entry layout changes (old entries then miss)
 CACHE_FORMAT = 1

@@ -27,8 +27,8 @@ from ivq_debug.capture.qnn_net_run.shapes import (
     solve_call,
 )
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.inputfiles import file_in_folder_problem, is_inside, read_input_text
 from ivq_debug.qnn.names import NameMap, qnn_sanitize
-from ivq_debug.util import file_in_folder_problem, is_inside, read_input_text
 
 _NATIVE = "_native"
 _HEADER = "#"
@@ -283,7 +283,7 @@ def _result_files(rdir: Path, names: NameMap, graph: GraphIO, out: Path, allow_o
     """ONNX name -> {"float"|"native": (file, stem)} of a Result folder, and the files no tensor claims.
 
     Raises:
-        InputError: a ``.raw`` entry that may not be read (:func:`~ivq_debug.util.file_in_folder_problem`: a
+        InputError: a ``.raw`` entry that may not be read (:func:`~ivq_debug.inputfiles.file_in_folder_problem`: a
             symlink loop, a FIFO or folder, a symlink leaving ``out`` unless ``allow_outside``).
     """
     found: dict[str, dict[str, tuple[Path, str]]] = {}

@@ -34,9 +34,11 @@ from ivq_debug.capture.qnn_net_run.outputs import Ingest, IngestProblem, ingest_
 from ivq_debug.capture.qnn_net_run.shapes import GraphIO, UnresolvedAxes
 from ivq_debug.dump.writer import DumpWriter, check_writable
 from ivq_debug.errors import InputError, UsageError
+from ivq_debug.inputfiles import file_in_folder_problem, is_inside, sha256_file
+from ivq_debug.jsonio import load_json, read_json
 from ivq_debug.qnn.names import NameMap
 from ivq_debug.qnn.profiling import join_tensors, read_profile
-from ivq_debug.util import check_schema, file_in_folder_problem, is_inside, load_json, read_json, sha256_file
+from ivq_debug.schema import check_schema
 from ivq_debug.vlm.config import check_hf_config
 
 BACKEND = "qnn-net-run"

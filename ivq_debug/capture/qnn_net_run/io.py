@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import UsageError
+from ivq_debug.outputs import atomic_write_bytes
 from ivq_debug.qnn.names import NameMap, qnn_sanitize
 from ivq_debug.qnn.netjson import QnnGraph, QnnTensor
-from ivq_debug.util import atomic_write_bytes
 
 
 # ============================================================================ inputs

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError
+from ivq_debug.inputfiles import file_in_folder_problem, is_inside
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import list_sites
 from ivq_debug.qnn.names import NameMap, qnn_sanitize
 from ivq_debug.qnn.netjson import QnnGraph, QnnTensor, is_fixed_point, read_qnn_json
-from ivq_debug.util import file_in_folder_problem, is_inside
 
 _RESULT_RE = re.compile(r"^Result_(\d+)$")
 

@@ -39,7 +39,7 @@ from ivq_debug.capture.qnn_net_run.shapes import GraphIO
 from ivq_debug.dump import check_writable, open_dump
 from ivq_debug.dump.contract import INPUTS_META
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.util import sha256_file
+from ivq_debug.inputfiles import sha256_file
 from ivq_debug.vlm.config import check_hf_config
 from ivq_debug.vlm.inputs import rope_index
 
@@ -415,7 +415,7 @@ def build_reference(
             raise InputError(f"not a device session dump: it has records of {sorted(have)}, a session needs "
                              "prefill and decode records (ivq ingest session)", dev.path)
         cfg, cfg_src = load_config(config, model_dir)
-        if cfg is None and isinstance(dev.model.get("config"), dict):
+        if cfg is None and dev.model.get("config") is not None:  # a list there is refused, not read as "none"
             cfg_src = str(dev.model.get("config_source") or f"{dev.path.name} model attributes")
             cfg = check_hf_config(dev.model["config"], f"{dev.path}: model attribute config")
         parts = {p: find_part_model(p, model_dir, models.get(p), _fits(dev, p)) for p in PARTS

@@ -8,7 +8,7 @@ from dataclasses import astuple
 import numpy as np
 import pytest
 
-from ivq_debug.comparator.encoding_fit import EncodingAccumulator
+from ivq_debug.encoding_fit import EncodingAccumulator
 
 
 def _plain_update(acc: EncodingAccumulator, r: np.ndarray) -> None:
