@@ -40,16 +40,20 @@ def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def parse_json(text: str, source: str | os.PathLike | None = None, what: str = "JSON") -> Any:
-    """Decode JSON text; one-line :class:`InputError` (naming ``source``) for bad or too deeply nested JSON."""
+def parse_json(text: str, source: str | os.PathLike | None = None, what: str = "JSON", *,
+               depth_check: bool = True) -> Any:
+    """Decode JSON text; one-line :class:`InputError` (naming ``source``, and ``what`` when given) for bad or
+    too deeply nested JSON. ``depth_check=False`` skips the scan for deep nesting (a document this package
+    wrote and checks by schema: the manifest); Python's own recursion limit still holds."""
     import json
 
-    if len(text) > 2 * MAX_JSON_DEPTH and json_depth_exceeds(text):
+    if depth_check and len(text) > 2 * MAX_JSON_DEPTH and json_depth_exceeds(text):
         raise InputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep", source)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"bad JSON at line {e.lineno} column {e.colno}: {e.msg}", source) from None
+        named = "" if what == "JSON" else f"{what}: "
+        raise InputError(f"{named}bad JSON at line {e.lineno} column {e.colno}: {e.msg}", source) from None
     except RecursionError:
         raise InputError(f"{what} is nested too deeply", source) from None
 

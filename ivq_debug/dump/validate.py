@@ -350,14 +350,7 @@ def json_dataset(group: Any, name: str, what: str, path: Path, depth_check: bool
         text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
     except UnicodeDecodeError as e:
         raise InputError(f"{what} is not UTF-8 text (byte {e.start})", path) from None
-    if depth_check:
-        return parse_json(text, path, what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{what}: bad JSON at line {e.lineno} column {e.colno}: {e.msg}", path) from None
-    except RecursionError:
-        raise InputError(f"{what} is nested too deeply", path) from None
+    return parse_json(text, path, what, depth_check=depth_check)
 
 
 # ============================================================================ manifest and records

@@ -355,7 +355,7 @@ def read_chrome_trace(path: str | os.PathLike) -> Any:
     try:
         d = parse_json(_read_text(p), p, "Chrome trace")
     except InputError as e:
-        if e.message.startswith("bad JSON"):
+        if "bad JSON" in e.message:
             raise InputError(f"{e.message} (truncated file?)", p) from None
         raise
     events = d.get("traceEvents") if isinstance(d, dict) else d

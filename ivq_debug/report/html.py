@@ -1282,31 +1282,18 @@ def render_report(
     rows = _select_rows(ctx)
     ctx.shown = {r["row"] for r in rows}
     title = title or f"ivq-debug report: {label}"
-    sections = [("findings", "Findings"), ("summary", "Summary"), ("depth", "Error vs depth")]
-    body = [_findings(ctx), _summary(ctx), _depth(ctx)]
-    tw_html = threeway_report.section(cmp, ctx.max_points)
-    if tw_html:
-        sections.append(("threeway", "Backend vs quantization"))
-        body.append(tw_html)
-    hm = _heatmaps(ctx)
-    if hm:
-        sections.append(("heatmap", "Heatmap"))
-        body.append(hm)
-    ds = _deepstack(ctx)
-    if ds:
-        sections.append(("deepstack", "DeepStack"))
-        body.append(ds)
-    sections.append(("layers", "Layers"))
-    body.append(_layer_table(ctx, rows))
-    dd = _drilldowns(ctx)
-    if dd:
-        sections.append(("drilldown", "Worst layers"))
-        body.append(dd)
-    tl = _timeline(ctx)
-    if tl:
-        sections.append(("timeline", "Timeline"))
-        body.append(tl)
-    elif timeline_error:
+    # (anchor, navigation label, section html); a section whose html is empty is left out
+    parts: list[tuple[str, str, str]] = [
+        ("findings", "Findings", _findings(ctx)), ("summary", "Summary", _summary(ctx)),
+        ("depth", "Error vs depth", _depth(ctx)),
+        ("threeway", "Backend vs quantization", threeway_report.section(cmp, ctx.max_points)),
+        ("heatmap", "Heatmap", _heatmaps(ctx)), ("deepstack", "DeepStack", _deepstack(ctx)),
+        ("layers", "Layers", _layer_table(ctx, rows)), ("drilldown", "Worst layers", _drilldowns(ctx)),
+        ("timeline", "Timeline", _timeline(ctx)),
+    ]
+    sections = [(a, n) for a, n, h in parts if h]
+    body = [h for _, _, h in parts if h]
+    if not parts[-1][2] and timeline_error:  # no timeline: say why when it failed
         body.append(f'<section class="card" id="timeline"><h2>QNN profiling timeline</h2><p class="note">'
                     f"{esc(timeline_error)}</p></section>")
     sections += [("unmatched", "Unmatched"), ("provenance", "Provenance")]

@@ -21,12 +21,11 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ivq_debug import defaults
-from ivq_debug.capture.base import Closing, Selection
+from ivq_debug.capture.base import Closing
 from ivq_debug.capture.onnxrt.runner import OrtRunner
 from ivq_debug.capture.qnn_ep.cache import (
     ContextCache,
@@ -123,9 +122,10 @@ class QnnHtpRunner(Closing):
             profiling-level arguments above; its artifact paths are used when the arguments are not
             given, and turned into per-session paths here).
         overwrite: replace existing profiling CSVs.
-        threads: intra-op threads of the (CPU side of the) session.
-        input_shapes: static shapes for dynamic inputs (see :class:`OrtRunner`): QNN HTP takes only static
-            shapes ("Having zero graph inputs is not supported on this backend" otherwise).
+        ort_options: what is the same on every ONNX Runtime EP, given to :class:`OrtRunner` as they are:
+            ``selection``, ``exposure``, ``optimization`` (above), ``max_outputs_per_run``, ``threads`` (intra-op
+            threads of the CPU side of the session), ``input_shapes`` (static shapes for dynamic inputs: QNN HTP
+            takes only static shapes, "Having zero graph inputs is not supported on this backend" otherwise).
 
     Raises:
         ToolNotFoundError: onnxruntime-qnn is not installed (at construction).
@@ -137,10 +137,6 @@ class QnnHtpRunner(Closing):
         self,
         model_path: str | os.PathLike | Model,
         *,
-        selection: Selection | None = None,
-        exposure: str = "auto",
-        optimization: str = "disable",
-        max_outputs_per_run: int | None = None,
         verify: bool = True,
         require_bit_identical: bool = False,
         drop_unexposable: bool = True,
@@ -153,12 +149,11 @@ class QnnHtpRunner(Closing):
         json_graph_dir: str | os.PathLike | None = None,
         config: QnnSessionConfig | None = None,
         overwrite: bool = False,
-        threads: int | None = None,
-        input_shapes: Mapping[str, Sequence[int]] | None = None,
         max_probes: int | None = None,
         channels_last: bool | None = None,
         qnn_cache: str | os.PathLike | ContextCache | bool | None = None,
         fast_compile: bool = False,
+        **ort_options: Any,
     ) -> None:
         if config is None:
             config = QnnSessionConfig(allow_cpu_fallback=allow_cpu_fallback, profiling_level=profiling_level)
@@ -176,9 +171,7 @@ class QnnHtpRunner(Closing):
         }
         config = config.with_changes(profiling_file_path=None, op_trace_dir=None, json_graph_dir=None)
         self.qnn = QnnSessions(config, overwrite=overwrite, cache=cache_of(qnn_cache), **artifacts)
-        self.ort = OrtRunner(model_path, selection=selection, exposure=exposure, optimization=optimization,
-                             max_outputs_per_run=max_outputs_per_run, verify=verify, threads=threads,
-                             sessions=self.qnn, input_shapes=input_shapes)
+        self.ort = OrtRunner(model_path, verify=verify, sessions=self.qnn, **ort_options)
         self.require_bit_identical = require_bit_identical
         self.drop_unexposable = drop_unexposable
         self.max_probes = defaults.QNN_MAX_PROBES if max_probes is None else int(max_probes)
