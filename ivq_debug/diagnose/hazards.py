@@ -6,6 +6,7 @@ Both come from how the *test* tensor's encoding fits the *reference* values
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ivq_debug import defaults
@@ -23,6 +24,12 @@ def _first_per_tensor(rows: Any) -> Any:
     return rows.drop_duplicates("ref_name", keep="first")
 
 
+def _per_tensor(hits: Any, worst_first: str, finding: Callable[[Any], Finding]) -> list[Finding]:
+    """One finding per tensor (its worst record by ``worst_first``, ascending)."""
+    rows = _first_per_tensor(hits.sort_values(worst_first, kind="stable"))
+    return [finding(r) for _, r in rows.iterrows()]
+
+
 def saturation(cmp: Any, warn: float = defaults.SATURATION_WARN,
                warn_clip_snr_db: float = defaults.SATURATION_WARN_CLIP_SNR_DB,
                error_clip_snr_db: float = defaults.SATURATION_ERROR_CLIP_SNR_DB) -> list[Finding]:
@@ -33,22 +40,21 @@ def saturation(cmp: Any, warn: float = defaults.SATURATION_WARN,
     if t.empty or "clipped_fraction" not in t:
         return []
     hits = t[(t["clipped_fraction"] > warn) & (t["clip_snr_db"] < warn_clip_snr_db)]
-    hits = hits.sort_values("clip_snr_db", kind="stable")
-    out = []
-    for _, r in _first_per_tensor(hits).iterrows():
+
+    def finding(r: Any) -> Finding:
         frac = float(r["clipped_fraction"])
         csnr = float(r["clip_snr_db"]) if r["clip_snr_db"] == r["clip_snr_db"] else float("inf")
-        sev = "error" if csnr < error_clip_snr_db else "warning"
-        out.append(Finding(
-            "saturation", sev,
+        return Finding(
+            "saturation", "error" if csnr < error_clip_snr_db else "warning",
             f"{r['ref_name']}: {frac:.2%} of the reference values fall outside the encoding range "
             f"(they saturate; clipping SNR {csnr:.1f} dB)",
             where=_where(r),
             evidence={"clipped_fraction": frac, "clip_snr_db": csnr, "enc_step": r["enc_step"], "sqnr_db": r["sqnr_db"]},
             suggestion="widen this tensor's encoding (calibrate on data that covers the real range, or set "
                        "min/max in quantization overrides)",
-        ))
-    return out
+        )
+
+    return _per_tensor(hits, "clip_snr_db", finding)
 
 
 def resolution_collapse(cmp: Any, warn_db: float = defaults.RESOLUTION_WARN_DB,
@@ -57,13 +63,11 @@ def resolution_collapse(cmp: Any, warn_db: float = defaults.RESOLUTION_WARN_DB,
     t = cmp.table
     if t.empty or "grid_snr_db" not in t:
         return []
-    hits = t[t["grid_snr_db"] < warn_db].sort_values("grid_snr_db", kind="stable")
-    out = []
-    for _, r in _first_per_tensor(hits).iterrows():
+
+    def finding(r: Any) -> Finding:
         g = float(r["grid_snr_db"])
-        sev = "error" if g < error_db else "warning"
-        out.append(Finding(
-            "resolution_collapse", sev,
+        return Finding(
+            "resolution_collapse", "error" if g < error_db else "warning",
             f"{r['ref_name']}: the encoding step {r['enc_step']:.4g} leaves only {g:.1f} dB SNR on the "
             f"informative reference values (the step is large against their spread)",
             where=_where(r),
@@ -71,5 +75,6 @@ def resolution_collapse(cmp: Any, warn_db: float = defaults.RESOLUTION_WARN_DB,
                       "clipped_fraction": r["clipped_fraction"]},
             suggestion="give this tensor 16-bit activations, or split the large-range term out (e.g. keep an "
                        "additive attention mask out of the scores' 8-bit encoding)",
-        ))
-    return out
+        )
+
+    return _per_tensor(t[t["grid_snr_db"] < warn_db], "grid_snr_db", finding)

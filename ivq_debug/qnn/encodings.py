@@ -119,6 +119,12 @@ _ORT_ENTRY = {
     },
 }
 
+def _entry_lists(entry: dict[str, Any], **properties: Any) -> dict[str, Any]:
+    """Schema of a format whose activation and parameter encodings are lists of ``entry`` objects."""
+    return {"type": "object", "properties": {**properties, "activation_encodings": {"type": "array", "items": entry},
+                                             "param_encodings": {"type": "array", "items": entry}}}
+
+
 #: JSON Schema (Draft 2020-12) of each overrides / encodings format (``docs/input-formats.md``)
 SCHEMAS: dict[str, dict[str, Any]] = {
     "legacy": {
@@ -126,23 +132,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"activation_encodings": _LEGACY_SECTION, "param_encodings": _LEGACY_SECTION,
                        "quantizer_args": {"type": "object"}},
     },
-    "1.0.0": {
-        "type": "object",
-        "properties": {
-            "version": {"const": "1.0.0"},
-            "activation_encodings": {"type": "array", "items": _V1_ENTRY},
-            "param_encodings": {"type": "array", "items": _V1_ENTRY},
-            "quantizer_args": {"type": "object"}, "excluded_layers": {"type": "array"},
-        },
-    },
-    "aimet2": {
-        "type": "object",
-        "properties": {
-            "version": {"type": "string"},
-            "activation_encodings": {"type": "array", "items": _AIMET2_ENTRY},
-            "param_encodings": {"type": "array", "items": _AIMET2_ENTRY},
-        },
-    },
+    "1.0.0": _entry_lists(_V1_ENTRY, version={"const": "1.0.0"}, quantizer_args={"type": "object"},
+                          excluded_layers={"type": "array"}),
+    "aimet2": _entry_lists(_AIMET2_ENTRY, version={"type": "string"}),
     "ort": {
         "type": "object",
         "additionalProperties": {"anyOf": [_ORT_ENTRY, {"type": "array", "minItems": 1, "items": _ORT_ENTRY}]},
@@ -1053,20 +1045,18 @@ def encodings_from_qdq_model(model: Any, base_dir: str | os.PathLike = "") -> En
                         signed=signed, axis=axis)
 
     for n in m.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input and n.input[0] not in consts:
-            name = n.input[0]
-            if name.endswith("_QuantizeLinear_Input"):
-                name = name[: -len("_QuantizeLinear_Input")]
-            e = enc_of(n)
-            if e is not None:
-                out.activations.setdefault(name, e)
-        elif n.op_type == "DequantizeLinear" and n.input and n.input[0] in consts:
-            name = n.input[0]
-            if name.endswith("_quantized"):
-                name = name[: -len("_quantized")]
-            e = enc_of(n)
-            if e is not None:
-                out.params.setdefault(name, e)
+        if not n.input:
+            continue
+        # activations: their QuantizeLinear's input; weights: their DequantizeLinear's constant input
+        if n.op_type == "QuantizeLinear" and n.input[0] not in consts:
+            table, suffix = out.activations, "_QuantizeLinear_Input"
+        elif n.op_type == "DequantizeLinear" and n.input[0] in consts:
+            table, suffix = out.params, "_quantized"
+        else:
+            continue
+        e = enc_of(n)
+        if e is not None:
+            table.setdefault(n.input[0].removesuffix(suffix), e)
     return out
 
 
