@@ -96,7 +96,7 @@ def test_session_options_reach_every_session(tmp_path: Path, capfd) -> None:
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--session-option", "novalue"], "--session-option takes KEY=VALUE"),
-    (["--threads", "0"], "--threads must be >= 1"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
 ])
 def test_bad_options_are_one_line_usage_errors(dq: Path, tmp_path: Path, args: list[str], needle: str, capfd) -> None:
     code, _, err = run_ivq(["capture", "onnx", dq, "--inputs", dq.parent / "x.npz", "-o", tmp_path / "o.h5", *args], capfd)
