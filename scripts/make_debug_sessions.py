@@ -17,8 +17,6 @@ Run: ``python scripts/make_debug_sessions.py OUT [--force]`` (about 50 s on 2 co
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -26,19 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.debug_sessions import MODEL, build_debug_session  # noqa: E402
+from tests.support.device_sessions import fixture_folder_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", help="output folder")
-    ap.add_argument("--force", action="store_true", help="replace an existing output folder")
-    a = ap.parse_args(argv)
-    out = Path(a.out)
-    if out.exists() and any(out.iterdir()):
-        if not a.force:
-            print(f"{out} is not empty; pass --force to replace it", file=sys.stderr)
-            return 2
-        shutil.rmtree(out)
+    parsed = fixture_folder_args(__doc__, argv)
+    if parsed is None:
+        return 2
+    _, out = parsed
     from ivq_debug.vlm.load import load_vlm, reference_path
 
     s = build_debug_session(load_vlm(MODEL).model, out, reference_path(MODEL) / "config.json")

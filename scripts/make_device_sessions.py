@@ -12,31 +12,27 @@ Run: ``python scripts/make_device_sessions.py OUT [--force] [--only NAME ...]`` 
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.device_sessions import SESSIONS, build_sessions, parts_exporter  # noqa: E402
+from tests.support.device_sessions import (  # noqa: E402
+    SESSIONS,
+    build_sessions,
+    fixture_folder_args,
+    parts_exporter,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", help="output folder")
-    ap.add_argument("--force", action="store_true", help="replace an existing output folder")
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="sessions to write (default: all), e.g. "
-                    "internvl-tiny-dynamic-restart")
-    a = ap.parse_args(argv)
-    out = Path(a.out)
-    if out.exists() and any(out.iterdir()):
-        if not a.force:
-            print(f"{out} is not empty; pass --force to replace it", file=sys.stderr)
-            return 2
-        shutil.rmtree(out)
+    parsed = fixture_folder_args(__doc__, argv, lambda ap: ap.add_argument(
+        "--only", nargs="+", metavar="NAME", help="sessions to write (default: all), e.g. internvl-tiny-dynamic-restart"))
+    if parsed is None:
+        return 2
+    a, out = parsed
     names = {f"{m}-{c}-{f}": (m, c, f) for m, c, f in SESSIONS}
     chosen = tuple(names.values()) if not a.only else tuple(names[n] for n in a.only if n in names)
     unknown = sorted(set(a.only or ()) - set(names))

@@ -28,8 +28,11 @@ Run ``python scripts/make_device_sessions.py OUT`` to write every fixture; the t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -87,6 +90,27 @@ class DeviceSession:
 
 
 # ------------------------------------------------------------------------------------------- parts
+def fixture_folder_args(doc: str, argv: list[str] | None,
+                        more: Callable[[argparse.ArgumentParser], None] | None = None
+                        ) -> tuple[argparse.Namespace, Path] | None:
+    """The command line of the ``scripts/make_*_sessions.py`` writers: ``OUT [--force]`` (+ ``more``'s
+    arguments); an OUT that holds files is emptied with ``--force`` and refused without it (None, after one
+    line on stderr)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("out", help="output folder")
+    ap.add_argument("--force", action="store_true", help="replace an existing output folder")
+    if more is not None:
+        more(ap)
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    if out.exists() and any(out.iterdir()):
+        if not a.force:
+            print(f"{out} is not empty; pass --force to replace it", file=sys.stderr)
+            return None
+        shutil.rmtree(out)
+    return a, out
+
+
 def export_session_parts(model: Any, folder: Path, cache: str, *, restart_prefill_len: int | None = None,
                          verify: bool = True, model_id: str | None = None) -> Any:
     """Export the split parts a device session runs; returns the ``ExportResult``.
