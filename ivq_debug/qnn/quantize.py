@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, redirect_stdout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -652,20 +653,23 @@ def quantize_for_qnn(
             if preprocessed:
                 source = pre
         reader = _reader(samples)
+        # ORT's entropy / percentile calibration prints its progress on stdout, which carries a command's results
+        # (tables, TSV, JSON): it goes to stderr with the other progress
         try:
-            cfg = get_qnn_qdq_config(
-                source, reader,
-                calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[calibrate_method.lower()]),
-                activation_type=act, weight_type=wt, per_channel=per_channel,
-                init_overrides=init_overrides or None, activation_symmetric=activation_symmetric,
-                weight_symmetric=weight_symmetric,
-                op_types_to_quantize=list(op_types_to_quantize) if op_types_to_quantize else None,
-                nodes_to_exclude=list(nodes_to_exclude) if nodes_to_exclude else None,
-            )
-            if big:
-                cfg.use_external_data_format = True
-            staged = work / out.name
-            quantize(source, staged, cfg)
+            with redirect_stdout(sys.stderr):
+                cfg = get_qnn_qdq_config(
+                    source, reader,
+                    calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[calibrate_method.lower()]),
+                    activation_type=act, weight_type=wt, per_channel=per_channel,
+                    init_overrides=init_overrides or None, activation_symmetric=activation_symmetric,
+                    weight_symmetric=weight_symmetric,
+                    op_types_to_quantize=list(op_types_to_quantize) if op_types_to_quantize else None,
+                    nodes_to_exclude=list(nodes_to_exclude) if nodes_to_exclude else None,
+                )
+                if big:
+                    cfg.use_external_data_format = True
+                staged = work / out.name
+                quantize(source, staged, cfg)
         except IvqError:
             raise
         except OSError as e:
