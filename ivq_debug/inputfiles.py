@@ -150,3 +150,21 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
+
+
+def file_version(path: str | os.PathLike) -> tuple[str, int, int]:
+    """``(resolved path, size, mtime in ns)``: a file's identity for what is computed from it once per process."""
+    st = os.stat(path)
+    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_file_once(path: str | os.PathLike) -> str:
+    """:func:`sha256_file`, computed once per :func:`file_version` in this process (model and weights files are
+    large and hashed by every capture, cache look-up and shard key of the same run)."""
+    key = file_version(path)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]

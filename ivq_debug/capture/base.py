@@ -24,7 +24,7 @@ from ivq_debug.console import track
 from ivq_debug.dump import DumpWriter
 from ivq_debug.dump.contract import CONTRACT_META, host_platform, model_precision
 from ivq_debug.errors import UsageError
-from ivq_debug.inputfiles import sha256_file
+from ivq_debug.inputfiles import sha256_file_once
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.load import Model, load_model
 
@@ -140,20 +140,7 @@ class Closing:
 # ------------------------------------------------------------------------------------------ the capture loop
 def model_facts(model: str | os.PathLike, part: str = "model") -> dict[str, Any]:
     """What a dump records about the model file it captured: resolved path, SHA-256, part."""
-    return {"path": str(Path(model).resolve()), "sha256": _file_sha256(str(model)), "part": part}
-
-
-def _file_sha256(path: str) -> str:
-    """SHA-256 of a file, computed once per (path, size, mtime) in this process (captures of the same parts)."""
-    st = os.stat(path)
-    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    h = _SHA_CACHE.get(key)
-    if h is None:
-        h = _SHA_CACHE[key] = sha256_file(path)
-    return h
-
-
-_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+    return {"path": str(Path(model).resolve()), "sha256": sha256_file_once(model), "part": part}
 
 
 def run_identity(runner: Any, part: str = "model") -> dict[str, Any]:
@@ -174,7 +161,7 @@ def run_identity(runner: Any, part: str = "model") -> dict[str, Any]:
         path = path if path is not None else getattr(inner, "model_path", None)
         if path is None or not Path(path).is_file():
             continue
-        models[p] = {"path": str(Path(path).resolve()), "sha256": _file_sha256(str(path)),
+        models[p] = {"path": str(Path(path).resolve()), "sha256": sha256_file_once(path),
                      "precision": model_precision(proto) if hasattr(proto, "graph") else None}
     return {"backend": getattr(runner, "backend", None), "models": models, "platform": host_platform()}
 

@@ -53,7 +53,7 @@ from ivq_debug.diagnose.units import activation_bits
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import IvqError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
-from ivq_debug.inputfiles import sha256_file
+from ivq_debug.inputfiles import file_version, sha256_file
 from ivq_debug.metrics import dot
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.load import Model, load
@@ -254,14 +254,9 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
 _LOADED: dict[tuple[str, int, int], Model] = {}
 
 
-def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
-    st = os.stat(path)
-    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
-
-
 def _loaded(path: str) -> Model:
     """The model of ``path``, parsed once per process and file version."""
-    key = _file_key(path)
+    key = file_version(path)
     if key not in _LOADED:
         _LOADED[key] = load(path)
     return _LOADED[key]
@@ -315,7 +310,7 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
     except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
         backend = repr(runner_factory)
     _LOADED.clear()  # this run's models, already parsed
-    _LOADED.update({_file_key(m.path): m for m in (qdq, fmodel) if m is not None})
+    _LOADED.update({file_version(m.path): m for m in (qdq, fmodel) if m is not None})
     ref_path = str(Path(ref.path).resolve())
     meta = {"model_sha256": sha256_file(qdq.path), "reference_sha256": ref.content_digest(),
             "float_sha256": sha256_file(fmodel.path) if fmodel is not None else None, "records": list(rids),

@@ -49,7 +49,7 @@ from typing import Any
 from ivq_debug import defaults
 from ivq_debug.console import warn
 from ivq_debug.errors import InputError, UsageError, one_line
-from ivq_debug.inputfiles import file_in_folder_problem, sha256_file
+from ivq_debug.inputfiles import file_in_folder_problem, sha256_file, sha256_file_once
 from ivq_debug.jsonio import load_json
 from ivq_debug.outputs import atomic_write_text
 
@@ -72,19 +72,6 @@ EXPOSURE_FORMAT = 1
 #: staging folders older than this are removed when pruning (a killed process left them)
 STALE_STAGING_S = 24 * 3600
 
-_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a file, memoized per (path, size, mtime) within the process (weights files are large)."""
-    p = Path(path).resolve()
-    st = p.stat()
-    k = (str(p), st.st_size, st.st_mtime_ns)
-    if k not in _HASHES:
-        _HASHES[k] = sha256_file(p)
-    return _HASHES[k]
-
-
 def external_files(proto: Any, base: Path) -> list[Path]:
     """The external-data files an ONNX graph references (resolved against ``base``), sorted."""
     locs = set()
@@ -100,8 +87,8 @@ def model_digest(model: bytes | str | os.PathLike, proto: Any = None) -> dict[st
     if isinstance(model, bytes | bytearray | memoryview):
         return {"sha256": hashlib.sha256(model).hexdigest(), "bytes": len(model), "external": {}}
     p = Path(model)
-    ext = {f.name: file_digest(f) for f in external_files(proto, p.parent)} if proto is not None else {}
-    return {"sha256": file_digest(p), "bytes": p.stat().st_size, "external": ext}
+    ext = {f.name: sha256_file_once(f) for f in external_files(proto, p.parent)} if proto is not None else {}
+    return {"sha256": sha256_file_once(p), "bytes": p.stat().st_size, "external": ext}
 
 
 def key_of(material: dict[str, Any]) -> str:
