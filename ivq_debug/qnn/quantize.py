@@ -618,6 +618,12 @@ def quantize_for_qnn(
                                        constants=constants_to_initializers)
     notes: list[str] = []
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes)
+    if not per_channel and any("axis" in e for es in init_overrides.values() for e in es) \
+            and intake.opset_of(proto) < intake.PER_CHANNEL_MIN_OPSET:
+        # a per-channel weight override (the tuner's per-channel lever on one weight) needs what --per-channel
+        # needs: ORT writes its bias's DequantizeLinear per channel too (`axis`: opset >= 13; PP-OCRv4 is opset 12)
+        intake_rep.opset_from, intake_rep.opset_to = intake.opset_of(proto), intake.PER_CHANNEL_MIN_OPSET
+        proto = intake.upgrade_opset(proto, intake.PER_CHANNEL_MIN_OPSET, src)
     known = _tensor_names(proto)
     unmatched = sorted(k for k in init_overrides if k not in known)
     if unmatched and strict_overrides:
