@@ -111,6 +111,8 @@ def fold_shape_chains(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any,
     derived: set[str] = set()
     folded: list[tuple[str, str]] = []
     for _ in range(FOLD_MAX_PASSES):
+        if not any(n.op_type in SHAPE_OPS for n in model.graph.node):  # nothing left to start a chain: no inference
+            break
         model, done = _fold_pass(model, max_bytes, derived)
         folded += done
         if not done:
