@@ -254,12 +254,17 @@ def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weigh
 _LOADED: dict[tuple[str, int, int], Model] = {}
 
 
+def _once(memo: dict[tuple[str, int, int], Any], path: str, read: Callable[[str], Any]) -> Any:
+    """``read(path)`` once per process and file version (``memo``: :data:`_LOADED` or :data:`_OPENED`)."""
+    key = file_version(path)
+    if key not in memo:
+        memo[key] = read(path)
+    return memo[key]
+
+
 def _loaded(path: str) -> Model:
     """The model of ``path``, parsed once per process and file version."""
-    key = file_version(path)
-    if key not in _LOADED:
-        _LOADED[key] = load(path)
-    return _LOADED[key]
+    return _once(_LOADED, path, load)
 
 
 #: the reference dumps of the current run by (file, size, mtime), open: a job in this process reads the manifest
@@ -270,10 +275,7 @@ _OPENED: dict[tuple[str, int, int], Any] = {}
 
 def _opened(path: str) -> Any:
     """The reference dump at ``path``, opened once per process and file version."""
-    key = file_version(path)
-    if key not in _OPENED:
-        _OPENED[key] = open_dump(path)
-    return _OPENED[key]
+    return _once(_OPENED, path, open_dump)
 
 
 _F0 = {"type": "number", "minimum": 0, "x-finite": True}
