@@ -24,7 +24,7 @@ from ivq_debug.dump import format as fmt
 from ivq_debug.dump.contract import INPUTS_META, input_fact
 from ivq_debug.dump.reader import Dump, Entry, block_slices, logical
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
-from ivq_debug.dump.writer import _ENTRY_FIELDS, to_numpy
+from ivq_debug.dump.writer import _ENTRY_FIELDS, RecordBook, table_payload, to_numpy
 from ivq_debug.errors import UsageError
 
 
@@ -33,7 +33,7 @@ def _as_json(value: Any) -> Any:
     return json.loads(fmt.to_json(value))
 
 
-class MemorySink:
+class MemorySink(RecordBook):
     """A :class:`~ivq_debug.capture.base.RecordSink` keeping the records it is given in memory.
 
     Args:
@@ -49,41 +49,14 @@ class MemorySink:
         self.backend_info = dict(backend_info or {})
         self.meta: dict[str, Any] = {}
         self.tables: dict[str, Any] = {}
-        self._records: list[dict[str, Any]] = []
+        self._book_init()
         self._rows: list[Entry] = []
         self._arrays: dict[tuple[str, str, str], np.ndarray] = {}
-        self._names: dict[tuple[str, str], set[str]] = {}
-        self._order: dict[str, int] = {}
-        self._cur: dict[str, Any] | None = None
-        self._count = 0
 
     # ---------------------------------------------------------------- the RecordSink protocol
     def begin_record(self, sample: int = 0, part: str = "model", step: int = 0, **meta: Any) -> str:
         """Start a record (as :meth:`~ivq_debug.dump.writer.DumpWriter.begin_record`)."""
-        key = (int(sample), str(part), int(step))
-        if any((r["sample"], r["part"], r["step"]) == key for r in self._records):
-            raise UsageError(f"record sample={sample} part={part!r} step={step} already exists")
-        rid = fmt.record_id(self._count)
-        self._count += 1
-        rec = {"rid": rid, "sample": key[0], "part": key[1], "step": key[2], "meta": dict(meta)}
-        self._records.append(rec)
-        self._cur = rec
-        self._order[rid] = 0
-        return rid
-
-    @property
-    def current_record(self) -> str | None:
-        """Id of the open record."""
-        return self._cur["rid"] if self._cur else None
-
-    @property
-    def current_key(self) -> tuple[int, str, int] | None:
-        """``(sample, part, step)`` of the open record."""
-        return (self._cur["sample"], self._cur["part"], self._cur["step"]) if self._cur else None
-
-    def has(self, name: str, kind: str = "tensor") -> bool:
-        """True when the open record holds ``name``."""
-        return self._cur is not None and name in self._names.get((self._cur["rid"], kind), set())
+        return self._open_record(sample, part, step, dict(meta))["rid"]
 
     def add_input(self, name: str, value: Any, *, role: str | None = None, reason: str | None = None,
                   **kw: Any) -> None:
@@ -110,13 +83,7 @@ class MemorySink:
 
     def add_table(self, name: str, table: Any) -> None:
         """A small table (replacing one of that name), kept as the dump would store it."""
-        if hasattr(table, "to_dict"):
-            payload = {"columns": [str(c) for c in table.columns], "rows": table.astype(object).values.tolist()}
-        else:
-            rows = list(table)
-            cols = list(dict.fromkeys(k for r in rows for k in r))
-            payload = {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
-        self.tables[name] = _as_json(payload)
+        self.tables[name] = _as_json(table_payload(table))
 
     def mark_incomplete(self, reason: str) -> None:
         """(A dump would record it; a comparison in memory has no reader to tell.)"""
@@ -133,15 +100,9 @@ class MemorySink:
             raise TypeError(f"unknown entry field(s) {sorted(unknown)}")
         rec = self._record()
         rid = rec["rid"]
-        seen = self._names.setdefault((rid, kind), set())
-        if name in seen:
-            raise UsageError(f"{kind} {name!r} added twice to record {rid}")
-        seen.add(name)
+        self._take_name(rid, kind, name)
         arr, dtype_name = to_numpy(value)
-        order = fields.get("order")
-        if order is None:
-            order = self._order[rid]
-        self._order[rid] = max(self._order[rid], order + 1)
+        order = self._next_order(rid, fields.get("order"))
         enc = fields.get("encoding")
         key = fmt.escape_name(name)
         self._arrays[(rid, kind, key)] = arr
@@ -158,8 +119,8 @@ class MemorySink:
         """The records so far as a :class:`MemoryDump`; the sink starts empty again (the tables, ``/meta`` and
         backend info stay: a runner writes them once per capture)."""
         d = MemoryDump(self)
-        self._records, self._rows, self._arrays, self._names, self._order = [], [], {}, {}, {}
-        self._cur = None
+        self._rows, self._arrays = [], {}
+        self._book_init()
         return d
 
 
