@@ -560,6 +560,7 @@ def quantize_for_qnn(
     op_types_to_quantize: Sequence[str] | None = None,
     nodes_to_exclude: Sequence[str] | None = None,
     constants_to_initializers: bool = True,
+    fold_shapes: bool = True,
     overwrite: bool = False,
     calibration_cache: str | os.PathLike | None = None,
     **calibration_options: Any,
@@ -584,6 +585,9 @@ def quantize_for_qnn(
             ``get_qnn_qdq_config``.
         constants_to_initializers: turn ``Constant``-node weights into initializers first (model intake,
             :mod:`ivq_debug.onnxgraph.intake`; metadata, dims and the per-channel opset are always taken care of).
+        fold_shapes: fold the shape arithmetic the static dims make constant (``Shape -> Gather -> Concat ->
+            Reshape``) into initializers, so that QNN HTP runs the QDQ model at every ORT optimization level
+            (``result.intake["folded_shapes"]`` lists the nodes; False writes them as they are).
         overwrite: replace an existing output.
         calibration_cache: a folder of calibration results (:func:`calibration_cache_key`): a quantization whose
             calibration inputs (model, samples, method, types, options) were calibrated before loads the tensor
@@ -621,7 +625,7 @@ def quantize_for_qnn(
         raise TypeError(f"quantize_for_qnn() got unexpected keyword argument(s) {unknown}")
     samples, cal_desc = load_calibration(calibration, proto, **calibration_options)
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel, where=src,
-                                       constants=constants_to_initializers)
+                                       constants=constants_to_initializers, fold_shapes=fold_shapes)
     notes: list[str] = []
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes)
     known = _tensor_names(proto)

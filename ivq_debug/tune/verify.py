@@ -500,6 +500,8 @@ class Tuner:
             msg = one_line(e) if isinstance(e, IvqError) else f"{type(e).__name__}: {one_line(e)}"
             entry |= {"error": msg, "seconds": round(time.perf_counter() - t0, 2),
                       "fixes": [f.to_dict() for f in fixes]}
+            if getattr(e, "unsupported", None):  # a QNN refusal: every node with its reason (the line groups them)
+                entry["unsupported"] = list(e.unsupported)
             self._save(key, entry)
             return Trial(label, applied, qdq, dump, None, error=entry["error"], seconds=entry["seconds"])
         tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), cycles,
