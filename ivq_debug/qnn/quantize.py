@@ -800,11 +800,18 @@ def _np_name(qt: Any) -> str:
     return np.dtype(_np_int_type(qt)).name
 
 
-def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLike) -> bool:
+def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLike,
+                           samples: Sequence[Mapping[str, Any]] | None = None) -> bool:
     """Write ``out``: ``float_model`` as :func:`quantize_for_qnn` takes it — the intake (``Constant`` weights as
-    initializers, metadata set aside) then ORT's ``qnn_preprocess_model`` (the fusions the QNN flow makes before
-    quantizing). The one place besides :func:`quantize_for_qnn` that runs the preprocessing (the tuner's source,
-    the aligner's quantizer reference). Returns False, writing nothing, when neither step changes the graph.
+    initializers, metadata set aside, with ``samples`` — the calibration samples — the dims they agree on fixed and
+    the shape arithmetic that makes constant folded) then ORT's ``qnn_preprocess_model`` (the fusions the QNN flow
+    makes before quantizing). The one place besides :func:`quantize_for_qnn` that runs the preprocessing (the
+    tuner's source, the aligner's quantizer reference). Returns False, writing nothing, when neither step changes
+    the graph.
+
+    Without ``samples`` a dynamic axis stays dynamic, its ``Shape -> Reshape`` chains stay, and
+    ``qnn_preprocess_model`` fuses less than :func:`quantize_for_qnn` does (PP-OCRv4's recognizer: its 9
+    ``MatMul + Add`` pairs stay apart, the QDQ model names other tensors than ``ivq quantize`` writes).
 
     Raises:
         InputError: the preprocessing fails on the model (exit 3).
@@ -812,7 +819,7 @@ def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLik
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     src, out = Path(float_model), Path(out)
-    proto, rep = intake.prepare(load_model(src), where=src)  # a working copy: its metadata stays off
+    proto, rep = intake.prepare(load_model(src), samples=samples, where=src)  # a copy: its metadata stays off
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     intake_file = None

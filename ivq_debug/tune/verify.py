@@ -347,7 +347,9 @@ class Tuner:
         if self._source is None:
             self._source = Path(self.float_model)
             if self.preprocess:
-                pre = preprocessed_model(self.float_model, Path(self.workdir))
+                samples, _ = load_calibration(self.calibration, self.float_model,
+                                              **{k: v for k, v in self.quantize_kw.items() if k in CALIBRATION_OPTIONS})
+                pre = preprocessed_model(self.float_model, Path(self.workdir), samples)
                 if pre is not None:
                     self._source = pre
         return self._source
@@ -719,12 +721,14 @@ def per_sample(cmp: Any, watch: Sequence[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def preprocessed_model(float_model: str | os.PathLike, folder: Path) -> Path | None:
-    """``<folder>/preprocessed.onnx``: the float model as the quantizer takes it (the intake, then ORT's
+def preprocessed_model(float_model: str | os.PathLike, folder: Path,
+                       samples: Sequence[dict[str, np.ndarray]] | None = None) -> Path | None:
+    """``<folder>/preprocessed.onnx``: the float model as the quantizer takes it (the intake — with the calibration
+    ``samples``, the dims they fix and the shape chains that folds, as ``ivq quantize`` does — then ORT's
     ``qnn_preprocess_model``: :func:`~ivq_debug.qnn.quantize.preprocess_float_model`), or None when that
     changes nothing."""
     out = folder / "preprocessed.onnx"
-    return out if preprocess_float_model(float_model, out) else None
+    return out if preprocess_float_model(float_model, out, samples) else None
 
 
 def _outputs(d: Dump, names: Sequence[str]) -> list[dict[str, np.ndarray]]:
