@@ -360,17 +360,18 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             r["status"] = "chosen"
             rep = TuneReport(before, tr, watch, steps=[{"candidate": lv.name, "label": tr.label, "kept": True}],
                              refused=refused, backend=tuner.backend, format=tuner.fmt, target_check=check)
-            return _done(SearchResult(rows, lv, rep, basis, jobs_info), root)
+            return _done(SearchResult(rows, lv, rep, basis, jobs_info), root, tuner.keep_dumps)
         r["status"] = f"refused: {why}"
         refused.append({"candidate": lv.name, "label": tr.label, "reason": why})
     rep = TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
                      backend=tuner.backend, format=tuner.fmt)
-    return _done(SearchResult(rows, None, rep, basis, jobs_info), root)
+    return _done(SearchResult(rows, None, rep, basis, jobs_info), root, tuner.keep_dumps)
 
 
-def _done(res: SearchResult, root: Path) -> SearchResult:
-    """The job folders go (the shards stay: a rerun with the same settings resumes from them)."""
-    shutil.rmtree(root / "jobs", ignore_errors=True)
+def _done(res: SearchResult, root: Path, keep: bool) -> SearchResult:
+    """The job folders go unless ``keep`` (the shards stay: a rerun with the same settings resumes from them)."""
+    if not keep:
+        shutil.rmtree(root / "jobs", ignore_errors=True)
     return res
 
 
@@ -394,13 +395,14 @@ RESULT_SCHEMA: dict[str, Any] = {
 
 def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]]) -> dict[str, Any]:
     """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture), what the choice reads,
-    then its files removed."""
-    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions], keep_dump=False)
+    then its files removed (kept, with the trial's dump, when ``tuner.keep_dumps``: ``--keep-dumps``)."""
+    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions])  # a dump only with keep_dumps
     out = {"label": tr.label, "error": tr.error, "sqnr": {} if tr.error else dict(tr.sqnr_table),
            "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
            "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
            "fixes": list(tr.fixes), "samples": dict(tr.samples)}
-    shutil.rmtree(tuner.workdir, ignore_errors=True)
+    if not tuner.keep_dumps:
+        shutil.rmtree(tuner.workdir, ignore_errors=True)
     return json_safe(out)
 
 

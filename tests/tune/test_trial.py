@@ -6,6 +6,7 @@ is the same bytes with or without that cache."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,10 @@ def test_the_calibration_runs_once_per_setting_and_changes_no_byte(lever, tmp_pa
         quantize_for_qnn(lever["model"], fresh, lever["cal"], overrides=to_ort_overrides(encs), preprocess=False)
         digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (fresh, tr.qdq_model)]
         assert digest[0] == digest[1], s
+
+
+def test_keep_dumps_makes_every_trial_write_its_dump(lever, tmp_path: Path) -> None:
+    tuner = replace(_tuner(lever, tmp_path, "cpu"), keep_dumps=True)
+    tr = tuner.trial("lever", [SUGGESTIONS[0]])
+    assert tr.error is None and tr.dump.exists() and tr.comparison.test.path == tr.dump
+    assert len(tr.sqnr_table) > 3  # a whole comparison: every aligned tensor
