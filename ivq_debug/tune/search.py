@@ -238,6 +238,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     shards = Path(shards) if shards is not None else root / "shards"
     executor = executor or LocalExecutor(1)
     meta = job_meta(tuner)
+    counted: set[str] = set()
     jobs_info: dict[str, Any] = {"executor": type(executor).__name__, "total": 0, "run": 0, "resumed": 0,
                                  "retried": [], "shards": str(shards)}
 
@@ -275,9 +276,11 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                    for f in report.failures], shards)
         docs = {k: report.load(k, RESULT_SCHEMA) for k in jobs}
         merge_check(docs.values(), SWEEP_FIELDS)
-        jobs_info["total"] += len(jobs)
-        jobs_info["run"] += len(jobs) - len(report.skipped)
-        jobs_info["resumed"] += len(report.skipped)
+        new = set(jobs) - counted  # a combination equal to a lever measured above is that lever's job
+        counted.update(new)
+        jobs_info["total"] += len(new)
+        jobs_info["resumed"] += len(new & set(report.skipped))
+        jobs_info["run"] += len(new - set(report.skipped))
         jobs_info["retried"] = sorted({*jobs_info["retried"], *report.retried})
         for lv, row, key in todo:
             tr = shard_trial(docs[key]["result"], Path(jobs[key].kwargs["tuner"].workdir))
