@@ -86,8 +86,11 @@ def step_build(a: dict[str, Any]) -> dict[str, Any]:
 
 def one_trial(tuner: Any, label: str) -> Any:
     """One trial of ``ivq tune`` with no suggestion (the baseline configuration re-run): the one call of the tuner
-    this benchmark times (today: quantize, capture, compare, as ``Tuner.trial`` does)."""
-    return tuner.trial(label, [], keep_dump=False)
+    this benchmark times — ``tune.verify.one_trial``, a partial capture (each image run once and compared in memory
+    with the reference, the calibration cached; ``docs/tune.md`` "What a trial costs")."""
+    from ivq_debug.tune.verify import one_trial as trial
+
+    return trial(tuner, label)
 
 
 def step_trial(a: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +139,8 @@ def step_trial(a: dict[str, Any]) -> dict[str, Any]:
     t_trial = time.perf_counter() - t0
     if again.error:
         raise SystemExit(f"trial failed: {again.error}")
-    same = first.sqnr_table == again.sqnr_table
+    # the tensors the trial measured (the watched output, the model outputs) have the baseline's figures, to the bit
+    same = bool(again.sqnr_table) and all(first.sqnr_table.get(k) == v for k, v in again.sqnr_table.items())
     return {"capture_s": round(t_cap, 2), "trial_s": round(t_trial, 2), "first_trial_s": round(t_first, 2),
             "ratio": round(t_trial / t_cap, 2), "same_sqnr": same, "backend": a["backend"], "images": len(feeds)}
 

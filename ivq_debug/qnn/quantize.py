@@ -601,6 +601,7 @@ def quantize_for_qnn(
     constants_to_initializers: bool = True,
     fold_shapes: bool = True,
     overwrite: bool = False,
+    calibration_cache: str | os.PathLike | None = None,
     **calibration_options: Any,
 ) -> QuantizeResult:
     """Quantize a float ONNX model to a QDQ model for QNN HTP.
@@ -627,6 +628,11 @@ def quantize_for_qnn(
             Reshape``) into initializers, so that QNN HTP runs the QDQ model at every ORT optimization level
             (``result.intake["folded_shapes"]`` lists the nodes; False writes them as they are).
         overwrite: replace an existing output.
+        calibration_cache: a folder of calibration results (:func:`calibration_cache_key`): a quantization whose
+            calibration inputs (model, samples, method, types, options) were calibrated before loads the tensor
+            ranges instead of running the calibration again (ORT's ``calibration_cache_path``); overrides and
+            excluded nodes do not enter calibration, so the trials of ``ivq tune`` calibrate once. The written
+            model is the same bytes as without the cache (``tests/qnn/test_quantize.py``).
 
     The written model holds its metadata, plus the effective quantization per tensor under
     ``ivq_debug.quantization`` (``result.effective`` is its summary; ``mismatches`` says where the preset did
@@ -715,7 +721,10 @@ def quantize_for_qnn(
                 if big:
                     cfg.use_external_data_format = True
                 staged = work / out.name
-                quantize(source, staged, cfg)
+                if calibration_cache is None:
+                    quantize(source, staged, cfg)
+                else:
+                    _quantize_cached(source, staged, cfg, Path(calibration_cache), samples)
         except IvqError:
             raise
         except OSError as e:
@@ -766,6 +775,53 @@ def quantize_for_qnn(
         intake=intake_rep.to_dict(),
         effective=effective,
     )
+
+
+def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[str, Any]], cfg: Any) -> str:
+    """The key of one calibration: SHA-256 over everything ORT's calibration reads — the model file handed to the
+    quantizer (its bytes), the calibration samples (their input digests), the method, the op types calibrated,
+    the calibration options, the activation / weight types and the 16-bit types the overrides ask for (they
+    move the calibrated model to opset 21) — and the onnxruntime version. The overrides' ranges and the excluded
+    nodes are not calibration inputs."""
+    import hashlib
+    import json
+
+    import onnxruntime
+
+    from ivq_debug.dump.contract import input_digest
+    from ivq_debug.inputfiles import sha256_file
+
+    ex = dict(cfg.extra_options or {})
+    types = sorted({str(e.get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values() for e in v
+                    if e.get("quant_type") is not None}
+                   | {str((e.get("convert") or {}).get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values()
+                      for e in v if (e.get("convert") or {}).get("quant_type") is not None})
+    material = {
+        "model": sha256_file(source),
+        "samples": [{k: input_digest(v) for k, v in sorted(s.items())} for s in samples],
+        "method": str(cfg.calibrate_method), "op_types": sorted(cfg.op_types_to_quantize or []),
+        "options": {k: str(v) for k, v in sorted(ex.items()) if k.startswith("Calib") or k == "SmoothQuant"},
+        "types": [str(cfg.activation_type), str(cfg.weight_type), *types], "per_channel": bool(cfg.per_channel),
+        "external": bool(cfg.use_external_data_format), "onnxruntime": onnxruntime.__version__,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples: Sequence[Mapping[str, Any]]) -> None:
+    """ORT's ``quantize`` of a static config with its calibration kept in ``folder`` under
+    :func:`calibration_cache_key` (ORT writes the cache atomically; a file another process wrote half is never
+    seen under the key)."""
+    from onnxruntime.quantization import quantize_static
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{calibration_cache_key(source, samples, cfg)}.json"
+    quantize_static(source, staged, cfg.calibration_data_reader, calibrate_method=cfg.calibrate_method,
+                    quant_format=cfg.quant_format, activation_type=cfg.activation_type, weight_type=cfg.weight_type,
+                    op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_quantize=cfg.nodes_to_quantize,
+                    nodes_to_exclude=cfg.nodes_to_exclude, per_channel=cfg.per_channel, reduce_range=cfg.reduce_range,
+                    use_external_data_format=cfg.use_external_data_format,
+                    calibration_providers=cfg.calibration_providers, extra_options=cfg.extra_options,
+                    calibration_cache_path=path)
 
 
 #: quantizer log lines that say nothing about this run (advice to run the preprocessing ``quantize_for_qnn`` ran)
