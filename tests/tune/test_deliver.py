@@ -142,3 +142,16 @@ def test_the_sweep_delivers_the_model_it_verified_a_float_node_included(conv, tm
     floated = load_model(tmp_path / f"requant-{wd.name}.onnx")
     conv2 = next(n for n in floated.graph.node if n.name == "/2/Conv")
     assert not conv2.input[1].endswith("_DequantizeLinear_Output")  # its weight stays float
+
+
+@pytest.mark.slow  # 13 levers and their combinations (~35 s on 2 loaded cores)
+def test_the_search_delivers_the_model_it_verified_in_the_1_0_0_format(conv, tmp_path: Path) -> None:
+    """The search's choice (its knobs plus an overrides file) in the QNN 1.0.0 format (``legacy``:
+    ``tests/tune/test_search.py``)."""
+    wd = tmp_path / "search"
+    assert ivq_cli("tune", conv["model"], "--calibration", conv["cal"], "--inputs", conv["eval"], "-o", wd,
+                   "--backend", "cpu", "--preset", "a8w8", "--search", "--no-diagnose", "--format", "1.0.0") == 0
+    rep = json.loads((wd / "tune.json").read_text())
+    assert rep["recommended"] and rep["overrides"] and (wd / "overrides.json").exists()
+    assert json.loads((wd / "overrides.json").read_text())["version"] == "1.0.0"
+    reproduces(conv["model"], conv["cal"], wd, tmp_path, *rep["search"]["command"].split())
