@@ -334,6 +334,15 @@ COMPRESSIONS: dict[str, dict[str, Any]] = {
     "gzip-1": {"compression": "gzip", "compression_opts": 1},
     "gzip-1+shuffle": {"compression": "gzip", "compression_opts": 1, "shuffle": True},
     "gzip-4+shuffle": {"compression": "gzip", "compression_opts": 4, "shuffle": True},
+    "gzip-6": {"compression": "gzip", "compression_opts": 6},
+    "gzip-9+shuffle": {"compression": "gzip", "compression_opts": 9, "shuffle": True},
+    # what DumpWriter(compression=...) does: "auto" = lzf on the dequantized tensors of a quantized capture only
+    "auto": {"auto": "lzf"},
+    # the same rule with gzip-1 (no shuffle: the grid values' byte planes compress worse shuffled)
+    "auto-gzip-1": {"auto": "gzip"},
+    # a format change, not a filter: the dequantized float copy of a quantized tensor is not stored (it is
+    # (q - zero_point) * scale of the raw integers stored beside it); every dataset raw
+    "integers only (format change)": {"drop_dequantized": True},
 }
 
 
@@ -350,33 +359,36 @@ def step_compression(a: dict[str, Any]) -> dict[str, Any]:
     from ivq_debug.dump.writer import _chunk_shape
 
     src = open_dump(a["dump"])
-    arrays: list[tuple[str, np.ndarray, bool]] = []  # (group, data, quantized)
+    arrays: list[tuple[str, np.ndarray, bool, bool]] = []  # (group, data, quantized, its raw integers stored)
     first = src.records["rid"].tolist()[: a.get("records") or None]
     for e in src.entries:
         if e.kind != "tensor" or e.stored != "full" or e.rid not in first:
             continue
-        arrays.append(("t", np.asarray(src.dataset(e)[()]), e.encoding is not None))
+        arrays.append(("t", np.asarray(src.dataset(e)[()]), e.encoding is not None, e.has_raw))
         if e.has_raw:
-            arrays.append(("q", np.asarray(src.read_raw(e)), False))
+            arrays.append(("q", np.asarray(src.read_raw(e)), False, False))
     src.close()
-    raw_bytes = sum(x.nbytes for _, x, _ in arrays)
+    raw_bytes = sum(x.nbytes for _, x, _, _ in arrays)
     res: dict[str, Any] = {"datasets": len(arrays), "bytes": raw_bytes,
-                           "t_bytes": sum(x.nbytes for g, x, _ in arrays if g == "t"),
-                           "q_bytes": sum(x.nbytes for g, x, _ in arrays if g == "q"), "settings": {}}
+                           "t_bytes": sum(x.nbytes for g, x, _, _ in arrays if g == "t"),
+                           "q_bytes": sum(x.nbytes for g, x, _, _ in arrays if g == "q"), "settings": {}}
     settings = dict(COMPRESSIONS)
-    settings["auto"] = {"auto": True}  # lzf on the tensors of a quantized capture only
     for label, kw in settings.items():
         p = Path(a["dir"]) / f"c-{label.split(' ')[0]}.h5"
         t0 = time.perf_counter()
         with h5py.File(p, "w", libver="latest") as f:
-            for i, (g, x, quantized) in enumerate(arrays):
+            for i, (g, x, quantized, has_raw) in enumerate(arrays):
+                if kw.get("drop_dequantized") and has_raw:
+                    continue
                 k: dict[str, Any] = {}
                 if x.ndim and x.nbytes >= defaults.DUMP_MIN_CHUNKED_BYTES:
                     k["chunks"] = _chunk_shape(x.shape, x.itemsize, defaults.DUMP_CHUNK_BYTES)
                     if kw.get("auto"):
                         if quantized and g == "t":
-                            k["compression"] = "lzf"
-                    else:
+                            k["compression"] = kw["auto"]
+                            if kw["auto"] == "gzip":
+                                k["compression_opts"] = 1
+                    elif not kw.get("drop_dequantized"):
                         k.update(kw)
                 f.require_group(g).create_dataset(fmt.record_id(0) + f"_{i}", data=x, **k)
         fd = os.open(p, os.O_RDONLY)

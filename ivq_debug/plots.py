@@ -1,4 +1,4 @@
-"""Notebook figures: error vs depth, a layer's drill-down, the decode step × layer heatmap.
+"""Notebook figures: error vs depth, a layer's drill-down, the decode step × layer heatmap, a tune search's frontier.
 
 The report's own charts (:mod:`ivq_debug.report.charts`, built by the same functions as ``ivq report``'s
 sections), returned as :class:`~ivq_debug.report.charts.Svg`: a notebook displays them through
@@ -7,10 +7,12 @@ sections), returned as :class:`~ivq_debug.report.charts.Svg`: a notebook display
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from ivq_debug.errors import UsageError
-from ivq_debug.report.charts import Svg, hstack, vstack
+from ivq_debug.report.charts import Point, Series, Svg, hstack, line_chart, vstack
 from ivq_debug.report.html import MAX_POINTS, chart_context, depth_charts, drilldown_charts, heatmap_charts
 from ivq_debug.report.samples import HIST_SAMPLES, pair_samples
 
@@ -49,3 +51,31 @@ def step_heatmap(cmp: Any, sample: int = 0, part: str = "decode") -> Svg:
     if not charts:
         raise UsageError(f"no {part} records with several steps for sample {sample}")
     return charts[0][2]
+
+
+def frontier(search: Mapping[str, Any] | Any) -> Svg:
+    """Gain vs cost of every lever a tune search measured (``ivq tune --search``): the frontier joined (the
+    levers no other beats on both), the other eligible levers, and the ineligible ones in red; each marker's
+    tooltip names the lever, its status and figures. ``search``: a
+    :class:`~ivq_debug.tune.search.SearchResult` or the ``search`` section of ``tune.json``."""
+    doc = search if isinstance(search, Mapping) else search.to_dict()["search"]
+    basis = doc.get("cost_basis") or "model_bytes"
+    front = Series("frontier", "#2ca02c")
+    other = Series("eligible", "#1f77b4", line=False)
+    out = Series("not eligible", "#7f7f7f", line=False)
+    for r in doc.get("table") or []:
+        gain, cost = r.get("gain_db"), r.get("cost")
+        if not isinstance(gain, (int, float)) or not isinstance(cost, (int, float)) or not math.isfinite(cost):
+            continue
+        chosen = r["lever"] == doc.get("chosen")
+        p = Point(100.0 * cost, float(gain), title=f"{r['lever']}{' (chosen)' if chosen else ''}: {gain:+.2f} dB, "
+                                                    f"cost {100.0 * cost:+.1f} % — {r.get('status', '')}",
+                  bad=not r.get("eligible") and not chosen)
+        (front if r.get("frontier") else other if r.get("eligible") or chosen else out).points.append(p)
+    series = [s for s in (front, other, out) if s.points]
+    if not series:
+        raise UsageError("the search measured no lever with a gain and a cost")
+    what = "HTP cycles (emulated)" if basis == "cycles" else "model bytes"
+    return line_chart(series, x_label=f"cost: relative {what} over the baseline, %",
+                      y_label="gain, worst watched SQNR (dB)", hline=0.0, hline_label="baseline",
+                      label="tune search frontier: gain vs cost")

@@ -102,3 +102,26 @@ def test_saved_svg_is_a_standalone_file(cmp: Any, tmp_path: Path) -> None:
     root = ET.parse(p).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     assert len(root.findall("{http://www.w3.org/2000/svg}svg")) == 2  # prefill and decode charts, stacked
+
+
+def test_frontier_joins_the_frontier_and_marks_the_ineligible_red() -> None:
+    rows = [{"lever": "per-channel", "gain_db": 3.0, "cost": 0.05, "eligible": True, "frontier": False, "status": "ok"},
+            {"lever": "a16w8", "gain_db": 2.0, "cost": 0.06, "eligible": True, "frontier": False, "status": "ok"},
+            {"lever": "unit all", "gain_db": 3.3, "cost": 0.03, "eligible": True, "frontier": True, "status": "ok"},
+            {"lever": "a16w8 + per-channel", "gain_db": 15.0, "cost": 0.11, "eligible": True, "frontier": True,
+             "status": "chosen"},
+            {"lever": "calibration percentile", "gain_db": -0.7, "cost": 0.0, "eligible": False, "frontier": False,
+             "status": "lowers y"},
+            {"lever": "a8w16", "gain_db": None, "cost": None, "eligible": False, "frontier": False,
+             "status": "not run by QNN"}]
+    svg = str(plots.frontier({"table": rows, "chosen": "a16w8 + per-channel", "cost_basis": "cycles"}))
+    assert svg.startswith("<svg") and "HTP cycles" in svg
+    assert svg.count("<circle") == 5 and "a8w16" not in svg  # a lever without figures is not drawn
+    line = re.findall(r'<polyline points="([^"]+)"', svg)
+    assert len(line) == 1 and len(line[0].split()) == 2  # the frontier's two levers, joined; the others are not
+    xs = [float(p.split(",")[0]) for p in line[0].split()]
+    assert xs == sorted(xs)  # by cost
+    assert "a16w8 + per-channel (chosen)" in svg
+    assert svg.count('fill="#d62728"') == 1  # the one lever that lowers the output, in red
+    with pytest.raises(UsageError):
+        plots.frontier({"table": rows[-1:]})

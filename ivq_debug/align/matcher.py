@@ -396,8 +396,13 @@ def match_record(rp: RecordPair, strategies: tuple[Strategy, ...] = STRATEGIES) 
     return pairs
 
 
-def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Alignment:
-    """Align the tensors of two dumps (see module docstring)."""
+def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None,
+          memo: dict[Any, Any] | None = None) -> Alignment:
+    """Align the tensors of two dumps (see module docstring).
+
+    ``memo``: the value checks of the ``reshape`` and ``fused`` strategies, made on the first record holding a
+    pair and reused for later ones; pass the same dict to align a capture record by record (a test dump of one
+    record at a time, :class:`~ivq_debug.dump.memory.MemoryDump`) exactly as the whole capture at once."""
     rk, tk = ref.record_keys(), test.record_keys()
     rec_pairs: list[tuple[str, str]] = []
     if len(rk) == 1 and len(tk) == 1 and set(rk) != set(tk):
@@ -421,7 +426,7 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None) -> Align
         inputs_ref[e.rid][e.name] = e
     for e in test.tensors(kind="input"):
         inputs_test[e.rid][e.name] = e
-    memo: dict[Any, Any] = {}
+    memo = {} if memo is None else memo
     paired_rids_ref = {a for a, _ in rec_pairs}
     paired_rids_test = {b for _, b in rec_pairs}
     pairs: list[Pair] = []

@@ -20,6 +20,8 @@ from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, RunError, UsageError, require_extra
 from ivq_debug.onnxgraph.inputs import check_feeds
 from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.outputs import atomic_write_text
+from ivq_debug.plots import frontier
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
 from ivq_debug.tune.search import global_levers, search, unit_levers
@@ -44,6 +46,9 @@ from ivq_debug.tune.verify import (
     verify,
 )
 from ivq_debug.validate import check_outputs
+
+#: ``--search``: the frontier plot (gain vs cost of every lever), beside ``tune.json``
+FRONTIER_SVG = "frontier.svg"
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -99,7 +104,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help=f"--sweep: precisions to try per group ({', '.join(PRECISIONS)}; default %(default)s)")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN_DB, metavar="DB",
                    help="--sweep: the least gain of the worst watched SQNR that makes a candidate eligible")
-    add_executor_arguments(p, "the --sweep candidates", "one after the other in this process")
+    add_executor_arguments(p, "the --sweep candidates and the --search levers", "one after the other in this process")
     p.add_argument("--budget", type=float, default=None, metavar="DB",
                    help="target SQNR of the watched tensors (greedy and sweep stop there; exit 1 when missed)")
     p.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES, metavar="N",
@@ -128,13 +133,13 @@ def execute(args: argparse.Namespace) -> int:
     for flag, v in (("--max-size", args.max_size), ("--max-cycles", args.max_cycles)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag} must be a positive ratio, got {v}")
-    if not args.sweep and (args.executor or args.workers is not None or args.ray_address):
-        raise UsageError("--executor, --workers and --ray-address are for --sweep")
+    if not (args.sweep or args.search) and (args.executor or args.workers is not None or args.ray_address):
+        raise UsageError("--executor, --workers and --ray-address are for --sweep and --search")
     if args.backend == "qnn":  # before any work: exit 5 naming the extra, not a failed baseline trial
         require_extra("onnxruntime_qnn", "`ivq tune --backend qnn` (the default; --backend cpu verifies on ORT CPU-QDQ)")
-    executor = executor_from_args(args, implied=True) if args.sweep else None
+    executor = executor_from_args(args, implied=True) if args.sweep or args.search else None
     metric = load_task_metric(args.task_metric) if args.task_metric else None
-    if metric is not None and args.sweep:
+    if metric is not None and (args.sweep or args.search):
         metric = TaskMetric(args.task_metric)  # a worker loads it again by its spec
     model = load_model(args.model)
     feeds = [read_arrays(p) for p in args.inputs]
@@ -145,7 +150,8 @@ def execute(args: argparse.Namespace) -> int:
     if args.reference:
         open_dump(args.reference).close()
     inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
-    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"])]
+    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"]),
+               *([FRONTIER_SVG] if args.search else [])]
     check_outputs([wd / n for n in outputs], inputs, overwrite=True,  # even --force never replaces an input
                   folders_exist=False)  # the workdir is made below (and removed if this run fails)
     missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
@@ -155,7 +161,8 @@ def execute(args: argparse.Namespace) -> int:
     except BaseException:
         # an interrupted or failed run keeps what it finished (the checkpoint, the trials, a sweep's shards):
         # `--resume` continues from there; only a run that finished nothing removes the folders it created
-        if (wd / "trials" / CHECKPOINT).exists() or any((wd / "trials" / "sweep" / "shards").glob("*.json")):
+        if (wd / "trials" / CHECKPOINT).exists() or any(
+                any((wd / "trials" / kind / "shards").glob("*.json")) for kind in ("sweep", "search")):
             raise
         if missing:  # the folders this run created, nothing else
             shutil.rmtree(missing[-1], ignore_errors=True)
@@ -173,7 +180,8 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
                   output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
-                  qnn_session=session, evaluation=evaluation)  # a resumed run's checkpoint is checked here
+                  qnn_session=session, evaluation=evaluation, keep_dumps=args.keep_dumps,
+                  watch=tuple(args.watch))  # a resumed run's checkpoint is checked here
     if evaluation["warning"]:
         warn(evaluation["warning"])
     if not args.reference and not (args.resume and tuner.reference.exists()):
@@ -189,7 +197,7 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     if args.sweep:
         return _sweep(args, con, tuner, before, executor, where, wd)
     if args.search:
-        return _search(args, con, tuner, before, where, wd)
+        return _search(args, con, tuner, before, where, wd, executor)
     sug = _suggestions(args, tuner, before)
     if not sug:
         con.print("[green]nothing to tune: no tensor breaks the thresholds[/green]")
@@ -279,7 +287,8 @@ def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, execut
     return _budget(out, rep, args.budget)
 
 
-def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where: str, wd: Path) -> int:
+def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where: str, wd: Path,
+            executor: Any = None) -> int:
     """``--search``: every lever measured, the frontier table, the chosen lever's knobs and overrides."""
     rp = None
     if args.overrides:
@@ -291,12 +300,15 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     task = next(iter(before.task), None) if args.task_metric else None
     with status(f"search: {len(levers)} lever(s) and their combinations on {where}"):
         res = search(tuner, before, levers, watch=args.watch, max_size=args.max_size, max_cycles=args.max_cycles,
-                     target=args.target_metric, target_task=task)
+                     target=args.target_metric, target_task=task, executor=executor)
     rep = res.report
     path = None
     if rep.recommended and rep.after.suggestions:
         path, _ = _write_overrides(args, tuner, rep, wd, preset=res.chosen.preset)
     doc = res.to_dict()
+    if any(r["gain_db"] is not None and r["cost"] is not None for r in res.table):
+        atomic_write_text(wd / FRONTIER_SVG, str(frontier(res)), overwrite=True)
+        doc["search"]["plot"] = FRONTIER_SVG
     write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
                overwrite=True)
     out = results()
@@ -317,7 +329,8 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     cmd = (f"ivq quantize MODEL --calibration CALIBRATION {res.chosen.command()}"
            + (f" --overrides {path}" if path else "")
            + (f" --max-samples {tuner.evaluation['calibration_samples']}" if held else ""))
-    out.print(f"chosen: {escape(res.chosen.name)} · reproduce: {escape(cmd)} · results: {escape(wd / 'tune.json')}")
+    out.print(f"chosen: {escape(res.chosen.name)} · reproduce: {escape(cmd)} · results: {escape(wd / 'tune.json')}"
+              + (f" · frontier plot: {escape(wd / FRONTIER_SVG)}" if "plot" in doc["search"] else ""))
     if args.target_metric is not None:
         worst = min((rep.after.sqnr(w) or -1e9) for w in rep.watch) if task is None else rep.after.task.get(task)
         if worst is None or worst < args.target_metric:

@@ -77,11 +77,15 @@ class TableData:
     columns: list[Col]
     rows: list[dict[str, Any]] = field(default_factory=list)
     caption: str = ""
+    #: facts about the whole table, raw (JSON: keys beside ``rows``; the caption says them in words)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"title", "columns", "rows"}``: each row keyed by column header, values raw (JSON-safe)."""
+        """``{"title", "columns", "rows"}`` (and the :attr:`facts`): each row keyed by column header, values raw
+        (JSON-safe)."""
         return {"title": self.title, "columns": [c.header for c in self.columns],
-                "rows": [{c.header: json_safe(r.get(c.key)) for c in self.columns} for r in self.rows]}
+                "rows": [{c.header: json_safe(r.get(c.key)) for c in self.columns} for r in self.rows],
+                **json_safe(self.facts)}
 
 
 def is_terminal(con: Any) -> bool:
@@ -283,7 +287,7 @@ def manifest_table(dump: Any, limit: int | None = None, kind: str | None = None)
                      "dtype": e.dtype, **{k: e.stats.get(k) for k in ("min", "max", "mean", "std")},
                      "nonfinite": e.stats.get("nonfinite") or 0,
                      "q": f"u{enc.get('bitwidth')}" if isinstance(enc, dict) else ""})
-    return TableData(dump_header(dump), cols, rows)
+    return TableData(dump_header(dump), cols, rows, *_size_facts(dump))
 
 
 def records_table(dump: Any) -> TableData:
@@ -292,7 +296,19 @@ def records_table(dump: Any) -> TableData:
             Col("meta", "meta", drop=1, fmt=lambda v: json.dumps(json_safe(v), sort_keys=True))]
     rows = [{"rid": rid, "sample": sample, "part": part, "step": step, "meta": dump.record_meta(rid)}
             for (sample, part, step), rid in sorted(dump.record_keys().items(), key=lambda kv: kv[1])]
-    return TableData(str(dump.path), cols, rows)
+    return TableData(str(dump.path), cols, rows, *_size_facts(dump))
+
+
+def _size_facts(dump: Any) -> tuple[str, dict[str, Any]]:
+    """The caption and JSON facts of a dump's size (``ivq ls``): the file against the values it holds."""
+    sz = dump.size()
+    held = [f"tensors {fmt_bytes(sz.tensors)}"] + [f"{label} {fmt_bytes(v)}" for label, v in
+                                                   (("raw integers", sz.raw), ("inputs", sz.inputs)) if v]
+    text = f"on disk {fmt_bytes(sz.file)}: {sz.file / sz.data:.2f}× the {fmt_bytes(sz.data)} of values it holds " \
+           f"({', '.join(held)})" if sz.data else f"on disk {fmt_bytes(sz.file)}"
+    if sz.summarized:
+        text += f"; {fmt_bytes(sz.summarized)} of tensors kept as statistics and samples"
+    return text, {"size": sz.to_json()}
 
 
 def entry_panel(dump: Any, e: Any) -> Any:

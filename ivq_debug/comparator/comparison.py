@@ -318,6 +318,8 @@ def compare(
     progress: bool = True,
     block_bytes: int = defaults.COMPARE_BLOCK_BYTES,
     workers: int | None = None,
+    memo: dict[Any, Any] | None = None,
+    select: Callable[[list[Pair]], list[Pair]] | None = None,
 ) -> Comparison:
     """Align two dumps and compute the pinned metrics for every aligned tensor pair.
 
@@ -333,6 +335,10 @@ def compare(
         block_bytes: bytes per block when streaming a tensor.
         workers: tensor pairs compared in parallel threads (default ``min(4, cores)``); uncompressed
             tensors are read without the HDF5 lock, so reads and metrics overlap.
+        memo: the alignment's value checks shared across calls (:func:`~ivq_debug.align.matcher.align`): a
+            capture compared one record at a time aligns as the whole capture would.
+        select: narrows the aligned pairs whose metrics are computed (the alignment is made on every tensor
+            first, so a pair's metrics do not depend on it): a tune trial measures the tensors its report reads.
     """
     import pandas as pd
 
@@ -342,12 +348,14 @@ def compare(
     test_d = test if isinstance(test, Dump) else open_dump(test)
     rank_by = rank_by or default_rank_metric(ref_d, test_d)
     budgets = budgets or Budgets()
-    al = align(ref_d, test_d, mapping)
+    al = align(ref_d, test_d, mapping, memo)
     pairs = al.pairs
     if records is not None:
         pairs = [p for p in pairs if records(p.ref.record)]
         al = Alignment(pairs, al.unmatched_ref, al.unmatched_test, al.unmatched_ref_records,
                        al.unmatched_test_records)
+    if select is not None:
+        pairs = select(pairs)
     rows = []
     workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
     # BLAS held at one thread for the whole comparison (the pinned sums; entered once, not per dot)

@@ -57,6 +57,36 @@ class Entry:
         return math.prod(self.shape)
 
 
+@dataclass(frozen=True)
+class DumpSize:
+    """A dump's size: the file on disk against the bytes it holds (from the manifest; no tensor is read)."""
+
+    file: int  #: bytes of the file on disk
+    tensors: int  #: the tensors' values stored whole (their original dtype)
+    inputs: int  #: the records' inputs
+    raw: int  #: the raw integers stored beside quantized tensors
+    summarized: int  #: tensors kept as statistics and samples only (summary-only captures), their full size
+
+    @property
+    def data(self) -> int:
+        """The bytes of values the file stores whole (tensors, inputs, raw integers)."""
+        return self.tensors + self.inputs + self.raw
+
+    def to_json(self) -> dict[str, int]:
+        """Every field in bytes (``data`` included)."""
+        return {"file": self.file, "data": self.data, "tensors": self.tensors, "inputs": self.inputs,
+                "raw": self.raw, "summarized": self.summarized}
+
+
+def _raw_itemsize(encoding: Any) -> int:
+    """Bytes per raw integer of a quantized tensor (its encoding's dtype; else the bitwidth's container)."""
+    try:
+        return np.dtype(str(encoding.get("dtype"))).itemsize
+    except (TypeError, ValueError, AttributeError):
+        bits = encoding.get("bitwidth") if isinstance(encoding, dict) else None
+        return 1 if not isinstance(bits, int) or bits <= 8 else 2 if bits <= 16 else 4
+
+
 def _decode(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
 
@@ -176,6 +206,18 @@ class Dump:
                 self._sorted.setdefault((e.kind, ""), []).append(e)
                 self._sorted.setdefault((e.kind, e.rid), []).append(e)
         return list(self._sorted.get((kind, rid or ""), []))
+
+    def size(self) -> DumpSize:
+        """The file's size on disk and the bytes of values it holds, by kind (from the manifest)."""
+        n = {"tensor": 0, "input": 0, "raw": 0, "summarized": 0}
+        for e in self.entries:
+            if e.stored != "full":
+                n["summarized"] += int(e.nbytes)
+                continue
+            n[e.kind] += int(e.nbytes)
+            if e.has_raw:
+                n["raw"] += e.size * _raw_itemsize(e.encoding)
+        return DumpSize(os.stat(self.path).st_size, n["tensor"], n["input"], n["raw"], n["summarized"])
 
     @property
     def manifest(self):

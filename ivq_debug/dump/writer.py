@@ -129,7 +129,69 @@ class _AttrWriter:
                 attr.close()
 
 
-class DumpWriter:
+def table_payload(table: Any) -> dict[str, Any]:
+    """A small table (a pandas DataFrame or a list of dicts) as a dump stores it: ``{"columns", "rows"}``."""
+    if hasattr(table, "to_dict"):
+        return {"columns": [str(c) for c in table.columns], "rows": table.astype(object).values.tolist()}
+    rows = list(table)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    return {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
+
+
+class RecordBook:
+    """The records of a capture being written and the open one: keys, ids, names taken, execution order. What
+    a sink keeps whether its tensors go to a file (:class:`DumpWriter`) or stay in memory
+    (:class:`~ivq_debug.dump.memory.MemorySink`)."""
+
+    def _book_init(self) -> None:
+        self._records: list[dict[str, Any]] = []
+        self._cur: dict[str, Any] | None = None
+        self._order: dict[str, int] = {}
+        self._names: dict[tuple[str, str], set[str]] = {}
+
+    def _open_record(self, sample: int, part: str, step: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """A new record (``rid``, key, ``meta``), made the open one; a key given twice is a :class:`UsageError`."""
+        key = (int(sample), str(part), int(step))
+        for r in self._records:
+            if (r["sample"], r["part"], r["step"]) == key:
+                raise UsageError(f"record sample={sample} part={part!r} step={step} already exists")
+        rec = {"rid": fmt.record_id(len(self._records)), "sample": key[0], "part": key[1], "step": key[2],
+               "meta": meta}
+        self._records.append(rec)
+        self._cur = rec
+        self._order[rec["rid"]] = 0
+        return rec
+
+    def _take_name(self, rid: str, kind: str, name: str) -> None:
+        seen = self._names.setdefault((rid, kind), set())
+        if name in seen:
+            raise UsageError(f"{kind} {name!r} added twice to record {rid}")
+        seen.add(name)
+
+    def _next_order(self, rid: str, order: int | None) -> int:
+        """The entry's execution order (default: after the last one) and the record's next default."""
+        if order is None:
+            order = self._order[rid]
+        self._order[rid] = max(self._order[rid], order + 1)
+        return order
+
+    @property
+    def current_record(self) -> str | None:
+        """Id of the record tensors are currently added to."""
+        return self._cur["rid"] if self._cur else None
+
+    @property
+    def current_key(self) -> tuple[int, str, int] | None:
+        """``(sample, part, step)`` of the open record (``None`` before the first)."""
+        return (self._cur["sample"], self._cur["part"], self._cur["step"]) if self._cur else None
+
+    def has(self, name: str, kind: str = "tensor") -> bool:
+        """True when the current record already holds a tensor (or input) of that name."""
+        rec = self._cur
+        return rec is not None and name in self._names.get((rec["rid"], kind), set())
+
+
+class DumpWriter(RecordBook):
     """Write one golden dump (one capture) to ``path``, streaming tensors as they are added.
 
     Usage::
@@ -187,10 +249,7 @@ class DumpWriter:
             interrupt.unregister(self._tmp)
             raise
         self._rows: list[list[Any]] = []
-        self._records: list[dict[str, Any]] = []
-        self._cur: dict[str, Any] | None = None
-        self._order: dict[str, int] = {}
-        self._names: dict[tuple[str, str], set[str]] = {}
+        self._book_init()
         self._incomplete: list[str] = []
         self._groups: dict[tuple[str, str], Any] = {}  # (rid, group name) -> h5py group, made on first use
         self._attrs = _AttrWriter()
@@ -230,20 +289,13 @@ class DumpWriter:
         JSON in the record's ``meta``. Returns the record id.
         """
         self._check_open()
-        key = (int(sample), str(part), int(step))
-        for r in self._records:
-            if (r["sample"], r["part"], r["step"]) == key:
-                raise UsageError(f"record sample={sample} part={part!r} step={step} already exists")
-        rid = fmt.record_id(len(self._records))
         self._guard.reserve(4096)
+        rec = self._open_record(sample, part, step, meta)
+        rid = rec["rid"]
         g = self._f[fmt.RECORDS].create_group(rid)
-        g.attrs["sample"], g.attrs["part"], g.attrs["step"] = key
+        g.attrs["sample"], g.attrs["part"], g.attrs["step"] = rec["sample"], rec["part"], rec["step"]
         g.attrs["meta"] = fmt.to_json(meta)
         self._groups = {(rid, ""): g}  # tensors go to the current record only: earlier groups can close
-        rec = {"rid": rid, "sample": key[0], "part": key[1], "step": key[2], "meta": meta}
-        self._records.append(rec)
-        self._cur = rec
-        self._order[rid] = 0
         return rid
 
     @guarded
@@ -253,22 +305,7 @@ class DumpWriter:
         rec["meta"].update(meta)
         self._group(rec["rid"]).attrs["meta"] = fmt.to_json(rec["meta"])
 
-    @property
-    def current_record(self) -> str | None:
-        """Id of the record tensors are currently added to."""
-        return self._cur["rid"] if self._cur else None
-
-    @property
-    def current_key(self) -> tuple[int, str, int] | None:
-        """``(sample, part, step)`` of the open record (``None`` before the first)."""
-        return (self._cur["sample"], self._cur["part"], self._cur["step"]) if self._cur else None
-
     # ---------------------------------------------------------------- tensors
-    def has(self, name: str, kind: str = "tensor") -> bool:
-        """True when the current record already holds a tensor (or input) of that name."""
-        rec = self._cur
-        return rec is not None and name in self._names.get((rec["rid"], kind), set())
-
     def add_input(self, name: str, value: Any, *, role: str | None = None, reason: str | None = None,
                   **kw: Any) -> None:
         """Store one model input of the current record (always stored whole) and its contract fact.
@@ -326,10 +363,7 @@ class DumpWriter:
         op_type, order, scope, layout, encoding, raw, qnn_name, source_file = (fields.get(k) for k in _ENTRY_FIELDS)
         rec = self._require_record()
         rid = rec["rid"]
-        seen = self._names.setdefault((rid, kind), set())
-        if name in seen:
-            raise UsageError(f"{kind} {name!r} added twice to record {rid}")
-        seen.add(name)
+        self._take_name(rid, kind, name)
         arr, dtype_name = to_numpy(value)
         self._guard.reserve(arr.nbytes * (2 if raw is not None else 1) + 4096)  # before HDF5 writes (guard.py)
         stats = tensor_stats(self._logical(arr, dtype_name))
@@ -349,9 +383,7 @@ class DumpWriter:
             ds = self._create(grp, key, arr, quantized=encoding is not None)
         # one SHA-256 pass over the values kept (dump/digest.py; a thread beside the HDF5 write was slower)
         self._digest.add((rec["sample"], rec["part"], rec["step"]), kind, name, logical(kept, dtype_name), dtype_name)
-        if order is None:
-            order = self._order[rid]
-        self._order[rid] = max(self._order[rid], order + 1)
+        order = self._next_order(rid, order)
         attrs += [("name", name), ("dtype", dtype_name), ("order", order)]
         attrs += [(attr, val) for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout),
                                                 ("qnn_name", qnn_name), ("source_file", source_file))
@@ -400,13 +432,7 @@ class DumpWriter:
     def add_table(self, name: str, table: Any) -> None:
         """Store a small table (a pandas DataFrame or a list of dicts) as JSON, e.g. a profiling table."""
         self._check_open()
-        if hasattr(table, "to_dict"):
-            payload = {"columns": [str(c) for c in table.columns], "rows": table.astype(object).values.tolist()}
-        else:
-            rows = list(table)
-            cols = list(dict.fromkeys(k for r in rows for k in r))
-            payload = {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
-        self._json_dataset(fmt.TABLES, name, payload)
+        self._json_dataset(fmt.TABLES, name, table_payload(table))
 
     @guarded
     def set_meta(self, name: str, value: Any) -> None:

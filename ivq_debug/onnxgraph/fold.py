@@ -10,6 +10,7 @@ by initializers; every other node, and every non-constant tensor name, is unchan
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,8 @@ def _eval_node(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[n
 
 #: folding passes at most (each pass re-infers the shapes the previous one made static)
 FOLD_MAX_PASSES = 8
+#: ops whose output depends on their input's shape only: constant once that shape is static
+SHAPE_OPS = frozenset({"Shape", "Size"})
 
 
 def fold_constants(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any, int]:
@@ -86,15 +89,60 @@ def fold_constants(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any, in
     """
     total = 0
     for _ in range(FOLD_MAX_PASSES):
-        model, n = _fold_pass(model, max_bytes)
-        total += n
-        if not n:
+        model, done = _fold_pass(model, max_bytes)
+        total += len(done)
+        if not done:
             break
     return model, total
 
 
-def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
-    """One folding pass (see :func:`fold_constants`)."""
+def fold_shape_chains(model: Any, max_bytes: int = FOLD_MAX_BYTES) -> tuple[Any, list[tuple[str, str]]]:
+    """Fold the shape arithmetic of ``model`` (a ModelProto, changed in place) → ``(model, [(node, op_type)])``.
+
+    What QNN HTP refuses at ORT optimization level "disable": a ``Shape`` (or ``Size``) of a tensor whose shape
+    is static and everything computed from it and constants alone (``Gather`` / ``Slice`` / ``Cast`` /
+    ``Concat`` / ``Unsqueeze`` on the shape, ``ConstantOfShape``, ``Range``, ``Expand`` of a constant, …), the
+    ``Shape → Gather → Concat → Reshape`` chains paddle2onnx and torch's exporters write for dynamic reshapes.
+    Each becomes an initializer holding its exact value (the ONNX reference implementation); constant nodes
+    that only fed them go, every other node, initializer and tensor name stays (weights are not touched: the
+    quantizer still sees the graph it was given, minus its shape arithmetic). Same passes as
+    :func:`fold_constants`; a model whose shapes are not static folds nothing.
+    """
+    derived: set[str] = set()
+    folded: list[tuple[str, str]] = []
+    for _ in range(FOLD_MAX_PASSES):
+        if not any(n.op_type in SHAPE_OPS for n in model.graph.node):  # nothing left to start a chain: no inference
+            break
+        model, done = _fold_pass(model, max_bytes, derived)
+        folded += done
+        if not done:
+            break
+    return model, folded
+
+
+def _subgraph_reads(nodes: Any) -> set[str]:
+    """Every value name read by the nodes of the subgraphs (``If`` branches, ``Loop`` bodies) under ``nodes``:
+    outer-scope values a subgraph reads must stay."""
+    from onnx import AttributeProto
+
+    out: set[str] = set()
+    for n in nodes:
+        for a in n.attribute:
+            graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS \
+                else []
+            for sg in graphs:
+                out.update(x for sn in sg.node for x in sn.input if x)
+                out |= _subgraph_reads(sg.node)
+    return out
+
+
+def _fold_pass(model: Any, max_bytes: int, derived: set[str] | None = None) -> tuple[Any, list[tuple[str, str]]]:
+    """One folding pass (see :func:`fold_constants`) → ``(model, [(node, op_type) folded])``.
+
+    ``derived`` (updated): fold only the shape chains (:func:`fold_shape_chains`): the values computed from a
+    ``Shape`` / ``Size`` of a static tensor; the other constant nodes are evaluated (their values feed the
+    chains) but kept, unless nothing reads them any more.
+    """
     from onnx import numpy_helper
 
     g = model.graph
@@ -109,10 +157,11 @@ def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
                 pass
     shapes = static_shapes(model)
     keep = []
+    kept_constant: set[int] = set()  # ids of kept nodes computed from constants alone (removable when unread)
     folded: dict[str, np.ndarray] = {}
-    n_folded = 0
+    done: list[tuple[str, str]] = []
     for node in g.node:
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or node.op_type in RANDOM_OPS:
             keep.append(node)
             continue
         values = None
@@ -121,11 +170,14 @@ def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
                 values = _eval_node(node, [], opset)
             except Exception:
                 values = None
-        elif node.op_type == "Shape" and node.input[0] in shapes:
+        elif node.op_type in SHAPE_OPS and node.input[0] in shapes:
             shp = np.asarray(shapes[node.input[0]], dtype=np.int64)
-            start = next((a.i for a in node.attribute if a.name == "start"), 0)
-            end = next((a.i for a in node.attribute if a.name == "end"), None)
-            values = [shp[start:end]]
+            if node.op_type == "Size":
+                values = [np.asarray(np.prod(shp), dtype=np.int64)]
+            else:
+                start = next((a.i for a in node.attribute if a.name == "start"), 0)
+                end = next((a.i for a in node.attribute if a.name == "end"), None)
+                values = [shp[start:end]]
         elif node.input and all((not x) or x in const for x in node.input):
             try:
                 values = _eval_node(node, [const.get(x) if x else None for x in node.input], opset)
@@ -134,13 +186,30 @@ def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
         if values is None or sum(np.asarray(v).nbytes for v in values) > max_bytes:
             keep.append(node)
             continue
-        for o, v in zip([o for o in node.output if o], values, strict=True):
+        outs = [o for o in node.output if o]
+        for o, v in zip(outs, values, strict=True):
             const[o] = np.asarray(v)
-            folded[o] = np.asarray(v)
-        n_folded += 1
-    if not n_folded:
-        return model, 0
-    used = {x for n in keep for x in n.input} | {o.name for o in g.output}
+        if derived is not None and not (node.op_type in SHAPE_OPS or any(x in derived for x in node.input)):
+            keep.append(node)  # a constant, not shape arithmetic: stays (its value feeds the chains)
+            kept_constant.add(id(node))
+            continue
+        for o in outs:
+            folded[o] = const[o]
+        if derived is not None:
+            derived.update(outs)
+        done.append((node.name or outs[0], node.op_type))
+    if not done:
+        return model, []
+    reads = Counter(x for n in keep for x in n.input if x)
+    reads.update({o.name for o in g.output} | _subgraph_reads(keep))
+    if kept_constant:  # constants that only fed folded chains are unread now (consumers come first in reverse)
+        gone: set[int] = set()
+        for n in reversed(keep):
+            if id(n) in kept_constant and not any(reads[o] for o in n.output if o):
+                gone.add(id(n))
+                reads.subtract(x for x in n.input if x)
+        keep = [n for n in keep if id(n) not in gone]
+    used = {x for x, k in reads.items() if k > 0}
     del g.node[:]
     g.node.extend(keep)
     existing = {i.name for i in g.initializer}
@@ -151,4 +220,4 @@ def _fold_pass(model: Any, max_bytes: int) -> tuple[Any, int]:
     live = [i for i in g.initializer if i.name in used or i.name in graph_inputs]
     del g.initializer[:]
     g.initializer.extend(live)
-    return model, n_folded
+    return model, done

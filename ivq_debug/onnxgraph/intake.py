@@ -10,7 +10,12 @@ on ``tests/support/thirdparty_models.py``, tests in ``tests/onnxgraph/test_intak
 * **dynamic dims**: QNN HTP fails with "Having zero graph inputs is not supported on this backend" -> fixed from the
   given inputs (:func:`input_shapes`, :func:`fix_input_dims`), or a one-line error naming the input and the axis;
 * **opset < 13 with per-channel weights**: a per-channel DequantizeLinear needs ``axis`` (opset 13) ->
-  :func:`upgrade_opset`.
+  :func:`upgrade_opset`;
+* **shape arithmetic** (``Shape -> Gather -> Concat -> Reshape``, what paddle2onnx and torch's exporters write for
+  a dynamic reshape): QNN HTP refuses ``Shape`` at ORT optimization level "disable" and then every node downstream
+  ("Cannot get shape": 144 nodes of the PP-OCRv4 recognizer), so the QDQ model ran on HTP only at "all", where
+  ORT folds the chain first -> once the dims are static, folded into initializers
+  (:func:`ivq_debug.onnxgraph.fold.fold_shape_chains`: exact, weights and every other name kept).
 
 Every model a command writes is checked (:func:`check_written_model`: ``onnx.checker`` and an ONNX Runtime CPU
 session) before the command reports success. :func:`effective_quantization` reads back, per tensor, the
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import CheckError, UsageError, one_line
+from ivq_debug.onnxgraph.fold import fold_shape_chains
 from ivq_debug.onnxgraph.load import load_model
 
 #: the metadata key under which ``ivq quantize`` stores :func:`effective_quantization` in the written model
@@ -54,11 +60,14 @@ class IntakeReport:
     fixed_dims: list[str] = field(default_factory=list)
     opset_from: int | None = None
     opset_to: int | None = None
+    #: the shape-arithmetic nodes folded into initializers, ``"name (op_type)"`` in graph order
+    folded_shapes: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         """True when the model proto was modified."""
-        return bool(self.constants_to_initializers or self.metadata or self.fixed_dims or self.opset_to)
+        return bool(self.constants_to_initializers or self.metadata or self.fixed_dims or self.opset_to
+                    or self.folded_shapes)
 
     def notes(self) -> list[str]:
         """One line per change, for a command's summary."""
@@ -73,6 +82,11 @@ class IntakeReport:
         if self.opset_to:
             out.append(f"intake: opset {self.opset_from} upgraded to {self.opset_to} (per-channel weights need "
                        f"opset >= {PER_CHANNEL_MIN_OPSET})")
+        if self.folded_shapes:
+            ops = Counter(f.rsplit(" (", 1)[-1].rstrip(")") for f in self.folded_shapes)
+            out.append(f"intake: {len(self.folded_shapes)} shape node(s) folded into initializers "
+                       f"({', '.join(f'{op} x{k}' for op, k in ops.most_common())}): QNN HTP runs the model at "
+                       "every ORT optimization level")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -278,12 +292,15 @@ def upgrade_opset(model: Any, target: int, where: str | os.PathLike | None = Non
 
 
 def prepare(model: Any, *, samples: Sequence[Mapping[str, Any]] | None = None, per_channel: bool = False,
-            where: str | os.PathLike | None = None, constants: bool = True) -> tuple[Any, IntakeReport]:
+            where: str | os.PathLike | None = None, constants: bool = True,
+            fold_shapes: bool = True) -> tuple[Any, IntakeReport]:
     """The quantizer's intake of ``model`` (a proto, modified in place unless the opset is upgraded).
 
     Constants become initializers, metadata is set aside (``report.metadata``: restore it with
-    :func:`append_metadata`), dims every sample agrees on are fixed, and with ``per_channel`` an opset below 13 is
-    upgraded (``constants=False`` keeps ``Constant`` nodes). Returns the model to quantize and what changed.
+    :func:`append_metadata`), dims every sample agrees on are fixed, with ``per_channel`` an opset below 13 is
+    upgraded, and the shape arithmetic the static dims make constant is folded
+    (:func:`~ivq_debug.onnxgraph.fold.fold_shape_chains`; ``fold_shapes=False`` keeps it, ``constants=False``
+    keeps ``Constant`` nodes). Returns the model to quantize and what changed.
     """
     rep = IntakeReport()
     if constants:
@@ -294,6 +311,9 @@ def prepare(model: Any, *, samples: Sequence[Mapping[str, Any]] | None = None, p
     if per_channel and opset_of(model) < PER_CHANNEL_MIN_OPSET:
         rep.opset_from, rep.opset_to = opset_of(model), PER_CHANNEL_MIN_OPSET
         model = upgrade_opset(model, PER_CHANNEL_MIN_OPSET, where)
+    if fold_shapes:
+        model, folded = fold_shape_chains(model)
+        rep.folded_shapes = [f"{name} ({op})" for name, op in folded]
     return model, rep
 
 

@@ -319,6 +319,8 @@ class Series:
     color: str
     points: list[Point] = field(default_factory=list)
     dash: str = ""
+    #: join the points (False: markers only, a scatter of named points)
+    line: bool = True
 
 
 def _spread(idx: list[int], k: int) -> set[int]:
@@ -394,7 +396,7 @@ def line_chart(series: Sequence[Series], *, width: int = 560, height: int = 260,
 
     for s in series:
         pts = sorted(s.points, key=lambda p: p.x)
-        if len(pts) > 1:
+        if len(pts) > 1 and s.line:
             d = " ".join(f"{fr.sx(p.x):.1f},{ypos(p.y):.1f}" for p in pts)
             dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
             body.append(f'<polyline points="{d}" fill="none" stroke="{s.color}" stroke-width="1.6" '

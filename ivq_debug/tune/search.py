@@ -25,19 +25,35 @@ when refused there, the next choice is tried.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, merge_check
 from ivq_debug.jsonio import json_safe
 from ivq_debug.tune.legal import forbidden
 from ivq_debug.tune.suggest import Suggestion
-from ivq_debug.tune.verify import Trial, Tuner, TuneReport, _default_watch, confirm_on_target, judge
+from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
+from ivq_debug.tune.sweep import SWEEP_FIELDS, job_meta
+from ivq_debug.tune.verify import (
+    Trial,
+    Tuner,
+    TuneReport,
+    _default_watch,
+    _suggestion_key,
+    confirm_on_target,
+    judge,
+)
 
 #: a lever's relative cost below this counts as this (a free lever ranks by its gain alone)
 COST_FLOOR = 0.01
 #: calibration methods tried as global levers (``CALIBRATE_METHODS`` keys; distribution is entropy's sibling)
 CALIBRATION_LEVERS = ("minmax", "entropy", "percentile")
+#: the job kind of a lever (its key)
+KIND = "tune-search/1"
 
 
 @dataclass
@@ -165,6 +181,8 @@ class SearchResult:
     chosen: Lever | None
     report: TuneReport
     cost_basis: str
+    #: the levers as executor jobs: executor, total, run, resumed from shards, retried, the shard folder
+    jobs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def frontier(self) -> list[str]:
@@ -177,7 +195,8 @@ class SearchResult:
         doc["search"] = json_safe({"table": self.table, "frontier": self.frontier, "cost_basis": self.cost_basis,
                                    "chosen": self.chosen.name if self.chosen else None,
                                    "quantize": self.chosen.knobs() if self.chosen else None,
-                                   "command": self.chosen.command() if self.chosen else None})
+                                   "command": self.chosen.command() if self.chosen else None,
+                                   "jobs": self.jobs})
         return doc
 
 
@@ -197,43 +216,83 @@ def _score(tr: Trial, watch: Sequence[str]) -> float | None:
 def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Sequence[str] = (),
            max_size: float | None = None, max_cycles: float | None = None, target: float | None = None,
            target_task: str | None = None, min_gain_db: float = 0.5, combinations: int = 3,
-           progress: Callable[[str], None] | None = None) -> SearchResult:
+           progress: Callable[[str], None] | None = None, executor: Executor | None = None,
+           shards: str | os.PathLike | None = None) -> SearchResult:
     """Measure ``levers`` (and up to ``combinations`` combinations of the best), choose, confirm on the target.
 
     Args:
         max_size / max_cycles: the largest model-size / HTP-cycle ratio to the baseline a lever may have.
         target: the value to reach: the worst watched SQNR (dB), or the task metric ``target_task`` when given.
         min_gain_db: the least gain of an eligible lever (without a target).
+        executor: runs each lever as a job (:mod:`ivq_debug.executor`: ``LocalExecutor(n)``, ``RayExecutor``;
+            default: one after the other in this process); each job is a partial capture in its own folder
+            (:func:`lever_job`) and leaves a JSON shard, so an interrupted search resumes from the shards.
+        shards: the shard folder (default ``<workdir>/search/shards``).
     """
     watch = list(watch) or _default_watch(before)
+    tuner = tuner.watching(watch)
     s0 = _score(before, watch)
     rows: list[dict[str, Any]] = []
     trials: dict[str, tuple[Lever, Trial]] = {}
+    root = Path(tuner.workdir).resolve() / "search"
+    shards = Path(shards) if shards is not None else root / "shards"
+    executor = executor or LocalExecutor(1)
+    meta = job_meta(tuner)
+    counted: set[str] = set()
+    jobs_info: dict[str, Any] = {"executor": type(executor).__name__, "total": 0, "run": 0, "resumed": 0,
+                                 "retried": [], "shards": str(shards)}
 
-    def run(lv: Lever) -> None:
-        why = forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target)
-        row: dict[str, Any] = {"lever": lv.name, "kind": lv.kind, "knobs": lv.command(),
-                               "overrides": len(lv.suggestions), "sqnr_db": None, "gain_db": None,
-                               "model_bytes": None, "cycles": None, "cost": None, "efficiency": None,
-                               "eligible": False, "status": "", "frontier": False, "task": {}}
-        rows.append(row)
-        if why:
-            row["status"] = f"not run by {tuner.target.upper()}: " + "; ".join(why)
+    def run(batch: Sequence[Lever]) -> None:
+        """The legal levers of ``batch`` as jobs on the executor (a rerun skips the shards there), each row
+        filled from its shard."""
+        jobs: dict[str, Job] = {}
+        todo: list[tuple[Lever, dict[str, Any], str]] = []
+        for lv in batch:
+            why = forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target)
+            row: dict[str, Any] = {"lever": lv.name, "kind": lv.kind, "knobs": lv.command(),
+                                   "overrides": len(lv.suggestions), "sqnr_db": None, "gain_db": None,
+                                   "model_bytes": None, "cycles": None, "cost": None, "efficiency": None,
+                                   "eligible": False, "status": "", "frontier": False, "task": {}}
+            rows.append(row)
+            if why:
+                row["status"] = f"not run by {tuner.target.upper()}: " + "; ".join(why)
+                continue
+            if progress:
+                progress(lv.name)
+            label = lever_label(lv)
+            key = job_key(kind=KIND, knobs=lv.knobs(), overrides=[_suggestion_key(x) for x in lv.suggestions],
+                          watch=watch, **meta)
+            if key not in jobs:  # two levers of the same knobs and overrides (two names of one set): one job
+                worker = _variant(tuner, lv).worker(root / "jobs" / label)
+                jobs[key] = Job(key, lever_job, {"tuner": worker, "label": label,
+                                                 "suggestions": [x.to_dict() for x in lv.suggestions]}, meta)
+            todo.append((lv, row, key))
+        if not jobs:
             return
-        if progress:
-            progress(lv.name)
-        label = "lever-" + "".join(c if c.isalnum() else "-" for c in lv.name).strip("-")
-        tr = _variant(tuner, lv).trial(label, list(lv.suggestions))
-        trials[lv.name] = (lv, tr)
-        lv.suggestions = list(tr.suggestions)  # the types the quantizer resolved are part of the lever
-        bad = judge(before, tr, watch)
-        sc = _score(tr, watch)
-        row |= {"sqnr_db": sc, "gain_db": None if sc is None or s0 is None else sc - s0,
-                "model_bytes": tr.model_bytes, "cycles": tr.cycles, "task": dict(tr.task)}
-        row["status"] = bad or "ok"
+        report = executor.run(list(jobs.values()), shards, "search", progress=False)
+        if report.failures:
+            names = {k: lv.name for lv, _, k in todo}
+            raise JobsFailedError([JobFailure(f"{names.get(f.key, '?')} ({f.key})", f.error)
+                                   for f in report.failures], shards)
+        docs = {k: report.load(k, RESULT_SCHEMA) for k in jobs}
+        merge_check(docs.values(), SWEEP_FIELDS)
+        new = set(jobs) - counted  # a combination equal to a lever measured above is that lever's job
+        counted.update(new)
+        jobs_info["total"] += len(new)
+        jobs_info["resumed"] += len(new & set(report.skipped))
+        jobs_info["run"] += len(new - set(report.skipped))
+        jobs_info["retried"] = sorted({*jobs_info["retried"], *report.retried})
+        for lv, row, key in todo:
+            tr = shard_trial(docs[key]["result"], Path(jobs[key].kwargs["tuner"].workdir))
+            trials[lv.name] = (lv, tr)
+            lv.suggestions = list(tr.suggestions)  # the types the quantizer resolved are part of the lever
+            bad = judge(before, tr, watch)
+            sc = _score(tr, watch)
+            row |= {"sqnr_db": sc, "gain_db": None if sc is None or s0 is None else sc - s0,
+                    "model_bytes": tr.model_bytes, "cycles": tr.cycles, "task": dict(tr.task)}
+            row["status"] = bad or "ok"
 
-    for lv in levers:
-        run(lv)
+    run(levers)
     ok = sorted((r for r in rows if r["status"] == "ok" and r["gain_db"] is not None),
                 key=lambda r: -r["gain_db"])
     glob = [r for r in ok if r["kind"] == "global"]
@@ -245,11 +304,13 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     if len(glob) > 1:
         combos.append(combine(by[glob[0]["lever"]], by[glob[1]["lever"]]))
     seen = {r["lever"] for r in rows}
+    batch = []
     for c in combos[:combinations + 1]:
         if c.name not in seen and ((c.preset, c.per_channel, c.calibrate_method) != _knobs(tuner) or c.suggestions):
             seen.add(c.name)
             by[c.name] = c
-            run(c)
+            batch.append(c)
+    run(batch)
     basis = "cycles" if before.cycles and all(r["cycles"] for r in rows if r["status"] == "ok") else "model_bytes"
     c0 = float(before.cycles or 0) if basis == "cycles" else float(before.model_bytes or 0)
     for r in rows:
@@ -292,14 +353,67 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                      for r in rows if not r["eligible"] and r["status"] not in ("ok", "eligible")]
     for r in order:
         lv, tr = trials[r["lever"]]
-        why, check = confirm_on_target(tuner, before, tr, watch, after_tuner=_variant(tuner, lv))
+        # the chosen lever again in this workdir (checkpointed): the model and overrides the report delivers
+        tr = _variant(tuner, lv).trial(tr.label, list(lv.suggestions))
+        why = judge(before, tr, watch)
+        check: dict[str, Any] = {}
+        if why is None:
+            why, check = confirm_on_target(tuner, before, tr, watch, after_tuner=_variant(tuner, lv))
         if why is None:
             r["status"] = "chosen"
             rep = TuneReport(before, tr, watch, steps=[{"candidate": lv.name, "label": tr.label, "kept": True}],
                              refused=refused, backend=tuner.backend, format=tuner.fmt, target_check=check)
-            return SearchResult(rows, lv, rep, basis)
+            return _done(SearchResult(rows, lv, rep, basis, jobs_info), root, tuner.keep_dumps)
         r["status"] = f"refused: {why}"
         refused.append({"candidate": lv.name, "label": tr.label, "reason": why})
     rep = TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
                      backend=tuner.backend, format=tuner.fmt)
-    return SearchResult(rows, None, rep, basis)
+    return _done(SearchResult(rows, None, rep, basis, jobs_info), root, tuner.keep_dumps)
+
+
+def _done(res: SearchResult, root: Path, keep: bool) -> SearchResult:
+    """The job folders go unless ``keep`` (the shards stay: a rerun with the same settings resumes from them)."""
+    if not keep:
+        shutil.rmtree(root / "jobs", ignore_errors=True)
+    return res
+
+
+def lever_label(lv: Lever) -> str:
+    """A lever's trial label (file names in the workdir)."""
+    return "lever-" + "".join(c if c.isalnum() else "-" for c in lv.name).strip("-")
+
+
+#: the ``result`` of a search job's shard (checked before the choice reads it)
+RESULT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "search shard result",
+    "required": ["label", "error", "sqnr", "task", "model_bytes", "cycles", "suggestions", "fixes", "samples"],
+    "properties": {
+        **SWEEP_RESULT["properties"],
+        "suggestions": {"type": "array", "items": {"type": "object"}},
+        "fixes": {"type": "array", "items": {"type": "object"}},
+        "samples": {"type": "object", "additionalProperties": {"type": "object"}}},
+}
+
+
+def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]]) -> dict[str, Any]:
+    """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture), what the choice reads,
+    then its files removed (kept, with the trial's dump, when ``tuner.keep_dumps``: ``--keep-dumps``)."""
+    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions])  # a dump only with keep_dumps
+    out = {"label": tr.label, "error": tr.error, "sqnr": {} if tr.error else dict(tr.sqnr_table),
+           "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
+           "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
+           "fixes": list(tr.fixes), "samples": dict(tr.samples)}
+    if not tuner.keep_dumps:
+        shutil.rmtree(tuner.workdir, ignore_errors=True)
+    return json_safe(out)
+
+
+def shard_trial(result: dict[str, Any], folder: Path) -> Trial:
+    """A lever's trial as its shard holds it (figures only: its files were removed with its job folder)."""
+    label = result["label"]
+    return Trial(label, [Suggestion(**x) for x in result["suggestions"]], folder / f"{label}.qdq.onnx",
+                 folder / f"{label}.h5", None, dict(result.get("task") or {}), int(result.get("model_bytes") or 0),
+                 result.get("cycles"), float(result.get("seconds") or 0.0), result.get("error"),
+                 sqnr_table={k: v for k, v in (result.get("sqnr") or {}).items() if v is not None},
+                 fixes=list(result.get("fixes") or []), samples=dict(result.get("samples") or {}))

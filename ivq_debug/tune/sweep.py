@@ -242,7 +242,9 @@ def dump_digest(path: str | os.PathLike) -> str:
         return d.content_digest()
 
 
-def _meta(tuner: Tuner) -> dict[str, Any]:
+def job_meta(tuner: Tuner) -> dict[str, Any]:
+    """What every job of a tune shares (the shard ``meta`` a merge checks, :data:`SWEEP_FIELDS`): the model's,
+    reference's, inputs' and calibration's hashes, the settings, the versions."""
     settings = {"preset": tuner.preset, "fmt": tuner.fmt, "backend": tuner.backend, "part": tuner.part,
                 "quantize_kw": {k: str(v) for k, v in sorted(tuner.quantize_kw.items())},
                 "base_overrides": _jsonable_overrides(tuner.base_overrides),
@@ -405,17 +407,16 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
     if before.error:
         raise InputError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
+    tuner = tuner.watching(watch)
     acts = [a for a in quantized_activations(tuner, before)
             if not tensors or any(fnmatch.fnmatchcase(a[0], g) for g in tensors)]
     gs = block_groups(acts, groups) if isinstance(groups, int) else list(groups)
     encs = encodings_from_qdq_model(before.qdq_model).activations
     root = Path(tuner.workdir).resolve() / "sweep"
     shards = Path(shards) if shards is not None else root / "shards"
-    meta = _meta(tuner)
+    meta = job_meta(tuner)
     # what a worker needs, by absolute paths (a Ray worker runs in another folder)
-    worker = replace(tuner, float_model=tuner.source().resolve(), reference=Path(tuner.reference).resolve(),
-                     resume=False, preprocess=False, _checkpoint=None, _source=None, _ranges=None,
-                     _calibrated=tuner.calibrated(), _digests={})
+    worker = tuner.worker(tuner.workdir)
     jobs, cands = [], []
     for gi, g in enumerate(gs):
         for pi, p in enumerate(precisions):

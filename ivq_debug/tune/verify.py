@@ -21,6 +21,7 @@ trials. Costs come with each trial: the QDQ model size, and the summed per-op cy
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib
 import importlib.util
@@ -28,19 +29,23 @@ import json
 import math
 import os
 import re
+import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ivq_debug import comparator, interrupt
+from ivq_debug.align.matcher import Alignment
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
-from ivq_debug.dump import open_dump
+from ivq_debug.dump import Dump, open_dump
+from ivq_debug.dump.memory import MemorySink
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
@@ -49,6 +54,7 @@ from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
 from ivq_debug.qnn.quantize import (
     CALIBRATION_OPTIONS,
+    float_producers,
     load_calibration,
     preprocess_float_model,
     quantize_for_qnn,
@@ -58,6 +64,9 @@ from ivq_debug.tune.legal import forbidden, split_legal, violations
 from ivq_debug.tune.suggest import EXCLUDE_SUFFIX, Suggestion, read_overrides, write_suggestions
 
 CHECKPOINT = "checkpoint.json"
+#: the workdir folder of calibration results every trial of one quantizer setting shares
+#: (:func:`~ivq_debug.qnn.quantize.calibration_cache_key`)
+CALIBRATION_CACHE = "calibration-cache"
 #: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
 MAX_CANDIDATES = 6
 
@@ -156,6 +165,8 @@ class Trial:
     fixes: list[dict[str, Any]] = field(default_factory=list)
     #: per watched tensor: mean and worst SQNR over the evaluation samples (:func:`per_sample`)
     samples: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the QNN session options of an HTP trial (:meth:`Tuner.qnn_options`; None on CPU-QDQ)
+    session: dict[str, Any] | None = None
 
     def sqnr(self, name: str) -> float | None:
         """Worst SQNR of a tensor over the records (None when absent or the trial failed)."""
@@ -231,19 +242,23 @@ class TuneReport:
             "samples": {"before": self.before.samples, "after": self.after.samples},
             "resolved_types": self.after.fixes,
             "before": {"qdq_model": str(self.before.qdq_model),
-                       "dump": str(self.before.dump) if self.before.dump.exists() else None},
+                       "dump": str(self.before.dump) if self.before.dump.exists() else None,
+                       "session": self.before.session},
             "after": {"qdq_model": str(self.after.qdq_model),
                       "dump": str(self.after.dump) if self.after.dump.exists() else None,
-                      "overrides": str(self.after.overrides) if self.after.overrides else None},
+                      "overrides": str(self.after.overrides) if self.after.overrides else None,
+                      "session": self.after.session},
         })
 
 
-def _cycles(dump_path: Path) -> float | None:
-
-    with open_dump(dump_path) as d:
-        if "profiling" not in d.table_names():
-            return None
-        p = d.table("profiling")
+def _cycles(dump: Any) -> float | None:
+    """The summed per-op cycles of the first profiled run of a dump (a path or an open dump)."""
+    if not isinstance(dump, Dump):
+        with open_dump(dump) as d:
+            return _cycles(d)
+    if "profiling" not in dump.table_names():
+        return None
+    p = dump.table("profiling")
     ops = p[(p["is_op"].astype(bool)) & (p["unit"] == "cycles")]
     if ops.empty:
         return None
@@ -315,11 +330,21 @@ class Tuner:
     qnn_session: dict[str, Any] = field(default_factory=dict)
     #: how the evaluation set was made (:func:`evaluation_split`), reported in ``tune.json``
     evaluation: dict[str, Any] = field(default_factory=dict)
+    #: every trial writes its dump (``--keep-dumps``); otherwise only the baseline's is written (the diagnosis
+    #: reads it) and the other trials compare in memory (:meth:`compare_in_memory`)
+    keep_dumps: bool = False
+    #: tensors a trial compared in memory measures besides the model outputs, the last tensor (the default
+    #: watch) and its own suggestions' tensors (:meth:`measured`): the watched tensors (``--watch``)
+    watch: tuple[str, ...] = ()
+    #: the calibration results trials share (default ``<workdir>/calibration-cache``; a job's tuner names its
+    #: search's, so workers in other folders calibrate once too)
+    calibration_cache: Path | None = None
     _calibrated: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
     _digests: dict[str, str] = field(default_factory=dict, repr=False)
     _ranges: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
     _checkpoint: dict[str, Any] | None = field(default=None, repr=False)
     _source: Path | None = field(default=None, repr=False)
+    _outs: list[str] | None = field(default=None, repr=False)
 
     def source(self) -> Path:
         """The model every trial quantizes: the float model after the quantizer's preprocessing (when it changes
@@ -414,19 +439,27 @@ class Tuner:
 
         Type conflicts the quantizer raises are resolved in the *suggestions* (:meth:`_quantize`), so the trial's
         :attr:`Trial.suggestions` — what is delivered — hold the type of every tensor the trial changed.
-        ``keep_dump``: keep the trial's dump (default: only the baseline's, label ``before``, which the suggestions
-        read); the others are measured and removed (``tune.json`` and the checkpoint hold the figures).
+        ``keep_dump``: capture the trial into a dump and keep it (default: the baseline's, label ``before``,
+        which the diagnosis reads, and every trial's with :attr:`keep_dumps`); the others are *partial
+        captures*: each evaluation sample is run once and compared with the reference in memory
+        (:meth:`compare_in_memory`, the same numbers to the bit), and only the figures stay (``tune.json``,
+        the checkpoint). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
+        overrides do not enter it), and HTP sessions load their compiled contexts from the QNN context cache
+        when the trial's model compiled before.
         """
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
-        keep = (label == "before") if keep_dump is None else keep_dump
+        keep = (self.keep_dumps or label == "before") if keep_dump is None else keep_dump
         key = self.key(suggestions)
         qdq = wd / f"{label}.qdq.onnx"
         dump = wd / f"{label}.h5"
         done = self._ckpt()["trials"].get(key)
+        covered = done is not None and (done.get("measured") is None or self.measured(
+            _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []]), self.outputs())
+            <= set(done["measured"]))
         if self.resume and done is not None and not done.get("error") and self._abs(done["qdq_model"]).exists() \
-                and (self._abs(done["dump"]).exists() or (done.get("sqnr") is not None and not keep)):
+                and (self._abs(done["dump"]).exists() or (done.get("sqnr") is not None and not keep and covered)):
             dpath = self._abs(done["dump"])
             cmp = compare(self.reference, dpath, progress=False) if dpath.exists() else None
             ov = self._abs(done["overrides"]) if done.get("overrides") else None
@@ -436,7 +469,7 @@ class Tuner:
                          float(done.get("seconds") or 0.0), None, ov, reused=True,
                          sqnr_table={k: _json_number(v) for k, v in (done.get("sqnr") or {}).items()},
                          fixes=list(done.get("fixes") or []),
-                         samples=dict(done.get("samples") or {}))
+                         samples=dict(done.get("samples") or {}), session=done.get("session"))
         entry: dict[str, Any] = {"label": label, "suggestions": [s.to_dict() for s in suggestions],
                                  "qdq_model": self._rel(qdq), "dump": self._rel(dump),
                                  "target": self.target, "session": self.qnn_options() if self.backend == "qnn" else None}
@@ -452,33 +485,119 @@ class Tuner:
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
             runner = self._runner(qdq, prof, bool(exclude))
-            capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
-                    overwrite=True, progress=None)
-            cmp = compare(self.reference, dump, progress=False)
+            outs = self.outputs()
+            measure = None if keep else self.measured(applied, outs)
+            if keep:
+                capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
+                        overwrite=True, progress=None)
+                cmp = compare(self.reference, dump, progress=False)
+                with open_dump(dump) as d:
+                    per, cycles = _outputs(d, outs) if self.output_metric is not None else [], _cycles(d)
+            else:
+                cmp, per, cycles = self.compare_in_memory(runner, outs if self.output_metric is not None else [],
+                                                          measure=measure)
             task = dict(self.task(qdq)) if self.task else {}
             if self.output_metric is not None:
-                task.update(_score(self.output_metric, dump, self.float_model))
+                task.update(_score(self.output_metric, per))
             if not suggestions:
                 self._calibrated = None  # the baseline's encodings are the calibrated ranges of later fixes
         except Exception as e:  # a failed trial is a result: recorded, checkpointed, refused (the whole reason)
             msg = one_line(e) if isinstance(e, IvqError) else f"{type(e).__name__}: {one_line(e)}"
             entry |= {"error": msg, "seconds": round(time.perf_counter() - t0, 2),
                       "fixes": [f.to_dict() for f in fixes]}
+            if getattr(e, "unsupported", None):  # a QNN refusal: every node with its reason (the line groups them)
+                entry["unsupported"] = list(e.unsupported)
             self._save(key, entry)
-            return Trial(label, applied, qdq, dump, None, error=entry["error"], seconds=entry["seconds"])
-        tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), _cycles(dump),
-                   time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes])
+            return Trial(label, applied, qdq, dump, None, error=entry["error"], seconds=entry["seconds"],
+                         session=entry["session"])
+        tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), cycles,
+                   time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes],
+                   session=entry["session"])
         tr.sqnr_table = worst_sqnr(cmp)
         tr.samples = per_sample(cmp, _default_watch(tr))
         if not keep:
             dump.unlink(missing_ok=True)
-            for extra in (prof,):
+            for extra in (prof, *wd.glob(glob.escape(prof.name[:-len(".csv")]) + ".*.csv")):  # (.plain.csv too)
                 extra.unlink(missing_ok=True)
         entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task,
                   "model_bytes": tr.model_bytes, "cycles": tr.cycles, "seconds": round(tr.seconds, 2),
-                  "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples}
+                  "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples,
+                  "measured": None if measure is None else sorted(measure)}
         self._save(key, entry)
         return tr
+
+    def worker(self, workdir: str | os.PathLike) -> Tuner:
+        """A copy for a job in its own folder (another process, a Ray worker): absolute paths, the preprocessed
+        model as its float model, the calibrated ranges and the calibration cache of this tuner, no checkpoint."""
+        return replace(self, float_model=self.source().resolve(), reference=Path(self.reference).resolve(),
+                       workdir=Path(workdir), resume=False, preprocess=False, _checkpoint=None, _source=None,
+                       _ranges=None, _calibrated=self.calibrated(), _digests={},
+                       calibration_cache=Path(self.calibration_cache or Path(self.workdir) / CALIBRATION_CACHE
+                                              ).resolve())
+
+    def outputs(self) -> list[str]:
+        """The float model's graph outputs (a task metric's inputs; always measured)."""
+        if self._outs is None:
+            self._outs = [o.name for o in load_model(self.float_model).graph.output]
+        return list(self._outs)
+
+    def measured(self, suggestions: Sequence[Suggestion], outputs: Sequence[str] = ()) -> set[str]:
+        """The tensors a trial compared in memory measures: what its report reads — the watched tensors
+        (:attr:`watch`), the model ``outputs``, the tensors its suggestions name (the changed-layers table)."""
+        return {*self.watch, *outputs, *(s.tensor for s in suggestions)}
+
+    def watching(self, watch: Sequence[str]) -> Tuner:
+        """This tuner, or a copy whose trials also measure ``watch`` (a search's watched tensors)."""
+        if set(watch) <= set(self.watch):
+            return self
+        return replace(self, watch=tuple(dict.fromkeys([*self.watch, *watch])), _checkpoint=self._ckpt())
+
+    def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None
+                          ) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
+        """A partial capture: each evaluation sample run once through ``runner`` into memory
+        (:class:`~ivq_debug.dump.memory.MemorySink`) and compared with the reference at once, then dropped.
+
+        Returns (the comparison of every record, as :func:`ivq_debug.comparator.compare` of a whole capture would
+        give it: the alignment's value checks are shared across records; the graph ``outputs`` of each sample,
+        for a task metric; the HTP cycles of the first profiled run). The reference is read as for any
+        comparison; at most one sample's tensors are in memory. ``measure``: compute the metrics of the pairs
+        naming one of these tensors (reference or test name) and of each record's last tensor (the default
+        watch) only; every tensor is still captured and aligned, so each figure is the one a whole comparison
+        gives (None: every pair).
+        """
+        import pandas as pd
+
+        ref = open_dump(self.reference)
+        sink = MemorySink(runner.backend, runner.info, path=f"<trial of {Path(runner.model_path).name}>"
+                          if getattr(runner, "model_path", None) else "<trial>")
+        memo: dict[Any, Any] = {}
+        tables, per, pairs = [], [], []
+        un_ref: list[Any] = []
+        un_test: list[Any] = []
+        last = None
+        for i, feeds in enumerate(self.feeds):
+            interrupt.raise_if_signalled()
+            sink.begin_record(sample=i, part=self.part, step=0)
+            runner.run(feeds, sink)
+            mem = sink.take()
+            cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
+                                     lambda ps: _pairs_naming(ps, measure))
+            tables.append(cmp.table)
+            pairs += cmp.alignment.pairs
+            un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
+            un_test += cmp.alignment.unmatched_test
+            if outputs:
+                per += _outputs(mem, outputs)
+            if last is not None:
+                last.close()
+            last = mem
+        assert last is not None, "a tune has at least one evaluation input"
+        cycles = _cycles(last)
+        last.close()
+        full = [t for t in tables if len(t)]
+        table = pd.concat(full, ignore_index=True) if full else tables[0]
+        al = Alignment(pairs, un_ref, un_test, [], [])
+        return comparator.Comparison(ref, last, table, al, cmp.budgets, cmp.rank_by), per, cycles
 
     def _runner(self, qdq: Path, prof: Path, fallback: bool) -> Any:
         if self.runner_factory is not None:
@@ -516,8 +635,8 @@ class Tuner:
         floats = [n for n, e in encs.activations.items() if e.is_float]
         ints = EncodingSet(format=encs.format, activations={n: e for n, e in encs.activations.items()
                                                               if not e.is_float}, params=dict(encs.params))
-        nodes = {s.tensor: s.node for s in suggestions if s.node}
-        exclude = [*exclude, *[nodes[n] for n in floats if nodes.get(n)]]
+        # a float entry leaves its producer unquantized, as `ivq quantize --overrides` of the delivered file does
+        exclude = list(dict.fromkeys([*exclude, *float_producers(floats, load_model(self.source()))]))
         return path, {**self.base_overrides, **to_ort_overrides(ints)}, exclude
 
     def _quantize(self, label: str, suggestions: list[Suggestion], out: Path, max_fixes: int = 16
@@ -531,7 +650,9 @@ class Tuner:
         while True:
             applied = _with_fixes(suggestions, fixes)
             ov_path, overrides, exclude = self._write_read(label, applied)
-            kw = dict(self.quantize_kw) | {"preprocess": False}
+            kw = dict(self.quantize_kw) | {"preprocess": False,
+                                           "calibration_cache": self.calibration_cache
+                                           or Path(self.workdir) / CALIBRATION_CACHE}
             if exclude:
                 kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
             try:
@@ -553,6 +674,24 @@ class Tuner:
                                         f"neighbours imply ({8 if is16 else 16}-bit), on its calibrated range",
                                         float(rng[0]), float(rng[1]), node=cur.node if cur else None,
                                         group=cur.group if cur else None))
+
+
+def one_trial(tuner: Tuner, label: str, suggestions: Sequence[Suggestion] = ()) -> Trial:
+    """One tune trial as every search runs a lever (``bench/bench_loop.py`` times it against one capture of the
+    same model and inputs; name and signature kept stable, ``docs/tune.md``): quantize the float model with
+    ``suggestions`` (the calibration cached per quantizer setting), run each evaluation sample once on the
+    tuner's backend and compare it in memory with the reference, no dump written. The trial's figures are those
+    of a whole capture compared afterwards, for the tensors it measures (:meth:`Tuner.measured`: the watched
+    tensors, the model outputs, the suggestions' tensors; ``Trial.sqnr_table`` holds those). The checkpoint is
+    not read: a trial of a configuration already run is run again (``tuner.resume`` is ignored)."""
+    return replace(tuner, resume=False, _checkpoint=tuner._ckpt()).trial(label, list(suggestions), keep_dump=False)
+
+
+def _pairs_naming(pairs: list[Any], names: Collection[str]) -> list[Any]:
+    """The pairs naming one of ``names`` (reference or test side), and the last pair in execution order."""
+    last = max(pairs, key=lambda p: p.ref.order, default=None)
+    end = last.ref.name if last is not None else None
+    return [p for p in pairs if p.ref.name == end or p.ref.name in names or p.test.name in names]
 
 
 def _with_fixes(suggestions: Sequence[Suggestion], fixes: Sequence[Suggestion]) -> list[Suggestion]:
@@ -595,14 +734,18 @@ def preprocessed_model(float_model: str | os.PathLike, folder: Path) -> Path | N
     return out if preprocess_float_model(float_model, out) else None
 
 
-def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], dump: Path, float_model: Path) -> dict[str, float]:
-    """A user task metric on a dump's graph outputs (``task`` for a bare number, else its keys)."""
-    outs = [o.name for o in load_model(float_model).graph.output]
-    with open_dump(dump) as d:
-        per = []
-        for rid in d.records.sort_values(["sample", "step"])["rid"]:
-            have = {e.name: e for e in d.tensors(rid)}
-            per.append({o: d.read(have[o]) for o in outs if o in have})
+def _outputs(d: Dump, names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The graph outputs ``names`` of each record of a dump, by (sample, step)."""
+    per = []
+    for rid in d.records.sort_values(["sample", "step"])["rid"]:
+        have = {e.name: e for e in d.tensors(rid)}
+        per.append({o: d.read(have[o]) for o in names if o in have})
+    return per
+
+
+def _score(fn: Callable[[list[dict[str, np.ndarray]]], Any], per: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """A user task metric on the graph outputs of every evaluation sample (``task`` for a bare number, else
+    its keys)."""
     try:
         v = fn(per)
     except Exception as e:  # the user's function: report it on one line
@@ -718,6 +861,7 @@ def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (
     if before.error:
         raise InputError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
+    tuner = tuner.watching(watch)
     cands = list(candidates) if candidates is not None else candidate_sets(suggestions)
     cands, refused = split_legal(cands, tuner.source(), tuner.preset, tuner.target)  # never tried: illegal
     checks: list[dict[str, Any]] = []
@@ -755,7 +899,8 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     b = htp.trial("htp-before", list(before.suggestions), keep_dump=False)
     a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
     figs = {w: {"cpu": [before.sqnr(w), after.sqnr(w)], "htp": [b.sqnr(w), a.sqnr(w)]} for w in watch}
-    check = {"backend": "qnn", "checked": True, "watch": figs, "samples": {"before": b.samples, "after": a.samples},
+    check = {"backend": "qnn", "checked": True, "session": a.session, "watch": figs,
+             "samples": {"before": b.samples, "after": a.samples},
              "task": {k: {"cpu": [before.task.get(k), after.task.get(k)], "htp": [b.task.get(k), a.task.get(k)]}
                       for k in after.task}}
     if b.error:
@@ -785,6 +930,7 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
     """
 
     watch = list(watch)
+    tuner = tuner.watching(watch)
     before = tuner.trial("before", [])
     if before.error:
         raise InputError(f"the baseline trial failed: {before.error}")
@@ -846,11 +992,13 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
 
 def prune_workdir(workdir: str | os.PathLike, keep: Sequence[Path | None]) -> int:
     """After a finished tune, keep only what the report needs: the checkpoint, the overrides files, the
-    preprocessed model and the QDQ models in ``keep`` (the baseline's, the recommended one); the dumps, profiles,
-    calibration capture and other trial models go (a rerun with ``--resume`` re-captures what it needs). Returns
+    preprocessed model, the QDQ models in ``keep`` (the baseline's, the recommended one) and the job shards of a
+    search or sweep; the dumps, profiles, calibration capture and cache, job folders and other trial models go (a rerun with ``--resume`` re-captures what it needs). Returns
     the bytes left in ``workdir``."""
     wd = Path(workdir)
     kept = {Path(k).resolve() for k in keep if k is not None}
+    for folder in (wd / CALIBRATION_CACHE, wd / "search" / "jobs", wd / "sweep" / "jobs"):
+        shutil.rmtree(folder, ignore_errors=True)
     for p in wd.iterdir() if wd.is_dir() else []:
         if not p.is_file() or p.resolve() in kept or p.name in (CHECKPOINT, "preprocessed.onnx"):
             continue

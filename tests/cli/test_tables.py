@@ -156,7 +156,9 @@ def test_ls_piped_is_one_row_per_line_with_every_full_name(dumps) -> None:
     names = _names(dumps["ref"])
     header = lines[1].split("\t")
     assert lines[0].startswith("# ") and header[:3] == ["record", "#", "name"]
-    rows = [ln.split("\t") for ln in lines[2:]]
+    size = os.path.getsize(dumps["ref"])
+    assert lines[-1] == f"# on disk {size / 1024:.1f} KiB: {size / _held(dumps['ref']):.2f}× the " + lines[-1].split("the ")[1]
+    rows = [ln.split("\t") for ln in lines[2:-1]]
     assert len(rows) == len(names) and all(len(row) == len(header) for row in rows)
     for name in names:  # `ivq ls d.h5 | grep NAME` finds every full name
         assert [ln for ln in lines if name in ln], name
@@ -170,6 +172,15 @@ def test_ls_json_is_one_document(dumps) -> None:
     doc = json.loads(r.stdout)
     assert [row["name"] for row in doc["rows"]] == [n for n in _names(dumps["ref"]) if n != "x"]
     assert all(isinstance(row["max"], float) for row in doc["rows"])
+    size = doc["size"]  # the whole dump's size, whatever --kind shows
+    assert size["file"] == os.path.getsize(dumps["ref"]) and size["data"] == _held(dumps["ref"]) > 0
+    assert size["raw"] == 0 and size["data"] == size["tensors"] + size["inputs"]
+
+
+def _held(path: Path) -> int:
+    """The bytes of values a float dump holds: its manifest's sizes."""
+    with open_dump(path) as d:
+        return sum(e.nbytes for e in d.entries)
 
 
 def test_diff_piped_verdict_is_the_last_line(dumps) -> None:

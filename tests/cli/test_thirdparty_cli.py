@@ -20,6 +20,7 @@ from ivq_debug.cli.diff import main as diff_main
 from ivq_debug.cli.main import main as ivq_main
 from ivq_debug.errors import EXIT_RUN, EXIT_USAGE
 from ivq_debug.onnxgraph.intake import read_quantization_metadata
+from ivq_debug.qnn.quantize import quantize_for_qnn
 from tests.support.qnn_models import needs_qnn
 from tests.support.thirdparty_models import METADATA, save_textline, textline_feeds
 
@@ -101,14 +102,19 @@ def test_capture_cpu_and_htp_then_diff(files, tmp_path: Path, capfd) -> None:
 @pytest.mark.qnn
 @needs_qnn
 def test_unsupported_at_optimization_disable_advises_all(files, tmp_path: Path, capfd) -> None:
-    q = tmp_path / "shape.q.onnx"
-    assert ivq("quantize", files["shape"], "-o", q, "--calibration", files["cal"]) == 0
+    # a QDQ model quantized elsewhere keeps the paddle2onnx Shape -> Gather -> Concat -> Reshape chain
+    q = quantize_for_qnn(files["shape"], tmp_path / "shape.q.onnx", files["cal"], fold_shapes=False).model_path
     capfd.readouterr()
     assert ivq("capture", "qnn", q, "--inputs", files["in"], "-o", tmp_path / "a.h5") == EXIT_RUN  # not 1
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "seq.shape (Shape)" in err[0]
     assert "--optimization all" in err[0] and "(checked: at --optimization all every node runs on HTP)" in err[0]
     assert ivq("capture", "qnn", q, "--inputs", files["in"], "-o", tmp_path / "a.h5", "--optimization", "all") == 0
+    # ivq quantize folds the chain: the model it writes runs on HTP at "disable" too
+    folded = tmp_path / "shape.folded.onnx"
+    assert ivq("quantize", files["shape"], "-o", folded, "--calibration", files["cal"]) == 0
+    assert "3 shape node(s) folded into initializers (Shape x1, Gather x1, Concat x1)" in capfd.readouterr().err
+    assert ivq("capture", "qnn", folded, "--inputs", files["in"], "-o", tmp_path / "f.h5") == 0
 
 
 def test_version_goes_to_stdout(capfd) -> None:

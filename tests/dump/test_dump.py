@@ -272,3 +272,29 @@ def test_summary_only_dumps_diff_end_to_end(tmp_path: Path, capfd) -> None:
 
     doc = json.loads((tmp_path / "d.json").read_text())
     assert any(f["kind"] == "projector_drift" for f in doc["findings"])
+
+
+def test_size_counts_values_by_kind_against_the_file(tmp_path: Path) -> None:
+    """``Dump.size``: the bytes of values by kind (raw integers at their encoding's width) against the file, raw
+    and compressed; the ratio is what ``ivq ls`` prints."""
+    enc = {"bitwidth": 8, "dtype": "uint8", "scale": 0.05, "zero_point": 128, "axis": None, "qmin": 0, "qmax": 255}
+    enc16 = {**enc, "bitwidth": 16, "dtype": "uint16", "zero_point": 32768, "qmax": 65535}
+    q = np.random.default_rng(0).integers(120, 136, (256, 1024)).astype(np.uint8)  # 16 levels: compresses
+    deq = ((q.astype(np.float32) - 128) * np.float32(0.05)).astype(np.float32)
+    sizes = {}
+    for comp in (None, "gzip"):
+        p = tmp_path / f"{comp}.h5"
+        with DumpWriter(p, backend="onnxruntime-cpu-qdq", compression=comp) as w:
+            w.begin_record(sample=0, part="model", step=0)
+            w.add_input("x", np.ones((1, 3, 8, 8), np.float32))
+            w.add_tensor("a", deq, encoding=enc, raw=q)
+            w.add_tensor("b", deq[:16], encoding=enc16, raw=q[:16].astype(np.uint16))
+            w.add_tensor("f", np.zeros(10, np.float64))
+        with open_dump(p) as d:
+            sizes[comp] = s = d.size()
+        assert s.file == p.stat().st_size
+        assert (s.tensors, s.inputs, s.raw, s.summarized) == (deq.nbytes + deq[:16].nbytes + 80, 768,
+                                                              q.nbytes + 2 * q[:16].size, 0)
+        assert s.to_json()["data"] == s.data == s.tensors + s.inputs + s.raw
+    assert sizes[None].file > sizes[None].data  # raw: the values plus HDF5's metadata
+    assert sizes["gzip"].file < 0.5 * sizes["gzip"].data  # 16 levels of 256

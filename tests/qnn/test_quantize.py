@@ -225,6 +225,34 @@ def test_qnn_encodings_overrides(block: Path, tmp_path: Path) -> None:
     assert float(i["g_scale"]) == pytest.approx(1e-4) and int(i["g_zero_point"]) == 2000
 
 
+def test_a_float_request_leaves_its_producer_unquantized(block: Path, tmp_path: Path) -> None:
+    """What ``ivq tune`` delivers for ``fp16``: a float encoding of the node's output (QNN formats) or the node in
+    the ORT file's ``nodes_to_exclude`` sidecar; ``quantize_for_qnn`` leaves that node float either way."""
+    from ivq_debug.errors import InputError
+    from ivq_debug.qnn.quantize import EXCLUDE_SUFFIX, quantize_for_qnn
+
+    feeds = models.block_feeds(1, 4)
+
+    def weight_is_quantized(path: Path) -> bool:  # v_proj reads the weight Wv
+        node = next(n for n in onnx.load(str(path)).graph.node if n.name == "v_proj")
+        return node.input[1] != "Wv"
+
+    assert weight_is_quantized(quantize_for_qnn(block, tmp_path / "q.onnx", feeds).model_path)
+    (tmp_path / "legacy.json").write_text(json.dumps(
+        {"activation_encodings": {"v": [{"bitwidth": 16, "dtype": "float"}]}, "param_encodings": {}}))
+    r = quantize_for_qnn(block, tmp_path / "l.onnx", feeds, overrides=tmp_path / "legacy.json")
+    assert not weight_is_quantized(r.model_path)
+    assert "overrides: v: float: its producer v_proj left unquantized" in r.warnings
+    (tmp_path / "ort.json").write_text("{}")
+    (tmp_path / f"ort.json{EXCLUDE_SUFFIX}").write_text(json.dumps({"nodes_to_exclude": ["v_proj"]}))
+    r = quantize_for_qnn(block, tmp_path / "o.onnx", feeds, overrides=tmp_path / "ort.json")
+    assert not weight_is_quantized(r.model_path)
+    (tmp_path / f"ort.json{EXCLUDE_SUFFIX}").write_text(json.dumps(["v_proj"]))
+    with pytest.raises(InputError, match="nodes_to_exclude") as e:
+        quantize_for_qnn(block, tmp_path / "b.onnx", feeds, overrides=tmp_path / "ort.json")
+    assert e.value.path == str(tmp_path / f"ort.json{EXCLUDE_SUFFIX}") and not (tmp_path / "b.onnx").exists()
+
+
 def test_output_is_atomic_and_never_overwritten(block: Path, tmp_path: Path) -> None:
     from ivq_debug.qnn.quantize import quantize_for_qnn
 
@@ -284,3 +312,57 @@ def test_entropy_calibration_progress_stays_off_stdout(block: Path, tmp_path: Pa
     out, err = capfd.readouterr()
     assert r.model_path.exists()
     assert "Collecting tensor data" not in out and "Collecting tensor data" in err
+
+
+@pytest.mark.qnn
+@needs_qnn
+def test_quantize_folds_the_shape_chains_so_htp_runs_the_model_at_every_level(tmp_path: Path, capfd) -> None:
+    """torch's ``x.view(x.shape[0], -1)``, ``cls.expand(b, -1, -1)`` and ``arange(t.shape[1])`` under a dynamic
+    batch: HTP refused the QDQ model at ORT optimization "disable" (``Shape``, then "Cannot get shape"
+    downstream) and even at "all" (ORT's folding stops at the ``Range``); ``ivq quantize`` folds the chains its
+    intake made constant and HTP runs the model at every level, with the unfolded model's QDQ arithmetic."""
+    import onnxruntime as ort
+
+    from ivq_debug.dump.reader import open_dump
+    from ivq_debug.errors import EXIT_RUN
+    from ivq_debug.metrics import compute
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+    from tests.support.cli import ivq_cli
+    from tests.support.shape_models import build_shape_net, shape_feeds
+
+    src = build_shape_net(tmp_path)
+    np.savez(tmp_path / "cal.npz", x=np.concatenate([f["x"] for f in shape_feeds(1, 8)]))
+    np.savez(tmp_path / "in.npz", **shape_feeds(2, 1)[0])
+    cal, feeds = tmp_path / "cal.npz", ["--inputs", tmp_path / "in.npz"]
+    # before: the chains written as they are
+    unfolded = quantize_for_qnn(src, tmp_path / "unfolded.onnx", cal, fold_shapes=False).model_path
+    for level, refused in (("disable", "(Shape)"), ("all", "(Range)")):
+        capfd.readouterr()
+        assert ivq_cli("capture", "qnn", unfolded, *feeds, "-o", tmp_path / "u.h5", "--optimization", level) \
+            == EXIT_RUN
+        err = capfd.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not supported by QNN HTP" in err[0] and refused in err[0], err
+    # after: ivq quantize folds them, says so, and records which
+    q = tmp_path / "q.onnx"
+    assert ivq_cli("quantize", src, "-o", q, "--calibration", cal, "--json", tmp_path / "q.json") == 0
+    err = capfd.readouterr().err
+    assert "shape node(s) folded into initializers (" in err and "Shape x5" in err
+    folded = json.loads((tmp_path / "q.json").read_text())["intake"]["folded_shapes"]
+    assert sum(f.endswith("(Shape)") for f in folded) == 5 and "/Range (Range)" in folded
+    assert not {n.op_type for n in onnx.load(str(q)).graph.node} & {"Shape", "ConstantOfShape", "Range", "Expand"}
+    x = shape_feeds(2, 1)[0]
+
+    def cpu(path: Path) -> np.ndarray:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, x)[0]
+
+    qdq = cpu(q)
+    assert np.array_equal(qdq, cpu(unfolded))  # the same QDQ arithmetic as the unfolded model, on ORT CPU
+    outs = {}
+    for level in ("disable", "basic", "all"):  # every node on HTP: CPU fallback is off, a refusal is exit 7
+        assert ivq_cli("capture", "qnn", q, *feeds, "-o", tmp_path / f"{level}.h5", "--optimization", level) == 0
+        outs[level] = open_dump(tmp_path / f"{level}.h5").read("y")
+    for level, y in outs.items():
+        assert y.shape == (1, 10) and np.array_equal(y, outs["disable"]), level
+        assert compute(qdq, y)["sqnr_db"] > 30, level

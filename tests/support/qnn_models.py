@@ -121,19 +121,25 @@ def build_block(seed: int = 0) -> onnx.ModelProto:
     return _finish(g)
 
 
-def build_erf(seed: int = 0) -> onnx.ModelProto:
-    """``x → MatMul → Erf → MatMul → y``: the quantized Erf is not supported by QNN HTP."""
+def build_erf(seed: int = 0, erfs: int = 1) -> onnx.ModelProto:
+    """``x → MatMul → Erf → MatMul → y``: the quantized Erf is not supported by QNN HTP. ``erfs`` > 1 repeats
+    ``MatMul → Erf`` (``fc1_<i>``, ``bare_erf_<i>``): a refusal naming more nodes than one line lists."""
     rng = np.random.default_rng(seed)
     w1 = nh.from_array((rng.standard_normal((D, D)) / np.sqrt(D)).astype(np.float32), "W1")
     w2 = nh.from_array((rng.standard_normal((D, V)) / np.sqrt(D)).astype(np.float32), "W2")
+    nodes = [h.make_node("MatMul", ["x", "W1"], ["a"], name="fc1"), h.make_node("Erf", ["a"], ["e"], name="bare_erf")]
+    inits = [w1, w2]
+    for i in range(2, erfs + 1):
+        prev = nodes[-1].output[0]
+        inits.append(nh.from_array((rng.standard_normal((D, D)) / np.sqrt(D)).astype(np.float32), f"W1_{i}"))
+        nodes += [h.make_node("MatMul", [prev, f"W1_{i}"], [f"a_{i}"], name=f"fc1_{i}"),
+                  h.make_node("Erf", [f"a_{i}"], [f"e_{i}"], name=f"bare_erf_{i}")]
     g = h.make_graph(
-        [h.make_node("MatMul", ["x", "W1"], ["a"], name="fc1"),
-         h.make_node("Erf", ["a"], ["e"], name="bare_erf"),
-         h.make_node("MatMul", ["e", "W2"], ["y"], name="fc2")],
+        [*nodes, h.make_node("MatMul", [nodes[-1].output[0], "W2"], ["y"], name="fc2")],
         "erf",
         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, S, D])],
         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, S, V])],
-        [w1, w2],
+        inits,
     )
     return _finish(g)
 

@@ -5,6 +5,7 @@ under a budget; on a model where only a16w8 + per-channel recovers the output, t
 from __future__ import annotations
 
 import json
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from tests.support.cli import ivq_cli
 from tests.support.lever_models import build_two_causes, two_causes_sample
+from tests.support.qnn_models import needs_qnn
 from tests.tune.test_deliver import reproduces
 
 
@@ -29,8 +31,8 @@ def user(tmp_path_factory) -> dict[str, Path]:
     return {"model": model, "cal": d / "cal", "evals": evals}
 
 
-def _search(user, wd: Path, *extra: object, diagnose: bool = False) -> tuple[int, dict]:
-    code = ivq_cli("tune", user["model"], "--calibration", user["cal"], *user["evals"], "-o", wd, "--backend", "cpu",
+def _search(user, wd: Path, *extra: object, diagnose: bool = False, backend: str = "cpu") -> tuple[int, dict]:
+    code = ivq_cli("tune", user["model"], "--calibration", user["cal"], *user["evals"], "-o", wd, "--backend", backend,
                    "--search", *([] if diagnose else ["--no-diagnose"]), *extra)
     return code, json.loads((wd / "tune.json").read_text())
 
@@ -57,6 +59,8 @@ def test_search_finds_the_combination_only_both_levers_recover(user, tmp_path: P
     best = max((r for r in base["search"]["table"] if r["eligible"]), key=lambda r: r["gain_db"])
     assert base["search"]["chosen"] == best["lever"] and best["gain_db"] > 10
     assert rep["search"]["frontier"] and rep["search"]["chosen"] in rep["search"]["frontier"]
+    svg = (tmp_path / "t" / rep["search"]["plot"]).read_text()  # the frontier (4 levers here) joined in the plot
+    assert len(rep["search"]["frontier"]) > 1 and "<polyline" in svg and "a16w8 + per-channel (chosen)" in svg
     assert "frontier" in out and "a16w8 + per-channel" in out  # the table on stdout
     # CPU-QDQ trials: the chosen set compiled and measured once on HTP, both figures in the report
     chk = rep["target_check"]
@@ -66,13 +70,73 @@ def test_search_finds_the_combination_only_both_levers_recover(user, tmp_path: P
     reproduces(user["model"], user["cal"], tmp_path / "t", tmp_path, *rep["search"]["command"].split())
 
 
-def test_a_size_budget_excludes_what_it_cannot_afford(user, tmp_path: Path) -> None:
-    code, rep = _search(user, tmp_path / "b", "--max-size", "1.0001")  # no lever may grow the model
+@pytest.fixture(scope="module")
+def budget(user, tmp_path_factory) -> dict:
+    """One search in this process under a size budget no lever meets but the free ones."""
+    wd = tmp_path_factory.mktemp("budget") / "b"
+    code, rep = _search(user, wd, "--max-size", "1.0001")  # no lever may grow the model
+    return {"wd": wd, "code": code, "rep": rep}
+
+
+def test_a_size_budget_excludes_what_it_cannot_afford(budget) -> None:
+    code, rep, wd = budget["code"], budget["rep"], budget["wd"]
     rows = {r["lever"]: r for r in rep["search"]["table"]}
     assert rows["a16w16"]["status"].startswith("over budget")
     assert all(r["model_bytes"] <= rep["end_to_end"][-1]["before"] * 1.0001 for r in rep["search"]["table"]
                if r["eligible"])
     assert code in (0, 1)
     # a finished run keeps what the report needs: no dump, the checkpoint and the QDQ models it names
-    assert not list((tmp_path / "b").rglob("*.h5")) and rep["workdir"]["pruned"]
-    assert (tmp_path / "b" / "trials" / "checkpoint.json").exists() and Path(rep["before"]["qdq_model"]).exists()
+    assert not list(wd.rglob("*.h5")) and rep["workdir"]["pruned"]
+    assert (wd / "trials" / "checkpoint.json").exists() and Path(rep["before"]["qdq_model"]).exists()
+    assert rep["workdir"]["bytes"] < 100_000  # the checkpoint, the shards, two QDQ models of a 1.3 kB model
+    # the levers ran as jobs (in this process without --executor), one shard each
+    jobs = rep["search"]["jobs"]
+    assert jobs["executor"] == "LocalExecutor" and jobs["run"] == jobs["total"] >= 8
+    assert len(list((wd / "trials" / "search" / "shards").glob("*.json"))) == jobs["total"]
+    assert not (wd / "trials" / "search" / "jobs").exists()
+    # the frontier as a plot beside tune.json: one marker per measured lever, the frontier joined
+    svg = (wd / rep["search"]["plot"]).read_text()
+    assert svg.startswith("<svg") and ("<polyline" in svg) == (len(rep["search"]["frontier"]) > 1)
+    measured = [r for r in rep["search"]["table"] if r["gain_db"] is not None]
+    assert svg.count("<circle") == len(measured) and all(escape(r["lever"]) in svg for r in measured)
+
+
+@pytest.mark.slow  # a search on two worker processes, then the same command resumed (~40 s on 2 loaded cores)
+def test_levers_as_jobs_on_two_workers_give_the_same_table_and_resume_from_shards(user, budget) -> None:
+    wd = budget["wd"].parent / "w2"
+    code, rep = _search(user, wd, "--max-size", "1.0001", "--workers", "2")
+    assert code == budget["code"] and rep["search"]["jobs"]["run"] == rep["search"]["jobs"]["total"]
+
+    def table(doc: dict) -> list:
+        return [(r["lever"], r["sqnr_db"], r["gain_db"], r["model_bytes"], r["status"], r["frontier"])
+                for r in doc["search"]["table"]]
+
+    assert table(rep) == table(budget["rep"])  # the same numbers to the bit as the levers run in this process
+    assert rep["search"]["chosen"] == budget["rep"]["search"]["chosen"]
+    code2, again = _search(user, wd, "--max-size", "1.0001", "--workers", "2", "--resume")
+    jobs = again["search"]["jobs"]
+    assert code2 == code and jobs["run"] == 0 and jobs["resumed"] == jobs["total"]
+    assert table(again) == table(rep) and again["overrides"] == rep["overrides"]
+
+
+@needs_qnn
+@pytest.mark.slow  # 9 levers on the emulated HTP (~60 s on 2 loaded cores)
+def test_a_qnn_search_costs_in_htp_cycles_and_max_cycles_excludes(user, tmp_path: Path) -> None:
+    code, rep = _search(user, tmp_path / "q", "--max-cycles", "1.0", backend="qnn")
+    s = rep["search"]
+    assert s["cost_basis"] == "cycles", s  # every QNN trial has a detailed profile: cost = relative HTP cycles
+    base = next(r["before"] for r in rep["end_to_end"] if r["what"].startswith("HTP cycles"))
+    assert base > 0
+    measured = [r for r in s["table"] if r["cycles"] is not None]
+    assert len(measured) >= 5 and all(r["cycles"] > 0 for r in measured)
+    for r in measured:  # the cost is the lever's cycles over the baseline's, nothing else
+        assert r["cost"] == pytest.approx(r["cycles"] / base - 1.0, rel=1e-9, abs=1e-12), r
+    # --max-cycles 1.0: a lever that costs more cycles than the baseline is excluded, named by the budget
+    over = [r for r in measured if r["cycles"] / base > 1.0]
+    assert over, [(r["lever"], r["cycles"] / base) for r in measured]  # a16w16 runs 16-bit kernels
+    for r in over:
+        assert not r["eligible"] and not r["frontier"]
+        if not r["status"].startswith(("lowers", "gain below", "refused")):
+            assert r["status"].startswith("over budget: cycles x"), r
+    assert all(r["cycles"] / base <= 1.0 for r in measured if r["eligible"])
+    assert code in (0, 1)

@@ -30,7 +30,7 @@ import platform
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -546,7 +546,7 @@ def _load_entry(entry: CacheEntry, config: QnnSessionConfig,
         try:
             sess, native, seconds = _inference_session(str(entry.model), so)
         except Exception as e:
-            raise CaptureError(one_line(e, 300)) from None
+            raise CaptureError(one_line(e)) from None
     if td is not None:
         opts = {**opts, "framework_op_trace_dir": "<temporary>"}
     if EP_NAME not in sess.get_providers():
@@ -584,6 +584,30 @@ def _target_matches(config: QnnSessionConfig, targets: list[dict[str, Any]]) -> 
     return True
 
 
+#: nodes named per distinct refusal reason (the rest counted): the line stays one line whatever the model's size
+REFUSAL_NODES_SHOWN = 3
+
+
+def refusal_reasons(unsupported: Sequence[Mapping[str, Any]]) -> str:
+    """Every distinct reason of a QNN refusal, once, with how many nodes it refuses and the first of them:
+    ``Failed to add node [2: p2o.Shape.2 (Shape), p2o.Shape.0 (Shape)]; Cannot get shape [142: p2o.Reshape.64
+    (Reshape), … +139 more]`` (the PP-OCRv4 recognizer's 144 refused nodes, unfolded).
+
+    A reason that names its own node (``Erf node `bare_erf` will not be assigned``) is grouped with the same
+    reason of other nodes (the name written ``…``). The whole list, per node, is ``QnnUnsupportedError.unsupported``.
+    """
+    groups: dict[str, list[str]] = {}
+    for u in unsupported:
+        name, reason = str(u.get("name", "")), one_line(str(u.get("reason", ""))).rstrip(". ")
+        key = reason.replace(name, "…") if len(name) > 1 else reason
+        groups.setdefault(key or "no reason given", []).append(f"{name} ({u.get('op_type', '?')})")
+    parts = []
+    for reason, nodes in groups.items():
+        more = f" +{len(nodes) - REFUSAL_NODES_SHOWN} more" if len(nodes) > REFUSAL_NODES_SHOWN else ""
+        parts.append(f"{reason} [{len(nodes)}: {', '.join(nodes[:REFUSAL_NODES_SHOWN])}{more}]")
+    return "; ".join(parts)
+
+
 def _create(model: bytes | str | os.PathLike, config: QnnSessionConfig, eff: QnnSessionConfig,
             session_options_factory: Callable[[], Any] | None, model_proto: Any) -> QnnSession:
     so = _new_options(session_options_factory)
@@ -601,18 +625,17 @@ def _create(model: bytes | str | os.PathLike, config: QnnSessionConfig, eff: Qnn
             if unsupported:
                 ops = [u for u in unsupported if u.get("op_type") not in ("QuantizeLinear", "DequantizeLinear")]
                 shown = ops or unsupported
-                listed = "; ".join(f"{u['name']} ({u['op_type']}): {u['reason']}" for u in shown[:8])
-                more = f" (+{len(shown) - 8} more)" if len(shown) > 8 else ""
                 advice = _optimization_advice(model, so, config, session_options_factory)
                 raise QnnUnsupportedError(
                     f"{len(shown)} node(s) not supported by QNN HTP ({target}) and CPU fallback is disabled: "
-                    f"{listed}{more} [{len(unsupported)} node(s) incl. their Q/DQ]{advice}", unsupported) from None
+                    f"{refusal_reasons(shown)} [{len(unsupported)} node(s) incl. their Q/DQ]{advice}",
+                    unsupported) from None
             if _FALLBACK_DISABLED_MSG in msg:
                 raise CaptureError(f"nodes would fall back to the CPU EP ({target}) and fallback is disabled; "
-                                   f"QNN gave no reason: {msg[:300]}") from None
+                                   f"QNN gave no reason: {msg}") from None
         native_txt = getattr(getattr(e, "native_stdout", None), "text", "")
         extra = [ln for ln in native_txt.splitlines() if ln.strip() and "LIBNATIVE" not in ln]
-        tail = f" | native: {' '.join(extra)[:200]}" if extra else ""
+        tail = f" | native: {one_line(' '.join(extra))}" if extra else ""
         raise CaptureError(f"QNN HTP session creation failed ({target}): {msg}{tail}") from None
     providers = list(sess.get_providers())
     if EP_NAME not in providers:
@@ -667,5 +690,5 @@ def qnn_backend_info(config: QnnSessionConfig | None = None) -> dict[str, Any]:
 __all__ = ["CPU_EP", "EP_NAME", "OP_TRACE_FILE", "PROFILING_LEVELS", "CapturedText", "Partition", "PartitionNode",
            "QnnEpStatus", "QnnSession", "QnnSessionConfig", "QnnUnsupportedError", "apply_qnn_ep", "cache_material",
            "capture_native_stdout", "compiled_target", "create_qnn_session", "diagnose_unsupported",
-           "partition_of", "qnn_backend_info", "qnn_ep_devices", "qnn_ep_status", "read_op_trace", "register_qnn_ep",
-           "require_qnn_ep", "source_ops", "unsupported_from_trace"]
+           "partition_of", "qnn_backend_info", "qnn_ep_devices", "qnn_ep_status", "read_op_trace", "refusal_reasons",
+           "register_qnn_ep", "require_qnn_ep", "source_ops", "unsupported_from_trace"]

@@ -1,0 +1,34 @@
+"""The loop benchmark (bench/bench_loop.py) end to end on small models (slow: torch export, QNN QDQ quantization,
+QNN HTP compiles; about 4 min on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "bench_loop.py"
+
+
+@pytest.mark.slow
+def test_quick_loop_prints_every_ratio_with_the_load(tmp_path: Path) -> None:
+    out = tmp_path / "loop.json"
+    p = subprocess.run([sys.executable, str(BENCH), "--quick", "--layers", "2", "--images", "2", "--sections",
+                        "capture,diagnose,tune", "--no-polygraphy", "--workdir", str(tmp_path / "w"), "--json",
+                        str(out)], capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0 and out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    r = doc["ratios"]
+    for key in ("ivq_vs_ort", "ivq_vs_limit", "diagnose_cpu", "diagnose_htp", "trial"):
+        assert isinstance(r[key], float) and r[key] > 0, (key, r)
+    assert r["ivq_vs_poly"] is None and r["demo_s"] is None  # left out: printed as —
+    lim = doc["capture"]["limit"]
+    assert lim["total_s"] > 0 and lim["read"]["bytes"] == sum(doc["capture"]["dump_bytes"].values())
+    assert doc["tune"]["same_sqnr"] is True  # the timed trial reproduced the baseline's figures
+    assert doc["diagnose"]["htp"]["this"]["units"] > 0 and doc["diagnose"]["cpu"]["this"]["units"] > 0
+    assert "load average" in p.stdout.splitlines()[0]
+    assert "| ivq diagnose / one capture (QNN HTP) |" in p.stdout and "issue 33's ratios (load average" in p.stdout

@@ -1,0 +1,98 @@
+"""A tune trial is a partial capture (issue 33): each evaluation sample runs once and is compared in memory with the
+cached reference, no dump written, and its figures are those of a capture to a file compared afterwards, to the bit
+(on ORT CPU-QDQ and on the emulated QNN HTP); the calibration runs once per quantizer setting and the written model
+is the same bytes with or without that cache."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.qnn.encodings import to_ort_overrides
+from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.tune.suggest import Suggestion, read_overrides
+from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial
+from tests.support.lever_models import build_two_causes, two_causes_sample
+from tests.support.qnn_models import needs_qnn
+
+
+def mean_abs(outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """A task metric on the model outputs (module level: the tuner keys it by name)."""
+    return {"neg_mean_abs": -float(np.mean([np.abs(o["y"]).mean() for o in outputs]))}
+
+
+@pytest.fixture(scope="module")
+def lever(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("trial")
+    model = build_two_causes(d / "two.onnx")
+    feeds = [two_causes_sample(100 + i) for i in range(3)]
+    ref = capture(make_runner("onnx", model, selection=Selection()), feeds, d / "ref.h5", progress=None)
+    return {"model": model, "cal": [two_causes_sample(i) for i in range(8)], "feeds": feeds, "ref": ref}
+
+
+def _tuner(lever: dict, wd: Path, backend: str) -> Tuner:
+    return Tuner(lever["model"], lever["cal"], lever["feeds"], lever["ref"], wd, backend=backend, resume=False,
+                 output_metric=mean_abs, preprocess=False)
+
+
+#: an activation on 16 bits and head A's weight per channel: the quantizer resolves types, the trial measures them
+SUGGESTIONS = [Suggestion("rb", "a16", "test", 0.0, 4.0), Suggestion("wa", "w_per_channel", "test", axis=0)]
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("qnn", marks=needs_qnn)])
+def test_a_trial_in_memory_gives_the_figures_of_a_dump(lever, tmp_path: Path, backend: str) -> None:
+    tuner = _tuner(lever, tmp_path, backend)
+    dumped = tuner.trial("dumped", list(SUGGESTIONS), keep_dump=True)
+    mem = one_trial(tuner, "memory", SUGGESTIONS)
+    assert dumped.error is None and mem.error is None, (dumped.error, mem.error)
+    assert dumped.dump.exists() and not mem.dump.exists()  # no dump unless asked
+    assert not list(tmp_path.glob("memory*.h5")) and not list(tmp_path.glob("memory*.csv"))
+    # what the report reads: the watched output, the suggestions' tensors (and the types the quantizer resolved)
+    names = {"y", "rb", *(s.tensor for s in mem.suggestions)}
+    assert {"y", "rb"} <= set(mem.sqnr_table) and set(mem.sqnr_table) <= set(dumped.sqnr_table)
+    for n in mem.sqnr_table:  # the same numbers, to the bit
+        assert mem.sqnr_table[n] == dumped.sqnr_table[n], n
+    assert all(mem.sqnr(n) == dumped.sqnr(n) for n in names)
+    assert mem.samples == dumped.samples and mem.samples["y"]["n"] == 3
+    assert mem.task == dumped.task and mem.task["task neg_mean_abs"] < 0
+    assert mem.model_bytes == dumped.model_bytes and mem.fixes == dumped.fixes
+    # the in-memory comparison's table: the rows of the whole one for the measured tensors, in the same order
+    full = dumped.comparison.table
+    part = mem.comparison.table
+    keep = full["ref_name"].isin(names) | full["test_name"].isin(names)
+    assert part["sqnr_db"].tolist() == full.loc[keep, "sqnr_db"].tolist()
+    assert part[["sample", "ref_name", "test_name", "match"]].values.tolist() == \
+        full.loc[keep, ["sample", "ref_name", "test_name", "match"]].values.tolist()
+    if backend == "qnn":  # the HTP profile is read from memory too (emulated cycles vary from run to run)
+        assert mem.cycles and dumped.cycles and mem.cycles > 0
+
+
+def test_the_calibration_runs_once_per_setting_and_changes_no_byte(lever, tmp_path: Path) -> None:
+    tuner = _tuner(lever, tmp_path / "t", "cpu")
+    a = tuner.trial("a", [SUGGESTIONS[0]], keep_dump=False)
+    b = tuner.trial("b", [SUGGESTIONS[1]], keep_dump=False)
+    assert a.error is None and b.error is None
+    # both trials are a8w8 MinMax with 8-bit / 16-bit overrides: one calibration each type set, none per trial
+    cached = sorted((tmp_path / "t" / CALIBRATION_CACHE).glob("*.json"))
+    assert 1 <= len(cached) <= 2
+    # the quantized model from the cache is the same bytes as one calibrated afresh
+    for s, tr in ((SUGGESTIONS[0], a), (SUGGESTIONS[1], b)):
+        fresh = tmp_path / f"fresh-{tr.label}.onnx"
+        ov = tr.overrides
+        encs, _ = read_overrides(ov, load_model(lever["model"]))
+        quantize_for_qnn(lever["model"], fresh, lever["cal"], overrides=to_ort_overrides(encs), preprocess=False)
+        digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (fresh, tr.qdq_model)]
+        assert digest[0] == digest[1], s
+
+
+def test_keep_dumps_makes_every_trial_write_its_dump(lever, tmp_path: Path) -> None:
+    tuner = replace(_tuner(lever, tmp_path, "cpu"), keep_dumps=True)
+    tr = tuner.trial("lever", [SUGGESTIONS[0]])
+    assert tr.error is None and tr.dump.exists() and tr.comparison.test.path == tr.dump
+    assert len(tr.sqnr_table) > 3  # a whole comparison: every aligned tensor
