@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 
 from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.dump import open_dump
+from ivq_debug.dump.memory import MemorySink
+from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import to_ort_overrides
 from ivq_debug.qnn.quantize import quantize_for_qnn
@@ -96,3 +99,21 @@ def test_keep_dumps_makes_every_trial_write_its_dump(lever, tmp_path: Path) -> N
     tr = tuner.trial("lever", [SUGGESTIONS[0]])
     assert tr.error is None and tr.dump.exists() and tr.comparison.test.path == tr.dump
     assert len(tr.sqnr_table) > 3  # a whole comparison: every aligned tensor
+
+
+def test_an_in_memory_capture_reads_like_a_dump(lever) -> None:
+    runner = make_runner("onnx", lever["model"], selection=Selection())
+    sink = MemorySink(runner.backend, runner.info)
+    sink.begin_record(sample=0)
+    runner.run(lever["feeds"][0], sink)
+    mem = sink.take()
+    with open_dump(lever["ref"]) as ref:
+        for e in mem.tensors():
+            want = ref.read(e.name, (0, "model", 0))
+            assert np.array_equal(mem.read(e), want) and mem.stored_dtype(e) == want.dtype
+            assert np.array_equal(np.concatenate(list(mem.iter_flat(e, 7))), want.reshape(-1))
+    assert mem.size().tensors == sum(e.nbytes for e in mem.tensors()) and mem.size().file == 0
+    assert mem.record_meta((0, "model", 0))["inputs"]["x"]["sha256"]  # the contract facts of the inputs
+    mem.close()
+    with pytest.raises(UsageError):
+        mem.read(mem.tensors()[0])
