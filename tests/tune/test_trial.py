@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import onnx
 import pytest
 
 from ivq_debug.capture.base import Selection, capture, make_runner
@@ -18,7 +20,7 @@ from ivq_debug.dump.memory import MemorySink
 from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import to_ort_overrides
-from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.qnn.quantize import calibration_cache_key, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides
 from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial
 from tests.support.lever_models import build_two_causes, two_causes_sample
@@ -117,3 +119,20 @@ def test_an_in_memory_capture_reads_like_a_dump(lever) -> None:
     mem.close()
     with pytest.raises(UsageError):
         mem.read(mem.tensors()[0])
+
+
+def test_the_calibration_key_covers_the_weights_in_external_data(tmp_path: Path) -> None:
+    """Two models of the same graph whose weights differ only in their external-data files: two calibrations."""
+    cfg = SimpleNamespace(extra_options={}, calibrate_method="MinMax", op_types_to_quantize=["Conv"],
+                          activation_type="QUInt8", weight_type="QUInt8", per_channel=False,
+                          use_external_data_format=True)
+    keys = []
+    for i, outlier in enumerate((40.0, 41.0)):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        build_two_causes(d / "two.onnx", outlier=outlier)
+        m = onnx.load(str(d / "two.onnx"))
+        onnx.save(m, str(d / "two.onnx"), save_as_external_data=True, location="w.data", size_threshold=0)
+        keys.append(calibration_cache_key(d / "two.onnx", [two_causes_sample(0)], cfg))
+    assert (tmp_path / "m0" / "two.onnx").read_bytes() == (tmp_path / "m1" / "two.onnx").read_bytes()
+    assert keys[0] != keys[1]
