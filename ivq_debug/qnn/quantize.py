@@ -779,7 +779,7 @@ def quantize_for_qnn(
 
 def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[str, Any]], cfg: Any) -> str:
     """The key of one calibration: SHA-256 over everything ORT's calibration reads — the model file handed to the
-    quantizer (its bytes), the calibration samples (their input digests), the method, the op types calibrated,
+    quantizer (its bytes and its external-data files'), the calibration samples (their input digests), the method, the op types calibrated,
     the calibration options, the activation / weight types and the 16-bit types the overrides ask for (they
     move the calibrated model to opset 21) — and the onnxruntime version. The overrides' ranges and the excluded
     nodes are not calibration inputs."""
@@ -796,13 +796,15 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
                     if e.get("quant_type") is not None}
                    | {str((e.get("convert") or {}).get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values()
                       for e in v if (e.get("convert") or {}).get("quant_type") is not None})
+    proto = load_model(source)  # (external data not loaded: its files are hashed by name)
+    locs = sorted({e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"})
     material = {
-        "model": sha256_file(source),
+        "model": sha256_file(source), "external": {loc: sha256_file(Path(source).parent / loc) for loc in locs},
         "samples": [{k: input_digest(v) for k, v in sorted(s.items())} for s in samples],
         "method": str(cfg.calibrate_method), "op_types": sorted(cfg.op_types_to_quantize or []),
         "options": {k: str(v) for k, v in sorted(ex.items()) if k.startswith("Calib") or k == "SmoothQuant"},
         "types": [str(cfg.activation_type), str(cfg.weight_type), *types], "per_channel": bool(cfg.per_channel),
-        "external": bool(cfg.use_external_data_format), "onnxruntime": onnxruntime.__version__,
+        "external_format": bool(cfg.use_external_data_format), "onnxruntime": onnxruntime.__version__,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
 

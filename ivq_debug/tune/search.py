@@ -35,7 +35,7 @@ from typing import Any
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, merge_check
 from ivq_debug.jsonio import json_safe
 from ivq_debug.tune.legal import forbidden
-from ivq_debug.tune.suggest import Suggestion
+from ivq_debug.tune.suggest import SUGGESTION_SCHEMA, Suggestion
 from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
 from ivq_debug.tune.sweep import SWEEP_FIELDS, job_meta
 from ivq_debug.tune.verify import (
@@ -390,8 +390,8 @@ RESULT_SCHEMA: dict[str, Any] = {
     "required": ["label", "error", "sqnr", "task", "model_bytes", "cycles", "suggestions", "fixes", "samples"],
     "properties": {
         **SWEEP_RESULT["properties"],
-        "suggestions": {"type": "array", "items": {"type": "object"}},
-        "fixes": {"type": "array", "items": {"type": "object"}},
+        "suggestions": {"type": "array", "items": SUGGESTION_SCHEMA},
+        "fixes": {"type": "array", "items": SUGGESTION_SCHEMA},
         "samples": {"type": "object", "additionalProperties": {"type": "object"}}},
 }
 

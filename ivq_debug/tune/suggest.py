@@ -56,6 +56,19 @@ from ivq_debug.qnn.quantize import EXCLUDE_SUFFIX, read_exclude_sidecar
 from ivq_debug.tune.legal import WEIGHT_PAIR_OPS, forbidden
 
 ACTIONS = ("a16", "widen", "a16+widen", "a8", "fp16", "w_per_channel", "w16")
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_STR_OR_NULL = {"type": ["string", "null"]}
+#: one :class:`Suggestion` as a checkpoint or a job shard holds it (``to_dict``): read back with ``Suggestion(**d)``
+#: only after this schema (the files are untrusted)
+SUGGESTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["tensor", "action", "reason"],
+    "additionalProperties": False,
+    "properties": {"tensor": {"type": "string"}, "action": {"enum": list(ACTIONS)}, "reason": {"type": "string"},
+                   "rmin": _NUM_OR_NULL, "rmax": _NUM_OR_NULL, "node": _STR_OR_NULL, "priority": {"type": "number"},
+                   "evidence": {"type": "object"}, "group": _STR_OR_NULL, "axis": {"type": ["integer", "null"]},
+                   "encoding": {}},
+}
 #: actions on weights (initializers) rather than activations
 WEIGHT_ACTIONS = ("w_per_channel", "w16")
 

@@ -61,7 +61,13 @@ from ivq_debug.qnn.quantize import (
 )
 from ivq_debug.schema import check_schema
 from ivq_debug.tune.legal import forbidden, split_legal, violations
-from ivq_debug.tune.suggest import EXCLUDE_SUFFIX, Suggestion, read_overrides, write_suggestions
+from ivq_debug.tune.suggest import (
+    EXCLUDE_SUFFIX,
+    SUGGESTION_SCHEMA,
+    Suggestion,
+    read_overrides,
+    write_suggestions,
+)
 
 CHECKPOINT = "checkpoint.json"
 #: the workdir folder of calibration results every trial of one quantizer setting shares
@@ -85,6 +91,7 @@ CHECKPOINT_SCHEMA: dict[str, Any] = {
                 "label": {"type": "string"}, "qdq_model": {"type": "string"}, "dump": {"type": "string"},
                 "overrides": _PATH_OR_NULL, "error": {"type": ["string", "null"]},
                 "suggestions": {"type": "array", "items": {"type": "object"}},
+                "fixes": {"type": "array", "items": SUGGESTION_SCHEMA},
                 "task": {"type": ["object", "null"]}, "model_bytes": {"type": ["integer", "null"], "minimum": 0},
                 "cycles": {"type": ["number", "null"]}, "seconds": {"type": ["number", "null"]}}}},
     },

@@ -5,6 +5,7 @@ under a budget; on a model where only a16w8 + per-channel recovers the output, t
 from __future__ import annotations
 
 import json
+import shutil
 from html import escape
 from pathlib import Path
 
@@ -140,3 +141,17 @@ def test_a_qnn_search_costs_in_htp_cycles_and_max_cycles_excludes(user, tmp_path
             assert r["status"].startswith("over budget: cycles x"), r
     assert all(r["cycles"] / base <= 1.0 for r in measured if r["eligible"])
     assert code in (0, 1)
+
+
+def test_a_tampered_lever_shard_is_one_line_naming_it(user, budget, tmp_path: Path, capsys) -> None:
+    wd = tmp_path / "copy"
+    shutil.copytree(budget["wd"], wd)
+    shard = sorted((wd / "trials" / "search" / "shards").glob("*.json"))[0]
+    doc = json.loads(shard.read_text())
+    doc["result"]["suggestions"] = [{"tensor": "x", "action": "a16", "reason": "r", "exec": "rm -rf /"}]
+    shard.write_text(json.dumps(doc))
+    capsys.readouterr()
+    code = ivq_cli("tune", user["model"], "--calibration", user["cal"], *user["evals"], "-o", wd, "--backend", "cpu",
+                   "--search", "--no-diagnose", "--max-size", "1.0001", "--resume")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and len(err) == 1 and shard.name in err[0] and "exec" in err[0], err

@@ -156,6 +156,23 @@ def test_a_tampered_shard_is_one_line_naming_it(resumed, capsys) -> None:
         victim.write_text(good)
 
 
+
+@pytest.mark.slow  # a whole sweep again (12 jobs)
+def test_force_without_resume_runs_every_job_again(resumed) -> None:
+    """``--force`` reuses the workdir, not its results: an earlier run's shards (here one tampered with, which
+    ``--resume`` refuses) are replaced by this run's, every job runs."""
+    wd = resumed["wd"]
+    victim = shards(wd)[0]
+    good = victim.read_text()
+    doc = json.loads(good)
+    doc["result"]["sqnr"] = {w: "high" for w in doc["result"]["sqnr"]}
+    victim.write_text(json.dumps(doc))
+    assert ivq_cli(*args(resumed["user"], wd, "--force")) == 0
+    jobs = json.loads((wd / "tune.json").read_text())["sweep"]["jobs"]
+    assert jobs["run"] == 12 and jobs["resumed"] == 0
+    assert victim.read_text() != json.dumps(doc) and json.loads(victim.read_text())["result"]["sqnr"] == \
+        json.loads(good)["result"]["sqnr"]  # the same job measured again: the same numbers
+
 @pytest.mark.slow
 def test_suggested_groups_sweep_finds_the_x2_pattern(tmp_path: Path) -> None:
     """The outlier ViT (x² encodings set by outlier channels): ``--groups suggest`` sweeps the replay's pattern
