@@ -102,6 +102,7 @@ def test_an_interrupted_sweep_resumes_without_redoing_finished_jobs(resumed) -> 
     assert again["run"] == 0 and again["resumed"] == 12
 
 
+@pytest.mark.slow  # a third full sweep (12 trials, ~30 s idle); the pool's bit-identity is a default test in test_executor.py
 def test_two_workers_pick_the_same_set_with_the_same_numbers(user, resumed, tmp_path: Path) -> None:
     wd = tmp_path / "wd"
     assert ivq_cli(*args(user, wd, "--workers", "2")) == 0
@@ -199,6 +200,7 @@ def dies_on_g02(qdq: Path, profile: Path) -> Any:
     return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
 
 
+@pytest.mark.slow  # a sweep of 3 trials in a pool (~17 s idle); a worker-killing job: default test in test_executor.py
 def test_a_job_that_kills_its_worker_twice_is_listed_and_the_other_shards_kept(user, tmp_path: Path) -> None:
     ref = capture(make_runner("onnx", user["model"], selection=Selection()), [vit.image(7)], tmp_path / "ref.h5",
                   progress=None)
