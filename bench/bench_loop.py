@@ -165,8 +165,9 @@ STEP_FUNCS = {"build": step_build, "trial": step_trial, "forward-all": step_forw
 
 
 # ---------------------------------------------------------------------------------------------- driver
-def _run(cmd: list[str], log: Path, opts: argparse.Namespace, ok: tuple[int, ...] = (0,)) -> dict[str, Any]:
-    m = run_measured(cmd, log=log, guard=opts.guard, env=ivq_env(), ok_codes=ok)
+def _run(cmd: list[str], log: Path, opts: argparse.Namespace, ok: tuple[int, ...] = (0,),
+         src: str | None = None) -> dict[str, Any]:
+    m = run_measured(cmd, log=log, guard=opts.guard, env=ivq_env(src), ok_codes=ok)
     res = step_result(m) if m.ok and cmd[1].endswith(".py") else {}
     return {**res, "wall_s": round(m.seconds, 2), "peak_rss": m.peak_rss, **({} if m.ok else {"error": m.why()})}
 
@@ -235,6 +236,42 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+def _diagnoses(opts: argparse.Namespace, d: Path, name: str, args: list[str], cache: Path | None = None
+               ) -> dict[str, Any]:
+    """``ivq diagnose ARGS`` with this revision and, with ``--baseline-src``, with the baseline first (each with its
+    own copy of the QNN context cache as the capture left it, so neither reuses what the other compiled)."""
+    out: dict[str, Any] = {}
+    revs = ([("baseline", opts.baseline_src)] if opts.baseline_src else []) + [("this", None)]
+    for rev, src in revs:
+        extra: list[str] = []
+        if cache is not None:
+            mine = d / f"qnn-cache-{rev}"
+            shutil.rmtree(mine, ignore_errors=True)
+            shutil.copytree(cache, mine)
+            extra = ["--qnn-cache", str(mine)]
+        say(f"diagnose {name}: ivq diagnose ({rev} revision)")
+        js = d / f"{name}-{rev}.json"
+        out[rev] = _run([bin_path("ivq"), "diagnose", *args, *extra, "--json", str(js), "--force"],
+                        d / f"{name}-diagnose-{rev}", opts, ok=DIFF_OK, src=src)
+        if js.is_file():
+            doc = json.loads(js.read_text())
+            out[rev]["units"] = len(doc.get("units", []))
+            out[rev]["sessions"] = doc.get("sessions")
+            doc.pop("seconds", None)
+            out[rev]["doc"] = doc
+    if "baseline" in out:
+        a, b = out["baseline"].pop("doc", None), out["this"].get("doc")
+        out["identical"] = a is not None and _timeless(a) == _timeless(b)
+    out["this"].pop("doc", None)
+    return out
+
+
+def _timeless(doc: Any) -> Any:
+    from check_diagnose_identity import timeless
+
+    return timeless(doc)
+
+
 def section_diagnose(work: Path, opts: argparse.Namespace, cpu: tuple[Path, Path, list[Path]], ref_dump: Path,
                      test_dump: Path) -> dict[str, Any]:
     """``ivq diagnose`` vs one capture of the same model and record, on CPU-QDQ and on QNN HTP."""
@@ -246,36 +283,30 @@ def section_diagnose(work: Path, opts: argparse.Namespace, cpu: tuple[Path, Path
     say("diagnose CPU-QDQ: one capture of the first record")
     cap = _run([ivq, "capture", "onnx", str(qm), "--inputs", str(inputs[0]), "-o", str(d / "cpu-one.h5"), "--force"],
                d / "cpu-capture", opts)
-    say("diagnose CPU-QDQ: ivq diagnose")
-    diag = _run([ivq, "diagnose", str(ref_dump), str(test_dump), "--model", str(qm), "--json", str(d / "cpu.json"),
-                 "--force"], d / "cpu-diagnose", opts, ok=DIFF_OK)
-    out["cpu"] = {"model": f"ViT {opts.layers} blocks", "capture": cap, "diagnose": diag,
-                  "ratio": _ratio(diag.get("wall_s") if "error" not in diag else None, cap.get("wall_s"))}
-    if "htp" in opts.skip:
-        return out
-    hfm, hqm, hin, _ = build(work, opts.htp_layers, 1, opts)
-    cache = d / "qnn-cache"
-    shutil.rmtree(cache, ignore_errors=True)
-    say(f"diagnose HTP ({opts.htp_layers} blocks): float reference")
-    ref = _run([ivq, "capture", "onnx", str(hfm), "--inputs", str(hin[0]), "-o", str(d / "htp-ref.h5"), "--force"],
-               d / "htp-ref", opts)
-    say("diagnose HTP: one capture (cold context cache)")
-    cap = _run([ivq, "capture", "qnn", str(hqm), "--inputs", str(hin[0]), "-o", str(d / "htp.h5"), "--force",
-                "--qnn-cache", str(cache)], d / "htp-capture", opts)
-    diag: dict[str, Any] = {"error": "capture failed"}
-    if "error" not in cap and "error" not in ref:
-        say("diagnose HTP: ivq diagnose --backend qnn")
-        diag = _run([ivq, "diagnose", str(d / "htp-ref.h5"), str(d / "htp.h5"), "--model", str(hqm), "--backend",
-                     "qnn", "--qnn-cache", str(cache), "--json", str(d / "htp.json"), "--force"],
-                    d / "htp-diagnose", opts, ok=DIFF_OK)
-    out["htp"] = {"model": f"ViT {opts.htp_layers} blocks", "capture": cap, "diagnose": diag,
-                  "ratio": _ratio(diag.get("wall_s") if "error" not in diag else None, cap.get("wall_s"))}
-    for k in ("cpu", "htp"):
-        js = d / f"{k}.json"
-        if js.is_file():
-            doc = json.loads(js.read_text())
-            out[k]["units"] = len(doc.get("units", []))
-            out[k]["sessions"] = doc.get("sessions")
+    runs = _diagnoses(opts, d, "cpu", [str(ref_dump), str(test_dump), "--model", str(qm)])
+    out["cpu"] = {"model": f"ViT {opts.layers} blocks", "capture": cap, **runs}
+    if "htp" not in opts.skip:
+        hfm, hqm, hin, _ = build(work, opts.htp_layers, 1, opts)
+        cache = d / "qnn-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        say(f"diagnose HTP ({opts.htp_layers} blocks): float reference")
+        ref = _run([ivq, "capture", "onnx", str(hfm), "--inputs", str(hin[0]), "-o", str(d / "htp-ref.h5"), "--force"],
+                   d / "htp-ref", opts)
+        say("diagnose HTP: one capture (cold context cache)")
+        cap = _run([ivq, "capture", "qnn", str(hqm), "--inputs", str(hin[0]), "-o", str(d / "htp.h5"), "--force",
+                    "--qnn-cache", str(cache)], d / "htp-capture", opts)
+        runs = {"this": {"error": "capture failed"}}
+        if "error" not in cap and "error" not in ref:
+            runs = _diagnoses(opts, d, "htp", [str(d / "htp-ref.h5"), str(d / "htp.h5"), "--model", str(hqm),
+                                               "--backend", "qnn"], cache)
+        out["htp"] = {"model": f"ViT {opts.htp_layers} blocks", "capture": cap, **runs}
+    for v in out.values():
+        c = v["capture"].get("wall_s") if "error" not in v["capture"] else None
+        for rev in ("this", "baseline"):
+            if rev in v:
+                t = v[rev].get("wall_s") if "error" not in v[rev] else None
+                v[rev]["ratio"] = _ratio(t, c)
+        v["ratio"] = v["this"].get("ratio")
     return out
 
 
@@ -339,9 +370,17 @@ def details(res: dict[str, Any]) -> list[str]:
                        f"{lim['write_test'].get('write_s')} s, sequential read {lim['read'].get('read_s')} s")
         out.append("dumps: " + ", ".join(f"{k} {v / (1 << 20):,.0f} MiB" for k, v in cap["dump_bytes"].items()))
     for k, v in (res.get("diagnose") or {}).items():
-        out.append(f"diagnose {k} ({v['model']}): capture {v['capture'].get('wall_s')} s, diagnose "
-                   f"{v['diagnose'].get('wall_s')} s ({v.get('units')} units, {v.get('sessions')} sessions)"
-                   + "".join(f"; {s} error: {v[s]['error']}" for s in ("capture", "diagnose") if "error" in v[s]))
+        for rev in ("baseline", "this"):
+            if rev not in v:
+                continue
+            r = v[rev]
+            out.append(f"diagnose {k} ({v['model']}, {rev} revision): capture {v['capture'].get('wall_s')} s, diagnose "
+                       f"{r.get('wall_s')} s = {r.get('ratio')}× ({r.get('units')} units, {r.get('sessions')} sessions)"
+                       + "".join(f"; {s} error: {x['error']}" for s, x in (("capture", v["capture"]), ("diagnose", r))
+                                 if "error" in x))
+        if "identical" in v:
+            out.append(f"diagnose {k}: baseline and this revision's --json documents (wall times aside) "
+                       f"{'IDENTICAL' if v['identical'] else 'DIFFERENT'}")
     t = res.get("tune")
     if t:
         out.append(f"tune ({t.get('backend')}, {t.get('images')} images): capture {t.get('capture_s')} s, trial "
@@ -371,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated: htp (the HTP diagnose row)")
     ap.add_argument("--no-polygraphy", action="store_true", help="leave Polygraphy out (its figure does not move)")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install Polygraphy when missing")
+    ap.add_argument("--baseline-src", default=None, metavar="DIR",
+                    help="also run each ivq diagnose with the ivq_debug package in DIR (an older revision: git archive "
+                         "REV ivq_debug | tar -x -C DIR), before this revision's, results compared")
     ap.add_argument("--demo-runs", type=int, default=1, help="ivq demo runs (the last is reported; default 1)")
     ap.add_argument("--workdir", default="/tmp/ivq-bench-loop", help="models, dumps, logs")
     ap.add_argument("--guard-gib", type=float, default=None, help="kill a step past this RSS (default 80%% available)")
@@ -391,11 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"settings": {k: v if not isinstance(v, set) else sorted(v) for k, v in vars(opts).items()},
                            "load_before": load_avg()}
     fm, qm, inputs, _info = build(work, opts.layers, opts.images, opts)
-    if "capture" in sections or "diagnose" in sections:
+    full = work / "ivq-full"
+    if "capture" in sections or ("diagnose" in sections and not (full / "test.h5").is_file()):
         res["capture"] = section_capture(work, fm, qm, inputs, opts)
         res["load_after_capture"] = load_avg()
     if "diagnose" in sections:
-        d = Path(res["capture"]["dir"])
+        d = Path(res["capture"]["dir"]) if "capture" in res else full  # (else this work folder's earlier dumps)
         res["diagnose"] = section_diagnose(work, opts, (fm, qm, inputs), d / "ref.h5", d / "test.h5")
         res["load_after_diagnose"] = load_avg()
     if "tune" in sections:

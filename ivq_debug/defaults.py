@@ -16,7 +16,10 @@ DUMP_FORMAT_VERSION = 1
 #: Measured on the ViT-S float / QNN a8w8 dumps of ``bench/bench_many.py --compression`` (one image, 239 MiB
 #: each; docs/dump-format.md): float activations do not compress (lzf 1.00, gzip-1+shuffle 0.84 at 30× the
 #: write time); the a8w8 dump compresses to 0.61 with "auto" but writes 4.4× and reads 2.2× slower than
-#: raw, and ``ivq-diff`` of float vs a8w8 took 19–23 s raw against 24–35 s with "auto".
+#: raw, and ``ivq-diff`` of float vs a8w8 took 19–23 s raw against 24–35 s with "auto". Measured again for
+#: issue 33 (docs/scale.md#dump-size-issue-33-item-4; gzip levels 1–9, lzf, shuffle, "auto" with lzf or gzip):
+#: every filter costs 3–30× the raw write time of the a8w8 dump for 0.39–0.77 of its size, while capture ×2 +
+#: diff already runs at 1.19× the machine's limit, mostly writing; raw stays the default.
 DUMP_COMPRESSION: str | None = None
 #: gzip level when DUMP_COMPRESSION == "gzip".
 DUMP_COMPRESSION_LEVEL = 1

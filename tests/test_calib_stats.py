@@ -94,6 +94,7 @@ def test_merged_shards_equal_one_pass_over_every_sample(m, tmp_path: Path) -> No
         assert abs(v - np.percentile(vals, float(q[1:]))) <= width, q
 
 
+@pytest.mark.slow  # four pooled passes (~10 s idle); test_the_cli runs a pool of 2 and its resume in the default set
 def test_a_pool_gives_the_in_process_numbers_to_the_bit_and_resumes(m, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     kw: dict[str, Any] = dict(encodings=m["qdq"], samples_per_job=PER, progress=False, shards=shards)

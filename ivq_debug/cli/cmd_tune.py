@@ -156,6 +156,9 @@ def execute(args: argparse.Namespace) -> int:
                   folders_exist=False)  # the workdir is made below (and removed if this run fails)
     missing = [d for d in (wd, *wd.parents) if not d.exists()]  # innermost first
     wd.mkdir(parents=True, exist_ok=True)
+    if not args.resume:  # --force reuses the folder, not an earlier run's results: only --resume reads its shards
+        for kind in ("sweep", "search"):
+            shutil.rmtree(wd / "trials" / kind / "shards", ignore_errors=True)
     try:
         return _tune(args, wd, calibration, feeds, metric, executor)
     except BaseException:

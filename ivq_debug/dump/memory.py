@@ -22,7 +22,7 @@ import numpy as np
 
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump.contract import INPUTS_META, input_fact
-from ivq_debug.dump.reader import Dump, Entry, block_slices, logical
+from ivq_debug.dump.reader import Dump, DumpSize, Entry, block_slices, logical
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
 from ivq_debug.dump.writer import _ENTRY_FIELDS, RecordBook, table_payload, to_numpy
 from ivq_debug.errors import UsageError
@@ -159,6 +159,13 @@ class MemoryDump(Dump):
     def entries(self) -> list[Entry]:
         """Every entry (inputs and tensors)."""
         return list(self._entries)
+
+    def size(self) -> DumpSize:
+        """The bytes of values held (no file: ``file`` is 0)."""
+        n = {"tensor": 0, "input": 0}
+        for e in self._entries:
+            n[e.kind] += int(e.nbytes)
+        return DumpSize(0, n["tensor"], n["input"], 0, 0)
 
     @property
     def manifest(self):

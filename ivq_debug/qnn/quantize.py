@@ -61,6 +61,9 @@ _QTYPE_ALIASES = {
     "qfloat8e4m3fn": "QFLOAT8E4M3FN",
 }
 _MAX_PROTO_BYTES = 1_800_000_000  # above this, preprocess / quantize with external data
+#: the sidecar of an ORT overrides file listing the nodes left float (ORT overrides cannot express fp16):
+#: ``<overrides>.nodes_to_exclude.json``, ``{"nodes_to_exclude": [node, ...]}``
+EXCLUDE_SUFFIX = ".nodes_to_exclude.json"
 
 
 @dataclass
@@ -426,20 +429,51 @@ def _is_qnn_encodings(data: Mapping[str, Any]) -> bool:
     return "activation_encodings" in data or "param_encodings" in data
 
 
-def _from_qnn_encodings(data: Mapping[str, Any], where: str, model: Any,
-                        notes: list[str]) -> dict[str, list[dict[str, Any]]]:
+def float_producers(tensors: Iterable[str], model: Any) -> list[str]:
+    """The nodes that produce ``tensors``, in graph order: what a float request on an activation (a QNN encoding
+    of ``dtype`` float, the tuner's ``fp16``) leaves unquantized (ORT's ``nodes_to_exclude``). A graph input or
+    an initializer has no producer and is left out."""
+    want = set(tensors)
+    return [n.name for n in model.graph.node if n.name and want.intersection(n.output)]
+
+
+def read_exclude_sidecar(overrides: str | os.PathLike) -> list[str]:
+    """The nodes ``<overrides>.nodes_to_exclude.json`` (:data:`EXCLUDE_SUFFIX`) leaves float; [] without one.
+
+    Raises:
+        InputError: the sidecar is not ``{"nodes_to_exclude": [node, ...]}`` (exit 3, naming it).
+    """
+    p = Path(overrides)
+    side = p.with_name(p.name + EXCLUDE_SUFFIX)
+    if not side.exists():
+        return []
+    doc = load_json(side, "nodes_to_exclude file")
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes_to_exclude", []), list):
+        raise InputError("expected {\"nodes_to_exclude\": [node, ...]}", side)
+    return [str(n) for n in doc.get("nodes_to_exclude", [])]
+
+
+def _from_qnn_encodings(data: Mapping[str, Any], where: str, model: Any, notes: list[str],
+                        exclude: list[str]) -> dict[str, list[dict[str, Any]]]:
     """QNN / AIMET legacy, 1.0.0 or 2.x encodings -> ORT TensorQuantOverrides (via ivq_debug.qnn.encodings).
 
     Per-channel axes missing from the file are inferred from the model's initializers; QNN-sanitized
-    names that resolve uniquely to an ONNX tensor are renamed to it (the quantizer matches ONNX names).
+    names that resolve uniquely to an ONNX tensor are renamed to it (the quantizer matches ONNX names). A float
+    activation encoding leaves its producer unquantized (appended to ``exclude``, :func:`float_producers`).
     """
     encs = parse_encodings(dict(data), None if where == "overrides" else where)
     encs = encs.infer_axes(model)
     encs.validate(model, allow_sanitized=True)
+    nm = NameMap.from_onnx(model)
+    floats = {n: float_producers([nm.lookup(n) or n], model) for n, e in encs.activations.items() if e.is_float}
+    for name, nodes in floats.items():
+        if nodes:
+            exclude.extend(nodes)
+            notes.append(f"overrides: {name}: float: its producer {', '.join(nodes)} left unquantized")
     skipped: list[tuple[str, str]] = []
     ort = to_ort_overrides(encs, skip_unsupported=True, skipped=skipped)
-    notes.extend(f"overrides: {name}: {why} (not applied)" for name, why in [*encs.dropped, *skipped])
-    nm = NameMap.from_onnx(model)
+    notes.extend(f"overrides: {name}: {why} (not applied)" for name, why in [*encs.dropped, *skipped]
+                 if not floats.get(name))
     known = set(nm.tensors)
     out: dict[str, list[dict[str, Any]]] = {}
     for name, entries in ort.items():
@@ -457,6 +491,7 @@ def load_overrides(
     activation_type: str = "QUInt8",
     weight_type: str = "QUInt8",
     notes: list[str] | None = None,
+    exclude: list[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Normalize quantization overrides into an ORT ``init_overrides`` dict.
 
@@ -466,9 +501,12 @@ def load_overrides(
     (legacy, 1.0.0 or AIMET 2.x, via :mod:`ivq_debug.qnn.encodings`; entries it cannot express, and
     QNN-sanitized names mapped back to ONNX names, are reported in ``notes``). ``scale`` becomes
     float32 and ``zero_point`` the integer type of the tensor's quant type (ORT would otherwise keep a
-    float64 scale). ``model`` is an ``onnx.ModelProto``.
+    float64 scale). ``model`` is an ``onnx.ModelProto``. The nodes the overrides leave float — the producers of
+    float activation encodings, and an ORT file's ``<file>.nodes_to_exclude.json`` (:data:`EXCLUDE_SUFFIX`), what
+    ``ivq tune`` delivers for ``fp16`` — are appended to ``exclude``.
     """
     notes = notes if notes is not None else []
+    exclude = exclude if exclude is not None else []
     if overrides is None:
         return {}
     where = "overrides"
@@ -477,10 +515,11 @@ def load_overrides(
         p = Path(overrides)
         where = str(p)
         data = load_json(p, "overrides file")
+        exclude.extend(read_exclude_sidecar(p))
     if not isinstance(data, Mapping):
         raise InputError("overrides must be a JSON object", where if where != "overrides" else None)
     if _is_qnn_encodings(data):
-        data = _from_qnn_encodings(data, where, model, notes)
+        data = _from_qnn_encodings(data, where, model, notes, exclude)
     elif where != "overrides":  # an ORT TensorQuantOverrides file: checked before ORT sees it
         validate_ort_overrides(data, where, known_quant_type=_known_qtype)
     inits = {i.name for i in model.graph.initializer}
@@ -627,7 +666,10 @@ def quantize_for_qnn(
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel, where=src,
                                        constants=constants_to_initializers, fold_shapes=fold_shapes)
     notes: list[str] = []
-    init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes)
+    floats: list[str] = []  # nodes the overrides leave float
+    init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes,
+                                    exclude=floats)
+    nodes_to_exclude = list(dict.fromkeys([*(nodes_to_exclude or []), *floats]))
     if not per_channel and any("axis" in e for es in init_overrides.values() for e in es) \
             and intake.opset_of(proto) < intake.PER_CHANNEL_MIN_OPSET:
         # a per-channel weight override (the tuner's per-channel lever on one weight) needs what --per-channel
@@ -743,7 +785,7 @@ def quantize_for_qnn(
 
 def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[str, Any]], cfg: Any) -> str:
     """The key of one calibration: SHA-256 over everything ORT's calibration reads — the model file handed to the
-    quantizer (its bytes), the calibration samples (their input digests), the method, the op types calibrated,
+    quantizer (its bytes and its external-data files'), the calibration samples (their input digests), the method, the op types calibrated,
     the calibration options, the activation / weight types and the 16-bit types the overrides ask for (they
     move the calibrated model to opset 21) — and the onnxruntime version. The overrides' ranges and the excluded
     nodes are not calibration inputs."""
@@ -760,13 +802,15 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
                     if e.get("quant_type") is not None}
                    | {str((e.get("convert") or {}).get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values()
                       for e in v if (e.get("convert") or {}).get("quant_type") is not None})
+    proto = load_model(source)  # (external data not loaded: its files are hashed by name)
+    locs = sorted({e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"})
     material = {
-        "model": sha256_file(source),
+        "model": sha256_file(source), "external": {loc: sha256_file(Path(source).parent / loc) for loc in locs},
         "samples": [{k: input_digest(v) for k, v in sorted(s.items())} for s in samples],
         "method": str(cfg.calibrate_method), "op_types": sorted(cfg.op_types_to_quantize or []),
         "options": {k: str(v) for k, v in sorted(ex.items()) if k.startswith("Calib") or k == "SmoothQuant"},
         "types": [str(cfg.activation_type), str(cfg.weight_type), *types], "per_channel": bool(cfg.per_channel),
-        "external": bool(cfg.use_external_data_format), "onnxruntime": onnxruntime.__version__,
+        "external_format": bool(cfg.use_external_data_format), "onnxruntime": onnxruntime.__version__,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -35,7 +35,7 @@ from typing import Any
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, merge_check
 from ivq_debug.jsonio import json_safe
 from ivq_debug.tune.legal import forbidden
-from ivq_debug.tune.suggest import Suggestion
+from ivq_debug.tune.suggest import SUGGESTION_SCHEMA, Suggestion
 from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
 from ivq_debug.tune.sweep import SWEEP_FIELDS, job_meta
 from ivq_debug.tune.verify import (
@@ -238,6 +238,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     shards = Path(shards) if shards is not None else root / "shards"
     executor = executor or LocalExecutor(1)
     meta = job_meta(tuner)
+    counted: set[str] = set()
     jobs_info: dict[str, Any] = {"executor": type(executor).__name__, "total": 0, "run": 0, "resumed": 0,
                                  "retried": [], "shards": str(shards)}
 
@@ -275,9 +276,11 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                    for f in report.failures], shards)
         docs = {k: report.load(k, RESULT_SCHEMA) for k in jobs}
         merge_check(docs.values(), SWEEP_FIELDS)
-        jobs_info["total"] += len(jobs)
-        jobs_info["run"] += len(jobs) - len(report.skipped)
-        jobs_info["resumed"] += len(report.skipped)
+        new = set(jobs) - counted  # a combination equal to a lever measured above is that lever's job
+        counted.update(new)
+        jobs_info["total"] += len(new)
+        jobs_info["resumed"] += len(new & set(report.skipped))
+        jobs_info["run"] += len(new - set(report.skipped))
         jobs_info["retried"] = sorted({*jobs_info["retried"], *report.retried})
         for lv, row, key in todo:
             tr = shard_trial(docs[key]["result"], Path(jobs[key].kwargs["tuner"].workdir))
@@ -360,17 +363,18 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             r["status"] = "chosen"
             rep = TuneReport(before, tr, watch, steps=[{"candidate": lv.name, "label": tr.label, "kept": True}],
                              refused=refused, backend=tuner.backend, format=tuner.fmt, target_check=check)
-            return _done(SearchResult(rows, lv, rep, basis, jobs_info), root)
+            return _done(SearchResult(rows, lv, rep, basis, jobs_info), root, tuner.keep_dumps)
         r["status"] = f"refused: {why}"
         refused.append({"candidate": lv.name, "label": tr.label, "reason": why})
     rep = TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
                      backend=tuner.backend, format=tuner.fmt)
-    return _done(SearchResult(rows, None, rep, basis, jobs_info), root)
+    return _done(SearchResult(rows, None, rep, basis, jobs_info), root, tuner.keep_dumps)
 
 
-def _done(res: SearchResult, root: Path) -> SearchResult:
-    """The job folders go (the shards stay: a rerun with the same settings resumes from them)."""
-    shutil.rmtree(root / "jobs", ignore_errors=True)
+def _done(res: SearchResult, root: Path, keep: bool) -> SearchResult:
+    """The job folders go unless ``keep`` (the shards stay: a rerun with the same settings resumes from them)."""
+    if not keep:
+        shutil.rmtree(root / "jobs", ignore_errors=True)
     return res
 
 
@@ -386,21 +390,22 @@ RESULT_SCHEMA: dict[str, Any] = {
     "required": ["label", "error", "sqnr", "task", "model_bytes", "cycles", "suggestions", "fixes", "samples"],
     "properties": {
         **SWEEP_RESULT["properties"],
-        "suggestions": {"type": "array", "items": {"type": "object"}},
-        "fixes": {"type": "array", "items": {"type": "object"}},
+        "suggestions": {"type": "array", "items": SUGGESTION_SCHEMA},
+        "fixes": {"type": "array", "items": SUGGESTION_SCHEMA},
         "samples": {"type": "object", "additionalProperties": {"type": "object"}}},
 }
 
 
 def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]]) -> dict[str, Any]:
     """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture), what the choice reads,
-    then its files removed."""
-    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions], keep_dump=False)
+    then its files removed (kept, with the trial's dump, when ``tuner.keep_dumps``: ``--keep-dumps``)."""
+    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions])  # a dump only with keep_dumps
     out = {"label": tr.label, "error": tr.error, "sqnr": {} if tr.error else dict(tr.sqnr_table),
            "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
            "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
            "fixes": list(tr.fixes), "samples": dict(tr.samples)}
-    shutil.rmtree(tuner.workdir, ignore_errors=True)
+    if not tuner.keep_dumps:
+        shutil.rmtree(tuner.workdir, ignore_errors=True)
     return json_safe(out)
 
 

@@ -46,18 +46,31 @@ from ivq_debug.diagnose.patterns import WEIGHT_DOMINATED, groups
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _is, projector_findings
 from ivq_debug.diagnose.weight_spread import weight_spreads
 from ivq_debug.encoding_fit import encoding_range
-from ivq_debug.errors import InputError, UsageError
+from ivq_debug.errors import UsageError
+from ivq_debug.jsonio import load_json
 from ivq_debug.onnxgraph.intake import load_float_model
 from ivq_debug.onnxgraph.sites import constant_arrays
 from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import Encoding, EncodingSet, read_encodings, write_encodings
+from ivq_debug.qnn.quantize import EXCLUDE_SUFFIX, read_exclude_sidecar
 from ivq_debug.tune.legal import WEIGHT_PAIR_OPS, forbidden
 
 ACTIONS = ("a16", "widen", "a16+widen", "a8", "fp16", "w_per_channel", "w16")
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_STR_OR_NULL = {"type": ["string", "null"]}
+#: one :class:`Suggestion` as a checkpoint or a job shard holds it (``to_dict``): read back with ``Suggestion(**d)``
+#: only after this schema (the files are untrusted)
+SUGGESTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["tensor", "action", "reason"],
+    "additionalProperties": False,
+    "properties": {"tensor": {"type": "string"}, "action": {"enum": list(ACTIONS)}, "reason": {"type": "string"},
+                   "rmin": _NUM_OR_NULL, "rmax": _NUM_OR_NULL, "node": _STR_OR_NULL, "priority": {"type": "number"},
+                   "evidence": {"type": "object"}, "group": _STR_OR_NULL, "axis": {"type": ["integer", "null"]},
+                   "encoding": {}},
+}
 #: actions on weights (initializers) rather than activations
 WEIGHT_ACTIONS = ("w_per_channel", "w16")
-#: the sidecar of an ORT overrides file listing the nodes left float (ORT overrides cannot express fp16)
-EXCLUDE_SUFFIX = ".nodes_to_exclude.json"
 
 
 @dataclass
@@ -404,23 +417,15 @@ def write_suggestions(suggestions: list[Suggestion], path: str | os.PathLike, *,
 
 
 def read_overrides(path: str | os.PathLike, model: Any) -> tuple[EncodingSet, list[str]]:
-    """An overrides file written by :func:`write_suggestions` (any format) and the nodes it leaves float."""
+    """An overrides file written by :func:`write_suggestions` (any format) and the nodes it leaves float. An ORT
+    file of fp16 entries alone is ``{}`` (the nodes are in its sidecar): an empty set, not "no encodings file"."""
     p = Path(path)
-    encs = read_encodings(p, model=model)
+    empty = load_json(p, "overrides file") == {}
+    encs = EncodingSet(format="ort", source=str(p)) if empty else read_encodings(p, model=model)
     inits = {i.name for i in model.graph.initializer}
     for name in [n for n in encs.activations if n in inits]:  # ORT files do not say which entries are weights
         encs.params[name] = encs.activations.pop(name)
-    side = p.with_name(p.name + EXCLUDE_SUFFIX)
-    nodes: list[str] = []
-    if side.exists():
-        try:
-            doc = json.loads(side.read_text())
-        except (OSError, ValueError) as e:
-            raise InputError(f"unreadable nodes_to_exclude file ({e})", side) from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("nodes_to_exclude", []), list):
-            raise InputError("expected {\"nodes_to_exclude\": [node, ...]}", side)
-        nodes = [str(n) for n in doc.get("nodes_to_exclude", [])]
-    return encs, nodes
+    return encs, read_exclude_sidecar(p)
 
 
 def from_encodings(encs: Any, nodes_to_exclude: Sequence[str] = ()) -> list[Suggestion]:

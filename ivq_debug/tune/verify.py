@@ -54,13 +54,20 @@ from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
 from ivq_debug.qnn.quantize import (
     CALIBRATION_OPTIONS,
+    float_producers,
     load_calibration,
     preprocess_float_model,
     quantize_for_qnn,
 )
 from ivq_debug.schema import check_schema
 from ivq_debug.tune.legal import forbidden, split_legal, violations
-from ivq_debug.tune.suggest import EXCLUDE_SUFFIX, Suggestion, read_overrides, write_suggestions
+from ivq_debug.tune.suggest import (
+    EXCLUDE_SUFFIX,
+    SUGGESTION_SCHEMA,
+    Suggestion,
+    read_overrides,
+    write_suggestions,
+)
 
 CHECKPOINT = "checkpoint.json"
 #: the workdir folder of calibration results every trial of one quantizer setting shares
@@ -84,6 +91,7 @@ CHECKPOINT_SCHEMA: dict[str, Any] = {
                 "label": {"type": "string"}, "qdq_model": {"type": "string"}, "dump": {"type": "string"},
                 "overrides": _PATH_OR_NULL, "error": {"type": ["string", "null"]},
                 "suggestions": {"type": "array", "items": {"type": "object"}},
+                "fixes": {"type": "array", "items": SUGGESTION_SCHEMA},
                 "task": {"type": ["object", "null"]}, "model_bytes": {"type": ["integer", "null"], "minimum": 0},
                 "cycles": {"type": ["number", "null"]}, "seconds": {"type": ["number", "null"]}}}},
     },
@@ -164,6 +172,8 @@ class Trial:
     fixes: list[dict[str, Any]] = field(default_factory=list)
     #: per watched tensor: mean and worst SQNR over the evaluation samples (:func:`per_sample`)
     samples: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the QNN session options of an HTP trial (:meth:`Tuner.qnn_options`; None on CPU-QDQ)
+    session: dict[str, Any] | None = None
 
     def sqnr(self, name: str) -> float | None:
         """Worst SQNR of a tensor over the records (None when absent or the trial failed)."""
@@ -239,10 +249,12 @@ class TuneReport:
             "samples": {"before": self.before.samples, "after": self.after.samples},
             "resolved_types": self.after.fixes,
             "before": {"qdq_model": str(self.before.qdq_model),
-                       "dump": str(self.before.dump) if self.before.dump.exists() else None},
+                       "dump": str(self.before.dump) if self.before.dump.exists() else None,
+                       "session": self.before.session},
             "after": {"qdq_model": str(self.after.qdq_model),
                       "dump": str(self.after.dump) if self.after.dump.exists() else None,
-                      "overrides": str(self.after.overrides) if self.after.overrides else None},
+                      "overrides": str(self.after.overrides) if self.after.overrides else None,
+                      "session": self.after.session},
         })
 
 
@@ -466,7 +478,7 @@ class Tuner:
                          float(done.get("seconds") or 0.0), None, ov, reused=True,
                          sqnr_table={k: _json_number(v) for k, v in (done.get("sqnr") or {}).items()},
                          fixes=list(done.get("fixes") or []),
-                         samples=dict(done.get("samples") or {}))
+                         samples=dict(done.get("samples") or {}), session=done.get("session"))
         entry: dict[str, Any] = {"label": label, "suggestions": [s.to_dict() for s in suggestions],
                                  "qdq_model": self._rel(qdq), "dump": self._rel(dump),
                                  "target": self.target, "session": self.qnn_options() if self.backend == "qnn" else None}
@@ -505,9 +517,11 @@ class Tuner:
             if getattr(e, "unsupported", None):  # a QNN refusal: every node with its reason (the line groups them)
                 entry["unsupported"] = list(e.unsupported)
             self._save(key, entry)
-            return Trial(label, applied, qdq, dump, None, error=entry["error"], seconds=entry["seconds"])
+            return Trial(label, applied, qdq, dump, None, error=entry["error"], seconds=entry["seconds"],
+                         session=entry["session"])
         tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), cycles,
-                   time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes])
+                   time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes],
+                   session=entry["session"])
         tr.sqnr_table = worst_sqnr(cmp)
         tr.samples = per_sample(cmp, _default_watch(tr))
         if not keep:
@@ -630,8 +644,8 @@ class Tuner:
         floats = [n for n, e in encs.activations.items() if e.is_float]
         ints = EncodingSet(format=encs.format, activations={n: e for n, e in encs.activations.items()
                                                               if not e.is_float}, params=dict(encs.params))
-        nodes = {s.tensor: s.node for s in suggestions if s.node}
-        exclude = [*exclude, *[nodes[n] for n in floats if nodes.get(n)]]
+        # a float entry leaves its producer unquantized, as `ivq quantize --overrides` of the delivered file does
+        exclude = list(dict.fromkeys([*exclude, *float_producers(floats, load_model(self.source()))]))
         return path, {**self.base_overrides, **to_ort_overrides(ints)}, exclude
 
     def _quantize(self, label: str, suggestions: list[Suggestion], out: Path, max_fixes: int = 16
@@ -896,7 +910,8 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     b = htp.trial("htp-before", list(before.suggestions), keep_dump=False)
     a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
     figs = {w: {"cpu": [before.sqnr(w), after.sqnr(w)], "htp": [b.sqnr(w), a.sqnr(w)]} for w in watch}
-    check = {"backend": "qnn", "checked": True, "watch": figs, "samples": {"before": b.samples, "after": a.samples},
+    check = {"backend": "qnn", "checked": True, "session": a.session, "watch": figs,
+             "samples": {"before": b.samples, "after": a.samples},
              "task": {k: {"cpu": [before.task.get(k), after.task.get(k)], "htp": [b.task.get(k), a.task.get(k)]}
                       for k in after.task}}
     if b.error:

@@ -29,6 +29,6 @@ def test_quick_loop_prints_every_ratio_with_the_load(tmp_path: Path) -> None:
     lim = doc["capture"]["limit"]
     assert lim["total_s"] > 0 and lim["read"]["bytes"] == sum(doc["capture"]["dump_bytes"].values())
     assert doc["tune"]["same_sqnr"] is True  # the timed trial reproduced the baseline's figures
-    assert doc["diagnose"]["htp"]["units"] > 0 and doc["diagnose"]["cpu"]["units"] > 0
+    assert doc["diagnose"]["htp"]["this"]["units"] > 0 and doc["diagnose"]["cpu"]["this"]["units"] > 0
     assert "load average" in p.stdout.splitlines()[0]
     assert "| ivq diagnose / one capture (QNN HTP) |" in p.stdout and "issue 33's ratios (load average" in p.stdout

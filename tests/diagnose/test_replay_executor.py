@@ -53,6 +53,8 @@ def refuse_act_node(path: str) -> Any:
     return make_runner("onnx", path, optimization="disable")
 
 
+@pytest.mark.slow  # three pooled replays (~7 s idle); pool = sequential: test_cli_workers_give_the_sequential_json,
+# resume: test_a_recapture_of_the_same_data_resumes_every_shard (default set)
 def test_a_pool_gives_the_sequential_replay_to_the_bit_and_resumes(m, tmp_path: Path) -> None:
     seq = m["seq"]
     assert seq.batches == 1 and seq.first_breaking["node"] == vit.ACT_NODE
@@ -91,6 +93,7 @@ def test_a_recapture_of_the_same_data_resumes_every_shard(m, tmp_path: Path) -> 
     same(first, rerun)
 
 
+@pytest.mark.slow  # ~7 s idle; a failing job reported, the others kept: tests/test_executor.py (default set)
 def test_a_failing_batch_is_reported_and_the_other_shards_kept(m, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     with pytest.raises(JobsFailedError) as e:

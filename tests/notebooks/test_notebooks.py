@@ -22,7 +22,14 @@ def test_stored_without_outputs(path: Path) -> None:
     assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+#: executed in the default run: the decode-step notebook (ORT CPU only, ~15 s idle); the HTP layer-diffing and the
+#: override-tuning notebooks (~25 s and ~50 s idle, the same API the acceptance demo and tests/tune cover) run in
+#: the slow set
+DEFAULT_EXECUTED = ("02_decode_steps",)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=[] if p.stem in DEFAULT_EXECUTED else [pytest.mark.slow])
+                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_executes_top_to_bottom(path: Path, tmp_path: Path, artifacts_dir: Path) -> None:
     from nbclient import NotebookClient
 

@@ -225,6 +225,34 @@ def test_qnn_encodings_overrides(block: Path, tmp_path: Path) -> None:
     assert float(i["g_scale"]) == pytest.approx(1e-4) and int(i["g_zero_point"]) == 2000
 
 
+def test_a_float_request_leaves_its_producer_unquantized(block: Path, tmp_path: Path) -> None:
+    """What ``ivq tune`` delivers for ``fp16``: a float encoding of the node's output (QNN formats) or the node in
+    the ORT file's ``nodes_to_exclude`` sidecar; ``quantize_for_qnn`` leaves that node float either way."""
+    from ivq_debug.errors import InputError
+    from ivq_debug.qnn.quantize import EXCLUDE_SUFFIX, quantize_for_qnn
+
+    feeds = models.block_feeds(1, 4)
+
+    def weight_is_quantized(path: Path) -> bool:  # v_proj reads the weight Wv
+        node = next(n for n in onnx.load(str(path)).graph.node if n.name == "v_proj")
+        return node.input[1] != "Wv"
+
+    assert weight_is_quantized(quantize_for_qnn(block, tmp_path / "q.onnx", feeds).model_path)
+    (tmp_path / "legacy.json").write_text(json.dumps(
+        {"activation_encodings": {"v": [{"bitwidth": 16, "dtype": "float"}]}, "param_encodings": {}}))
+    r = quantize_for_qnn(block, tmp_path / "l.onnx", feeds, overrides=tmp_path / "legacy.json")
+    assert not weight_is_quantized(r.model_path)
+    assert "overrides: v: float: its producer v_proj left unquantized" in r.warnings
+    (tmp_path / "ort.json").write_text("{}")
+    (tmp_path / f"ort.json{EXCLUDE_SUFFIX}").write_text(json.dumps({"nodes_to_exclude": ["v_proj"]}))
+    r = quantize_for_qnn(block, tmp_path / "o.onnx", feeds, overrides=tmp_path / "ort.json")
+    assert not weight_is_quantized(r.model_path)
+    (tmp_path / f"ort.json{EXCLUDE_SUFFIX}").write_text(json.dumps(["v_proj"]))
+    with pytest.raises(InputError, match="nodes_to_exclude") as e:
+        quantize_for_qnn(block, tmp_path / "b.onnx", feeds, overrides=tmp_path / "ort.json")
+    assert e.value.path == str(tmp_path / f"ort.json{EXCLUDE_SUFFIX}") and not (tmp_path / "b.onnx").exists()
+
+
 def test_output_is_atomic_and_never_overwritten(block: Path, tmp_path: Path) -> None:
     from ivq_debug.qnn.quantize import quantize_for_qnn
 

@@ -97,3 +97,61 @@ def test_every_format_delivers_the_same_model(gap, tmp_path: Path, fmt: str) -> 
     assert ivq_cli("tune", gap["model"], "--calibration", gap["cal"], "--inputs", gap["eval"], "-o", wd,
                    "--backend", "cpu", "--overrides", gap["hand"], "--format", fmt) == 0
     reproduces(gap["model"], gap["cal"], wd, tmp_path)
+
+
+# ------------------------------------------------------------------ every path that recommends
+# verify (the default) is covered above and in test_tune_cli.py, the search in test_search.py; the greedy mode and
+# the sweep here. The conv's first weight spreads its channels 3000x (tests/diagnose/test_weight_spread.py).
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory) -> dict:
+    from tests.diagnose.test_weight_spread import build_conv
+
+    d = tmp_path_factory.mktemp("deliver-conv")
+    model = build_conv(d)
+    (d / "cal").mkdir()
+    for i in range(8):
+        np.savez(d / "cal" / f"{i}.npz", x=np.random.RandomState(i).randn(1, 3, 16, 16).astype(np.float32))
+    np.savez(d / "eval.npz", x=np.random.RandomState(99).randn(1, 3, 16, 16).astype(np.float32))
+    return {"model": model, "cal": d / "cal", "eval": d / "eval.npz"}
+
+
+@pytest.mark.parametrize("fmt", ["legacy", "1.0.0"])
+def test_the_greedy_mode_delivers_the_model_it_verified(conv, tmp_path: Path, fmt: str) -> None:
+    wd = tmp_path / fmt
+    code = ivq_cli("tune", conv["model"], "--calibration", conv["cal"], "--inputs", conv["eval"], "-o", wd,
+                   "--backend", "cpu", "--preset", "a16w8", "--greedy", "--budget", "40", "--format", fmt)
+    rep = reproduces(conv["model"], conv["cal"], wd, tmp_path, "--preset", "a16w8")
+    assert code == 1 and rep["recommended"]  # the budget (40 dB) is missed, the set that helped is delivered
+    assert [(o["tensor"], o["action"]) for o in rep["overrides"]] == [("2.weight", "w16")]
+    kept = [s["label"] for s in rep["steps"] if s["kept"]]
+    assert len(kept) > 1 and Path(rep["after"]["qdq_model"]).name == f"{kept[-1]}.qdq.onnx"  # the last kept step
+
+
+@pytest.mark.parametrize("fmt", ["legacy", "1.0.0", "ort"])
+def test_the_sweep_delivers_the_model_it_verified_a_float_node_included(conv, tmp_path: Path, fmt: str) -> None:
+    """The sweep's pick leaves a node float: QNN files say so with a float encoding of its output, ORT files with
+    the ``nodes_to_exclude`` sidecar; ``ivq quantize --overrides`` leaves the same node float (it quantized it,
+    and an ORT file of fp16 entries alone did not read back, before)."""
+    wd = tmp_path / fmt
+    code = ivq_cli("tune", conv["model"], "--calibration", conv["cal"], "--inputs", conv["eval"], "-o", wd,
+                   "--backend", "cpu", "--preset", "a8w8", "--sweep", "--groups", "2", "--format", fmt)
+    rep = reproduces(conv["model"], conv["cal"], wd, tmp_path, "--preset", "a8w8")
+    assert code == 0 and rep["sweep"]["chosen"] == ["g02-fp16"]
+    assert [(o["tensor"], o["action"], o["node"]) for o in rep["overrides"]] == [("y", "fp16", "/2/Conv")]
+    assert (wd / "overrides.json.nodes_to_exclude.json").exists() is (fmt == "ort")
+    floated = load_model(tmp_path / f"requant-{wd.name}.onnx")
+    conv2 = next(n for n in floated.graph.node if n.name == "/2/Conv")
+    assert not conv2.input[1].endswith("_DequantizeLinear_Output")  # its weight stays float
+
+
+@pytest.mark.slow  # 13 levers and their combinations (~35 s on 2 loaded cores)
+def test_the_search_delivers_the_model_it_verified_in_the_1_0_0_format(conv, tmp_path: Path) -> None:
+    """The search's choice (its knobs plus an overrides file) in the QNN 1.0.0 format (``legacy``:
+    ``tests/tune/test_search.py``)."""
+    wd = tmp_path / "search"
+    assert ivq_cli("tune", conv["model"], "--calibration", conv["cal"], "--inputs", conv["eval"], "-o", wd,
+                   "--backend", "cpu", "--preset", "a8w8", "--search", "--no-diagnose", "--format", "1.0.0") == 0
+    rep = json.loads((wd / "tune.json").read_text())
+    assert rep["recommended"] and rep["overrides"] and (wd / "overrides.json").exists()
+    assert json.loads((wd / "overrides.json").read_text())["version"] == "1.0.0"
+    reproduces(conv["model"], conv["cal"], wd, tmp_path, *rep["search"]["command"].split())

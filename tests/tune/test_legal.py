@@ -1,5 +1,7 @@
 """Only what the backend runs (issue 29): the HTP precision table against real HTP sessions, one test per
-forbidden pair, and the table enforced in ``suggest()`` (legalize), in every trial and in ``verify``."""
+forbidden pair, and the table enforced in ``suggest()`` (legalize), in every trial and in ``verify``; and per
+entry the table forbids (a8w16, a non-int32 bias), through ``suggest()``, the greedy mode, the search and the sweep:
+never measured, never recommended."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from onnx import helper, numpy_helper
 
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.tune.legal import TABLES, forbidden, violations
+from ivq_debug.tune.search import Lever, search
 from ivq_debug.tune.suggest import Suggestion, legalize
-from ivq_debug.tune.verify import Tuner, verify
+from ivq_debug.tune.verify import Tuner, greedy, verify
 from tests.diagnose.test_weight_spread import build_conv
 from tests.support.lever_models import save_graph
 
@@ -135,3 +138,102 @@ def test_verify_refuses_an_illegal_set_without_running_it_and_trials_check_the_w
     assert not violations(rep.after.qdq_model, "qnn")
     bad = tuner.trial("bad", illegal)  # a trial asked directly refuses too, with the whole reason
     assert bad.error and bad.error.startswith("not run by QNN") and not bad.qdq_model.exists()
+
+
+# ------------------------------------------------------------------ one test per forbidden pair, every path
+def _forbidden_sets() -> list:
+    """Per entry the table forbids on HTP, a set that asks for it on the conv (its second Conv reads ``2.weight``
+    and ``2.bias``) and the preset under which it is forbidden: every forbidden (activation, weight) pair of the
+    table, and a bias that is not one of the table's bias types."""
+    out = []
+    for a, w in TABLES["qnn"].forbidden():  # a8w16: a 16-bit weight under an 8-bit activation
+        assert w == 16  # the only weight override that raises bits
+        out.append(pytest.param(f"a{a}w8", [Suggestion("2.weight", "w16", "t")], id=f"a{a}w{w}"))
+    assert TABLES["qnn"].bias == {"int32"}
+    out.append(pytest.param("a16w16", [Suggestion("2.bias", "w16", "t")], id="bias-int16"))
+    return out
+
+
+FORBIDDEN = _forbidden_sets()
+LEGAL = [Suggestion("0.weight", "w_per_channel", "t", axis=0)]
+
+
+@pytest.fixture(scope="module")
+def tuners(conv, tmp_path_factory) -> dict:
+    """One CPU-QDQ tuner per preset, for QNN HTP, sharing a checkpoint (the baselines run once)."""
+    wd = tmp_path_factory.mktemp("legal-paths")
+    out = {}
+    for preset in ("a8w8", "a16w16"):
+        t = Tuner(conv["model"], conv["cal"], conv["feeds"], conv["ref"], wd / preset, backend="cpu", target="qnn",
+                  preset=preset)
+        out[preset] = (t, t.trial("before", []))
+    return out
+
+
+@pytest.mark.parametrize("preset,illegal", FORBIDDEN)
+def test_suggest_never_delivers_a_forbidden_pair(conv, preset: str, illegal: list) -> None:
+    assert forbidden(illegal, conv["model"], preset, "qnn")  # the set asks for what HTP does not run
+    out = legalize([*illegal, *LEGAL], conv["model"], preset, "qnn", lambda n: None, False)
+    assert not forbidden(out, conv["model"], preset, "qnn")
+    assert LEGAL[0] in out and not any(s.tensor == "2.bias" for s in out)
+
+
+@pytest.mark.parametrize("preset,illegal", FORBIDDEN)
+def test_greedy_never_tries_a_forbidden_pair(tuners, preset: str, illegal: list) -> None:
+    tuner, _ = tuners[preset]
+    rep = greedy(tuner, [*illegal, *LEGAL], ["y"], budget_sqnr_db=200.0, max_trials=3, progress=False)
+    no = [r for r in rep.refused if r["candidate"] == f"+{illegal[0].tensor} w16"]
+    assert len(no) == 1 and no[0]["label"] is None and no[0]["reason"].startswith("not run by QNN")
+    assert not any(s.get("added") == illegal[0].tensor for s in rep.steps)  # never quantized
+    assert not forbidden(rep.after.suggestions, tuner.source(), preset, "qnn")
+    assert not violations(rep.after.qdq_model, "qnn")
+
+
+@pytest.mark.parametrize("preset,illegal", FORBIDDEN)
+def test_search_never_measures_or_chooses_a_forbidden_pair(tuners, preset: str, illegal: list) -> None:
+    tuner, before = tuners[preset]
+    levers = [Lever("illegal", "unit", preset, False, "minmax", list(illegal)),
+              Lever("illegal + per-channel", "unit", preset, False, "minmax", [*illegal, *LEGAL]),
+              Lever("per-channel", "unit", preset, False, "minmax", list(LEGAL))]
+    res = search(tuner, before, levers, watch=["y"], min_gain_db=0.0)
+    rows = {r["lever"]: r for r in res.table}
+    for name in ("illegal", "illegal + per-channel"):
+        assert rows[name]["status"].startswith("not run by QNN") and rows[name]["sqnr_db"] is None, rows[name]
+        assert not (Path(tuner.workdir) / f"lever-{name.replace(' + ', '---')}.qdq.onnx").exists()
+    assert res.chosen is None or res.chosen.name == "per-channel"
+    assert not forbidden(res.report.after.suggestions, tuner.source(), preset, "qnn")
+    assert not violations(res.report.after.qdq_model, "qnn")
+
+
+@pytest.mark.parametrize("preset,illegal", FORBIDDEN)
+def test_the_sweep_neither_builds_nor_picks_a_forbidden_pair(tuners, preset: str, illegal: list,
+                                                               tmp_path: Path) -> None:
+    """The sweep's candidates (16-bit activations, nodes left float) are legal by construction; a candidate job
+    handed a forbidden set fails without quantizing (the trial's check) and the selection never picks it."""
+    from dataclasses import replace
+
+    from ivq_debug.qnn.encodings import encodings_from_qdq_model
+    from ivq_debug.tune.sweep import (
+        block_groups,
+        candidate,
+        measure,
+        quantized_activations,
+        select,
+        sweep_job,
+    )
+
+    tuner, before = tuners[preset]
+    encs = encodings_from_qdq_model(before.qdq_model).activations
+    for g in block_groups(quantized_activations(tuner, before), 3):
+        for p in ("a16", "fp16"):
+            assert not forbidden(candidate(g, p, encs), tuner.source(), preset, "qnn"), (g.name, p)
+    worker = replace(tuner, resume=False, _checkpoint=None)
+    bad = sweep_job(replace(worker, workdir=tmp_path / "bad"), "bad", [s.to_dict() for s in illegal], ["y"])
+    good = sweep_job(replace(worker, workdir=tmp_path / "good"), "good", [s.to_dict() for s in LEGAL], ["y"])
+    assert bad["error"].startswith("not run by QNN") and not good["error"]
+    cands = [{"group": g, "group_index": i, "precision": "x", "precision_index": 0, "label": g, **r}
+             for i, (g, r) in enumerate((("bad", bad), ("good", good)))]
+    table, picked = select(measure(before, ["y"]), cands, ["y"], min_gain_db=-100.0)
+    row = table.set_index("label").loc["bad"]
+    assert not row["eligible"] and row["status"].startswith("failed: not run by QNN")
+    assert picked["chosen"] == ["good"]

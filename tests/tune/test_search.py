@@ -5,6 +5,7 @@ under a budget; on a model where only a16w8 + per-channel recovers the output, t
 from __future__ import annotations
 
 import json
+import shutil
 from html import escape
 from pathlib import Path
 
@@ -120,9 +121,11 @@ def test_levers_as_jobs_on_two_workers_give_the_same_table_and_resume_from_shard
 
 
 @needs_qnn
-@pytest.mark.slow  # 9 levers on the emulated HTP (~60 s on 2 loaded cores)
+@pytest.mark.slow  # 9 levers on the emulated HTP: 9 s with their contexts cached, each compiled on a cold cache
 def test_a_qnn_search_costs_in_htp_cycles_and_max_cycles_excludes(user, tmp_path: Path) -> None:
-    code, rep = _search(user, tmp_path / "q", "--max-cycles", "1.0", backend="qnn")
+    # a cycles budget no lever meets (1 % of the baseline's cycles): emulated cycles vary from run to run (the same
+    # model measured 14.7 M and 33.6 M cycles on a loaded machine), so the test does not depend on their ranking
+    code, rep = _search(user, tmp_path / "q", "--max-cycles", "0.01", backend="qnn")
     s = rep["search"]
     assert s["cost_basis"] == "cycles", s  # every QNN trial has a detailed profile: cost = relative HTP cycles
     base = next(r["before"] for r in rep["end_to_end"] if r["what"].startswith("HTP cycles"))
@@ -131,12 +134,22 @@ def test_a_qnn_search_costs_in_htp_cycles_and_max_cycles_excludes(user, tmp_path
     assert len(measured) >= 5 and all(r["cycles"] > 0 for r in measured)
     for r in measured:  # the cost is the lever's cycles over the baseline's, nothing else
         assert r["cost"] == pytest.approx(r["cycles"] / base - 1.0, rel=1e-9, abs=1e-12), r
-    # --max-cycles 1.0: a lever that costs more cycles than the baseline is excluded, named by the budget
-    over = [r for r in measured if r["cycles"] / base > 1.0]
-    assert over, [(r["lever"], r["cycles"] / base) for r in measured]  # a16w16 runs 16-bit kernels
-    for r in over:
         assert not r["eligible"] and not r["frontier"]
-        if not r["status"].startswith(("lowers", "gain below", "refused")):
-            assert r["status"].startswith("over budget: cycles x"), r
-    assert all(r["cycles"] / base <= 1.0 for r in measured if r["eligible"])
-    assert code in (0, 1)
+        if not r["status"].startswith(("lowers", "gain below")):  # otherwise eligible: excluded by the budget
+            assert r["status"] == f"over budget: cycles x{r['cycles'] / base:.2f} > --max-cycles x0.01", r
+    assert any(r["status"].startswith("over budget: cycles") for r in measured)
+    assert code == 1 and not rep["recommended"]  # nothing within the budget: nothing recommended
+
+
+def test_a_tampered_lever_shard_is_one_line_naming_it(user, budget, tmp_path: Path, capsys) -> None:
+    wd = tmp_path / "copy"
+    shutil.copytree(budget["wd"], wd)
+    shard = sorted((wd / "trials" / "search" / "shards").glob("*.json"))[0]
+    doc = json.loads(shard.read_text())
+    doc["result"]["suggestions"] = [{"tensor": "x", "action": "a16", "reason": "r", "exec": "rm -rf /"}]
+    shard.write_text(json.dumps(doc))
+    capsys.readouterr()
+    code = ivq_cli("tune", user["model"], "--calibration", user["cal"], *user["evals"], "-o", wd, "--backend", "cpu",
+                   "--search", "--no-diagnose", "--max-size", "1.0001", "--resume")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and len(err) == 1 and shard.name in err[0] and "exec" in err[0], err

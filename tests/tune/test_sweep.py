@@ -102,6 +102,7 @@ def test_an_interrupted_sweep_resumes_without_redoing_finished_jobs(resumed) -> 
     assert again["run"] == 0 and again["resumed"] == 12
 
 
+@pytest.mark.slow  # a third full sweep (12 trials, ~30 s idle); the pool's bit-identity is a default test in test_executor.py
 def test_two_workers_pick_the_same_set_with_the_same_numbers(user, resumed, tmp_path: Path) -> None:
     wd = tmp_path / "wd"
     assert ivq_cli(*args(user, wd, "--workers", "2")) == 0
@@ -155,6 +156,23 @@ def test_a_tampered_shard_is_one_line_naming_it(resumed, capsys) -> None:
         victim.write_text(good)
 
 
+
+@pytest.mark.slow  # a whole sweep again (12 jobs)
+def test_force_without_resume_runs_every_job_again(resumed) -> None:
+    """``--force`` reuses the workdir, not its results: an earlier run's shards (here one tampered with, which
+    ``--resume`` refuses) are replaced by this run's, every job runs."""
+    wd = resumed["wd"]
+    victim = shards(wd)[0]
+    good = victim.read_text()
+    doc = json.loads(good)
+    doc["result"]["sqnr"] = {w: "high" for w in doc["result"]["sqnr"]}
+    victim.write_text(json.dumps(doc))
+    assert ivq_cli(*args(resumed["user"], wd, "--force")) == 0
+    jobs = json.loads((wd / "tune.json").read_text())["sweep"]["jobs"]
+    assert jobs["run"] == 12 and jobs["resumed"] == 0
+    assert victim.read_text() != json.dumps(doc) and json.loads(victim.read_text())["result"]["sqnr"] == \
+        json.loads(good)["result"]["sqnr"]  # the same job measured again: the same numbers
+
 @pytest.mark.slow
 def test_suggested_groups_sweep_finds_the_x2_pattern(tmp_path: Path) -> None:
     """The outlier ViT (x² encodings set by outlier channels): ``--groups suggest`` sweeps the replay's pattern
@@ -182,6 +200,7 @@ def dies_on_g02(qdq: Path, profile: Path) -> Any:
     return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
 
 
+@pytest.mark.slow  # a sweep of 3 trials in a pool (~17 s idle); a worker-killing job: default test in test_executor.py
 def test_a_job_that_kills_its_worker_twice_is_listed_and_the_other_shards_kept(user, tmp_path: Path) -> None:
     ref = capture(make_runner("onnx", user["model"], selection=Selection()), [vit.image(7)], tmp_path / "ref.h5",
                   progress=None)

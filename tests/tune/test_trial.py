@@ -6,15 +6,21 @@ is the same bytes with or without that cache."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import onnx
 import pytest
 
 from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.dump import open_dump
+from ivq_debug.dump.memory import MemorySink
+from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import to_ort_overrides
-from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.qnn.quantize import calibration_cache_key, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides
 from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial
 from tests.support.lever_models import build_two_causes, two_causes_sample
@@ -88,3 +94,45 @@ def test_the_calibration_runs_once_per_setting_and_changes_no_byte(lever, tmp_pa
         quantize_for_qnn(lever["model"], fresh, lever["cal"], overrides=to_ort_overrides(encs), preprocess=False)
         digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (fresh, tr.qdq_model)]
         assert digest[0] == digest[1], s
+
+
+def test_keep_dumps_makes_every_trial_write_its_dump(lever, tmp_path: Path) -> None:
+    tuner = replace(_tuner(lever, tmp_path, "cpu"), keep_dumps=True)
+    tr = tuner.trial("lever", [SUGGESTIONS[0]])
+    assert tr.error is None and tr.dump.exists() and tr.comparison.test.path == tr.dump
+    assert len(tr.sqnr_table) > 3  # a whole comparison: every aligned tensor
+
+
+def test_an_in_memory_capture_reads_like_a_dump(lever) -> None:
+    runner = make_runner("onnx", lever["model"], selection=Selection())
+    sink = MemorySink(runner.backend, runner.info)
+    sink.begin_record(sample=0)
+    runner.run(lever["feeds"][0], sink)
+    mem = sink.take()
+    with open_dump(lever["ref"]) as ref:
+        for e in mem.tensors():
+            want = ref.read(e.name, (0, "model", 0))
+            assert np.array_equal(mem.read(e), want) and mem.stored_dtype(e) == want.dtype
+            assert np.array_equal(np.concatenate(list(mem.iter_flat(e, 7))), want.reshape(-1))
+    assert mem.size().tensors == sum(e.nbytes for e in mem.tensors()) and mem.size().file == 0
+    assert mem.record_meta((0, "model", 0))["inputs"]["x"]["sha256"]  # the contract facts of the inputs
+    mem.close()
+    with pytest.raises(UsageError):
+        mem.read(mem.tensors()[0])
+
+
+def test_the_calibration_key_covers_the_weights_in_external_data(tmp_path: Path) -> None:
+    """Two models of the same graph whose weights differ only in their external-data files: two calibrations."""
+    cfg = SimpleNamespace(extra_options={}, calibrate_method="MinMax", op_types_to_quantize=["Conv"],
+                          activation_type="QUInt8", weight_type="QUInt8", per_channel=False,
+                          use_external_data_format=True)
+    keys = []
+    for i, outlier in enumerate((40.0, 41.0)):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        build_two_causes(d / "two.onnx", outlier=outlier)
+        m = onnx.load(str(d / "two.onnx"))
+        onnx.save(m, str(d / "two.onnx"), save_as_external_data=True, location="w.data", size_threshold=0)
+        keys.append(calibration_cache_key(d / "two.onnx", [two_causes_sample(0)], cfg))
+    assert (tmp_path / "m0" / "two.onnx").read_bytes() == (tmp_path / "m1" / "two.onnx").read_bytes()
+    assert keys[0] != keys[1]

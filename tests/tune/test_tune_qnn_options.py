@@ -40,6 +40,8 @@ def test_the_shape_chain_htp_refused_tunes_at_the_default_level(files, tmp_path:
                    "-o", tmp_path / "d") in (0, 1)
     trials = _trials(tmp_path / "d")
     assert trials and all(t["session"]["optimization"] == "disable" and "error" not in t for t in trials.values())
+    doc = json.loads((tmp_path / "d" / "tune.json").read_text())  # the report names the session of its trials
+    assert doc["before"]["session"] == doc["after"]["session"] == {"optimization": "disable"}
 
 
 @pytest.mark.qnn
@@ -50,6 +52,8 @@ def test_optimization_reaches_the_trials(files, tmp_path: Path) -> None:
                    "-o", tmp_path / "a", "--optimization", "all") in (0, 1)
     trials = _trials(tmp_path / "a")
     assert trials and all(t["session"]["optimization"] == "all" for t in trials.values())
+    doc = json.loads((tmp_path / "a" / "tune.json").read_text())
+    assert doc["before"]["session"]["optimization"] == doc["after"]["session"]["optimization"] == "all"
 
 
 @pytest.mark.qnn
