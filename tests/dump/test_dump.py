@@ -298,3 +298,9 @@ def test_size_counts_values_by_kind_against_the_file(tmp_path: Path) -> None:
         assert s.to_json()["data"] == s.data == s.tensors + s.inputs + s.raw
     assert sizes[None].file > sizes[None].data  # raw: the values plus HDF5's metadata
     assert sizes["gzip"].file < 0.5 * sizes["gzip"].data  # 16 levels of 256
+    with DumpWriter(tmp_path / "s.h5", backend="x", summary_only=True, summary_samples=8) as w:
+        w.add_tensor("big", deq)  # kept as statistics and 8 samples: counted apart, not as values held
+        w.add_tensor("small", deq[0, :4])  # no more values than the samples: stored whole
+    with open_dump(tmp_path / "s.h5") as d:
+        s = d.size()
+    assert (s.tensors, s.summarized, s.raw) == (16, deq.nbytes, 0)

@@ -16,7 +16,8 @@ N_SAMPLES = 6
 
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("bucket", TEST_BUCKETS)
+@pytest.mark.parametrize("bucket", [b if b == DEFAULT_BUCKET else pytest.param(b, marks=pytest.mark.slow)  # 56: slow
+                                    for b in TEST_BUCKETS])
 def test_ort_scheduler_equals_hf_generate(name, bucket, loaded, exported):
     from ivq_debug.vlm.torch_generate import hf_generate
 

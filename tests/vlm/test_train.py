@@ -12,6 +12,8 @@ from ivq_debug.vlm.load import REFERENCE_DIR
 from .conftest import MODELS
 
 
+@pytest.mark.slow  # two 40-step trainings (~60 s idle, 586 s at load 15-18); the recipe's determinism and learning:
+# test_training_script_reproduces_shipped_checkpoint (slow), the saved folder: test_save_reference_roundtrip
 def test_short_training_is_deterministic_and_learns():
     from ivq_debug.vlm.train import train
 
