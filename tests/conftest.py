@@ -20,6 +20,9 @@ from tests.support.qnn_models import CAL_SEED, HAVE_QNN
 
 os.environ.setdefault("IVQ_NO_PROGRESS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+#: ivq's width off a terminal (console.py), also in pytest-xdist workers, which run with COLUMNS=80: the tests read
+#: whole lines of what the commands print, the same under `pytest -q` and `make test` (tests of narrow output set it)
+os.environ["COLUMNS"] = "160"
 #: no QNN compiled-context cache in ~/.cache: every test compiles unless it names its own cache folder
 os.environ.setdefault("IVQ_QNN_CACHE", "off")
 
