@@ -26,8 +26,9 @@ chromium:
 demo: setup
 	$(BIN)/ivq demo
 
+# two workers (pytest-xdist); tests sharing an expensive fixture stay on one worker (tests/conftest.py XDIST_GROUPS)
 test: setup chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 # exit code 5 = no slow test collected, which is not a failure
 test-slow: setup

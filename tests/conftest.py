@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,6 +20,9 @@ from tests.support.qnn_models import CAL_SEED, HAVE_QNN
 
 os.environ.setdefault("IVQ_NO_PROGRESS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+#: ivq's width off a terminal (console.py), also in pytest-xdist workers, which run with COLUMNS=80: the tests read
+#: whole lines of what the commands print, the same under `pytest -q` and `make test` (tests of narrow output set it)
+os.environ["COLUMNS"] = "160"
 #: no QNN compiled-context cache in ~/.cache: every test compiles unless it names its own cache folder
 os.environ.setdefault("IVQ_QNN_CACHE", "off")
 
@@ -103,3 +107,39 @@ def device_sessions(session_parts, tmp_path_factory: pytest.TempPathFactory):
     from tests.support.device_sessions import build_sessions
 
     return build_sessions(tmp_path_factory.mktemp("device-sessions"), session_parts)
+
+
+# ---------------------------------------------------------------- pytest-xdist: one worker per shared fixture
+#: test files (or folders) that share an expensive session fixture, by group: under ``make test`` (``-n 2``) each
+#: group runs on one worker, so its fixture is built once per run, not once per worker; any other file is its own
+#: group (its module-scoped fixtures: one ViT, one sweep, one capture per module). First match wins.
+XDIST_GROUPS: tuple[tuple[str, str], ...] = (
+    # session_parts / device_sessions (the split exports and the device-session folders, ~40 s)
+    ("tests/cli/test_debug_sessions_cli.py", "sessions"), ("tests/cli/test_device_sessions_cli.py", "sessions"),
+    ("tests/capture/qnn_net_run/test_onnx_folders.py", "sessions"),
+    ("tests/capture/qnn_net_run/test_device_sessions.py", "sessions"), ("tests/comparator/test_contract.py", "sessions"),
+    ("tests/diagnose/test_positions_sessions.py", "sessions"), ("tests/vlm/test_export_dynamic.py", "sessions"),
+    ("tests/acceptance/", "demo"),  # the demo (ivq demo into tmp)
+    ("tests/hostile/", "hostile"),  # the case server and the corpus
+    ("tests/vlm/", "vlm"),  # the shipped checkpoints and their exports
+    ("tests/report/", "report"),  # the report pipeline's dumps
+)
+
+
+def group_of(nodeid: str) -> str:
+    """The xdist work unit of a test id: its :data:`XDIST_GROUPS` group, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return next((g for prefix, g in XDIST_GROUPS if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N``: xdist's load-scope scheduling with :func:`group_of` as the scope (whole groups go to one worker,
+    the groups with the most tests first). pytest-xdist's ``--dist loadgroup`` does not group under pytest 9."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return SharedFixtureScheduling(config, log)

@@ -47,6 +47,12 @@ def has_external_data(model: Any) -> bool:
     return any(uses_external_data(t) for t in model.graph.initializer)
 
 
+def external_files(proto: Any, base: str | os.PathLike) -> list[Path]:
+    """The external-data files an ONNX graph references (resolved against ``base``, its folder), sorted."""
+    locs = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+    return sorted(Path(base) / loc for loc in locs)
+
+
 def model_file_bytes(path: str | os.PathLike) -> int:
     """Bytes on disk of the model at ``path``: the file and every external data file it names (each once)."""
     from onnx.external_data_helper import uses_external_data

@@ -49,7 +49,7 @@ from ivq_debug.dump.memory import MemorySink
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
-from ivq_debug.onnxgraph.load import load_model, model_file_bytes
+from ivq_debug.onnxgraph.load import external_files, load_model, model_file_bytes
 from ivq_debug.outputs import atomic_write_text
 from ivq_debug.qnn.encodings import EncodingSet, encodings_from_qdq_model, to_ort_overrides
 from ivq_debug.qnn.quantize import (
@@ -1024,11 +1024,13 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
 
 def prune_workdir(workdir: str | os.PathLike, keep: Sequence[Path | None]) -> int:
     """After a finished tune, keep only what the report needs: the checkpoint, the overrides files, the
-    preprocessed model, the QDQ models in ``keep`` (the baseline's, the recommended one) and the job shards of a
-    search or sweep; the dumps, profiles, calibration capture and cache, job folders and other trial models go (a rerun with ``--resume`` re-captures what it needs). Returns
+    preprocessed model, the QDQ models in ``keep`` (the baseline's, the recommended one) with their external-data
+    files, and the job shards of a search or sweep; the dumps, profiles, calibration capture and cache, job folders and other trial models go (a rerun with ``--resume`` re-captures what it needs). Returns
     the bytes left in ``workdir``."""
     wd = Path(workdir)
-    kept = {Path(k).resolve() for k in keep if k is not None}
+    models = [Path(k) for k in (*keep, wd / "preprocessed.onnx") if k is not None and Path(k).is_file()]
+    # a kept model keeps its external-data files (a large QDQ model's ``<name>.data``: its weights)
+    kept = {p.resolve() for m in models for p in (m, *external_files(load_model(m), m.parent))}
     for folder in (wd / CALIBRATION_CACHE, wd / "search" / "jobs", wd / "sweep" / "jobs"):
         shutil.rmtree(folder, ignore_errors=True)
     for p in wd.iterdir() if wd.is_dir() else []:

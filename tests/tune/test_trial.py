@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from ivq_debug.capture.base import Selection, capture, make_runner
@@ -22,7 +23,7 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import to_ort_overrides
 from ivq_debug.qnn.quantize import calibration_cache_key, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides
-from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial
+from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial, prune_workdir
 from tests.support.lever_models import build_two_causes, two_causes_sample
 from tests.support.qnn_models import needs_qnn
 
@@ -136,3 +137,15 @@ def test_the_calibration_key_covers_the_weights_in_external_data(tmp_path: Path)
         keys.append(calibration_cache_key(d / "two.onnx", [two_causes_sample(0)], cfg))
     assert (tmp_path / "m0" / "two.onnx").read_bytes() == (tmp_path / "m1" / "two.onnx").read_bytes()
     assert keys[0] != keys[1]
+
+
+def test_pruning_keeps_the_weights_of_a_kept_model_with_external_data(tmp_path: Path) -> None:
+    for name in ("after.qdq.onnx", "other.qdq.onnx"):
+        build_two_causes(tmp_path / name)
+        onnx.save(onnx.load(str(tmp_path / name)), str(tmp_path / name), save_as_external_data=True,
+                  location=name + ".data", size_threshold=256)  # the weights, not the split sizes
+    (tmp_path / "after.h5").write_bytes(b"x")
+    prune_workdir(tmp_path, [tmp_path / "after.qdq.onnx"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["after.qdq.onnx", "after.qdq.onnx.data"]
+    y = ort.InferenceSession(str(tmp_path / "after.qdq.onnx")).run(None, two_causes_sample(0))[0]
+    assert np.isfinite(y).all() and np.abs(y).max() > 0  # the weights are there

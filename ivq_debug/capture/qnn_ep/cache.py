@@ -51,6 +51,7 @@ from ivq_debug.console import warn
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.inputfiles import file_in_folder_problem, sha256_file, sha256_file_once
 from ivq_debug.jsonio import load_json
+from ivq_debug.onnxgraph.load import external_files
 from ivq_debug.outputs import atomic_write_text
 
 #: bump when the material or the entry layout changes (old entries then miss)
@@ -71,16 +72,6 @@ EXPOSURE_FORMAT = 1
 
 #: staging folders older than this are removed when pruning (a killed process left them)
 STALE_STAGING_S = 24 * 3600
-
-def external_files(proto: Any, base: Path) -> list[Path]:
-    """The external-data files an ONNX graph references (resolved against ``base``), sorted."""
-    locs = set()
-    for t in proto.graph.initializer:
-        for e in t.external_data:
-            if e.key == "location":
-                locs.add(e.value)
-    return sorted(base / loc for loc in locs)
-
 
 def model_digest(model: bytes | str | os.PathLike, proto: Any = None) -> dict[str, Any]:
     """What identifies the graph handed to ORT: the SHA-256 of its bytes and of its external-data files."""
