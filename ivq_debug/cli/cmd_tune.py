@@ -223,7 +223,8 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     _print(con, rep, where)
     if not rep.recommended:
         con.print(f"[bold red]no override set recommended[/bold red]: each of the {len(rep.refused)} candidate "
-                  f"set(s) tried made {where} worse or failed (see {escape(wd / 'tune.json')})")
+                  f"set(s) tried was refused: worse on {where}, refused or not held on QNN HTP, or failed (each reason "
+                  f"above; {escape(wd / 'tune.json')})")
         return EXIT_FAIL
     con.print(f"overrides: {escape(path)} · rationale: {escape(md)} · results: {escape(wd / 'tune.json')}")
     return _budget(con, rep, args.budget)
@@ -408,7 +409,5 @@ def _print_check(con: Any, rep: Any, where: str) -> None:
     for k, f in (chk.get("task") or {}).items():
         (cb, ca), (hb, ha) = f["cpu"], f["htp"]
         con.print(f"{escape(k)}: CPU-QDQ {fmt_num(cb)} -> {fmt_num(ca)}; QNN HTP {fmt_num(hb)} -> {fmt_num(ha)}")
-    for line in chk.get("not_held") or []:
-        con.print(f"[yellow]does not hold on QNN HTP[/yellow] (less than half its CPU-QDQ gain): {escape(line)}")
     if chk.get("error"):
         con.print(f"[red]QNN HTP[/red]: {escape(chk['error'])}")
