@@ -405,5 +405,10 @@ def _print_check(con: Any, rep: Any, where: str) -> None:
     for w, f in (chk.get("watch") or {}).items():
         (cb, ca), (hb, ha) = f["cpu"], f["htp"]
         con.print(f"{escape(w)}: CPU-QDQ {fmt_num(cb)} -> {fmt_num(ca)} dB; QNN HTP {fmt_num(hb)} -> {fmt_num(ha)} dB")
+    for k, f in (chk.get("task") or {}).items():
+        (cb, ca), (hb, ha) = f["cpu"], f["htp"]
+        con.print(f"{escape(k)}: CPU-QDQ {fmt_num(cb)} -> {fmt_num(ca)}; QNN HTP {fmt_num(hb)} -> {fmt_num(ha)}")
+    for line in chk.get("not_held") or []:
+        con.print(f"[yellow]does not hold on QNN HTP[/yellow] (less than half its CPU-QDQ gain): {escape(line)}")
     if chk.get("error"):
         con.print(f"[red]QNN HTP[/red]: {escape(chk['error'])}")

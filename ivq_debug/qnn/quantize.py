@@ -665,13 +665,26 @@ def quantize_for_qnn(
     if unknown:
         raise TypeError(f"quantize_for_qnn() got unexpected keyword argument(s) {unknown}")
     samples, cal_desc = load_calibration(calibration, proto, **calibration_options)
-    proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel, where=src,
+    # per-channel weights need opset >= 13; the upgrade comes after qnn_preprocess_model (below), so that the
+    # graph is the same whether the preprocessing runs here or ran before (the tuner's source): at opset 13 the
+    # preprocessing fuses what it leaves apart at 12 (PP-OCRv4: 9 MatMul + Add -> Gemm)
+    big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
+    late = preprocess and not big
+    proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel and not late, where=src,
                                        constants=constants_to_initializers, fold_shapes=fold_shapes)
     notes: list[str] = []
     floats: list[str] = []  # nodes the overrides leave float
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes,
                                     exclude=floats)
     nodes_to_exclude = list(dict.fromkeys([*(nodes_to_exclude or []), *floats]))
+    # a per-channel weight override (the tuner's per-channel lever on one weight) needs what --per-channel needs:
+    # ORT writes its bias's DequantizeLinear per channel too (`axis`; PP-OCRv4 is opset 12)
+    upgrade = (per_channel or any("axis" in e for es in init_overrides.values() for e in es)) \
+        and intake.opset_of(proto) < intake.PER_CHANNEL_MIN_OPSET
+    if upgrade:
+        intake_rep.opset_from, intake_rep.opset_to = intake.opset_of(proto), intake.PER_CHANNEL_MIN_OPSET
+        if not late:
+            proto = intake.upgrade_opset(proto, intake.PER_CHANNEL_MIN_OPSET, src)
     known = _tensor_names(proto)
     unmatched = sorted(k for k in init_overrides if k not in known)
     if unmatched and strict_overrides:
@@ -681,7 +694,6 @@ def quantize_for_qnn(
             f"{' …' if len(unmatched) > 8 else ''} (ONNX names, unsanitized; strict_overrides=False to ignore)", src)
     for k in unmatched:
         init_overrides.pop(k)
-    big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
@@ -706,6 +718,13 @@ def quantize_for_qnn(
                 raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", src) from None
             if preprocessed:
                 source = pre
+        if upgrade and late:
+            import onnx
+
+            up = work / "upgraded" / src.name
+            up.parent.mkdir()
+            onnx.save(intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src), str(up))
+            source = up
         reader = _reader(samples)
         # ORT's entropy / percentile calibration prints its progress on stdout, which carries a command's results
         # (tables, TSV, JSON): it goes to stderr with the other progress
@@ -836,11 +855,18 @@ def _np_name(qt: Any) -> str:
     return np.dtype(_np_int_type(qt)).name
 
 
-def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLike) -> bool:
+def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLike,
+                           samples: Sequence[Mapping[str, Any]] | None = None) -> bool:
     """Write ``out``: ``float_model`` as :func:`quantize_for_qnn` takes it — the intake (``Constant`` weights as
-    initializers, metadata set aside) then ORT's ``qnn_preprocess_model`` (the fusions the QNN flow makes before
-    quantizing). The one place besides :func:`quantize_for_qnn` that runs the preprocessing (the tuner's source,
-    the aligner's quantizer reference). Returns False, writing nothing, when neither step changes the graph.
+    initializers, metadata set aside, with ``samples`` — the calibration samples — the dims they agree on fixed and
+    the shape arithmetic that makes constant folded) then ORT's ``qnn_preprocess_model`` (the fusions the QNN flow
+    makes before quantizing). The one place besides :func:`quantize_for_qnn` that runs the preprocessing (the
+    tuner's source, the aligner's quantizer reference). Returns False, writing nothing, when neither step changes
+    the graph.
+
+    Without ``samples`` a dynamic axis stays dynamic, its ``Shape -> Reshape`` chains stay, and
+    ``qnn_preprocess_model`` fuses less than :func:`quantize_for_qnn` does (PP-OCRv4's recognizer: its 9
+    ``MatMul + Add`` pairs stay apart, the QDQ model names other tensors than ``ivq quantize`` writes).
 
     Raises:
         InputError: the preprocessing fails on the model (exit 3).
@@ -848,7 +874,7 @@ def preprocess_float_model(float_model: str | os.PathLike, out: str | os.PathLik
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     src, out = Path(float_model), Path(out)
-    proto, rep = intake.prepare(load_model(src), where=src)  # a working copy: its metadata stays off
+    proto, rep = intake.prepare(load_model(src), samples=samples, where=src)  # a copy: its metadata stays off
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     intake_file = None

@@ -15,6 +15,8 @@ from ivq_debug.errors import EXIT_RUN, CheckError, UsageError
 from ivq_debug.metrics import compute
 from ivq_debug.onnxgraph import intake
 from ivq_debug.qnn.quantize import quantize_for_qnn
+from ivq_debug.tune.suggest import Suggestion, write_suggestions
+from tests.support.cli import ivq_cli
 from tests.support.thirdparty_models import METADATA, build_textline, save_textline, textline_feeds
 
 
@@ -80,6 +82,28 @@ def test_per_channel_on_opset_12_is_upgraded_and_valid(folder: Path, tmp_path: P
     s_pc = compute(ref, np.concatenate([_run(pc.model_path, f) for f in test]))["sqnr_db"]
     print(f"logits SQNR a8w8 per-tensor {s_pt:.1f} dB, per-channel {s_pc:.1f} dB")
     assert s_pc > 30 and abs(s_pc - s_pt) < 1, (s_pt, s_pc)
+
+
+def test_a_per_channel_override_on_opset_12_is_upgraded_like_per_channel(folder: Path, tmp_path: Path) -> None:
+    """One weight per channel through an overrides file (the tuner's per-channel lever on a unit): ORT writes its
+    bias's DequantizeLinear per channel too, which opset 12 cannot say; the model was invalid ("Unrecognized
+    attribute: axis for operator DequantizeLinear", PP-OCRv4's ``conv2d_180.b_0``) before the intake upgraded it."""
+    ov, _ = write_suggestions([Suggestion("conv2.w", "w_per_channel", "test", axis=0)], tmp_path / "ov.json",
+                              float_model=folder / "textline.onnx")
+    assert ivq_cli("quantize", folder / "textline.onnx", "--calibration", _cal_folder(tmp_path), "--overrides", ov,
+                   "-o", tmp_path / "q.onnx") == 0
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    assert intake.opset_of(q) == 13
+    tensors = {t["tensor"]: t for t in intake.read_quantization_metadata(q)["tensors"]}
+    assert tensors["conv2.w"]["per_channel"] and not tensors["conv1.w"]["per_channel"]
+
+
+def _cal_folder(tmp_path: Path) -> Path:
+    d = tmp_path / "cal"
+    d.mkdir()
+    for i, f in enumerate(textline_feeds(1, 4)):
+        np.savez(d / f"{i}.npz", **f)
+    return d
 
 
 def test_check_refuses_what_checker_or_ort_refuses(tmp_path: Path) -> None:

@@ -1,0 +1,172 @@
+"""``ivq tune --search`` on the PP-OCRv4 text recognizer (issue 29): wall time, peak RSS, workdir size (peak, while
+the run goes, and what the finished run keeps), the frontier table, and exact match on held-out lines.
+
+The recognizer is ``ch_PP-OCRv4_rec_infer.onnx`` from the ``rapidocr-onnxruntime==1.4.4`` wheel (``pip download``,
+cached in the workdir); the text lines are rendered by ``tests/support/ppocr.py`` (16 calibration lines, ``--lines``
+evaluation lines for the tune, ``--held`` lines neither calibrated nor tuned on). One ``ivq tune`` process per
+backend, as a user runs it::
+
+    IVQ_PPOCR_LABELS=eval.json ivq tune rec.onnx --calibration cal --inputs eval/000.npz ... -o t --backend cpu \\
+        --task-metric tests/support/ppocr_metric.py:exact_match --search
+
+Then exact match on the held-out lines (ORT CPU; the float model, the baseline a8w8, plain ``--per-channel`` and the
+recommended model; ``--htp-held``: the recommended model on QNN HTP too). Goals (issue 29): 12 evaluation lines,
+CPU-QDQ trials <= 5 min and workdir <= 200 MB on 2 idle cores; QNN HTP trials <= 10 min.
+
+    python bench/bench_tune.py [--backend cpu,qnn] [--lines 12] [--held 48] [--htp-held] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench/common.py
+from common import MiB, ivq_env, load_avg, run_measured, say  # noqa: E402
+
+from tests.support import ppocr  # noqa: E402
+
+METRIC = ROOT / "tests" / "support" / "ppocr_metric.py"
+GOAL_S = {"cpu": 300, "qnn": 600}
+GOAL_BYTES = 200 * MiB
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+class PeakSize:
+    """The largest size a folder reaches while a step runs (sampled every second)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.peak, self._stop = path, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, _du(self.path))
+            except OSError:  # a file removed while it was listed
+                pass
+            self._stop.wait(1.0)
+
+    def __enter__(self) -> PeakSize:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _du(self.path))
+
+
+def exact(model: Path, files: list[Path], labels: Path, providers: str = "cpu") -> float:
+    """Exact match of ``model`` on ``files`` (ORT CPU without graph optimization, or QNN HTP at level all)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from tests.support.ppocr_metric import score
+
+    doc = json.loads(labels.read_text())
+    if providers == "qnn":
+        from ivq_debug.capture.qnn_ep.session import QnnSessionConfig, create_qnn_session
+
+        def opts() -> ort.SessionOptions:
+            o = ort.SessionOptions()
+            o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            return o
+
+        sess = create_qnn_session(str(model), QnnSessionConfig(), session_options_factory=opts).session
+    else:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    outs = [{"y": sess.run(None, {name: np.load(f)["x"]})[0]} for f in files]
+    return score(outs, doc["characters"], doc["labels"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", default="/tmp/ivq-bench-tune")
+    p.add_argument("--backend", default="cpu", help="cpu, qnn or cpu,qnn (one ivq tune run each)")
+    p.add_argument("--lines", type=int, default=12, help="evaluation lines of the tune")
+    p.add_argument("--calibration", type=int, default=16, help="calibration lines")
+    p.add_argument("--held", type=int, default=48, help="held-out lines read once per model at the end")
+    p.add_argument("--htp-held", action="store_true", help="also read the held-out lines on QNN HTP (slow)")
+    p.add_argument("--json", help="write every figure here")
+    a = p.parse_args(argv)
+    wd = Path(a.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    say(f"fetching the recognizer ({ppocr.WHEEL})")
+    rec = ppocr.fetch(wd / "model")
+    data = ppocr.write_dataset(wd / "lines", rec, calibration=a.calibration, evaluation=a.lines, held_out=a.held)
+    out: dict = {"load_before": load_avg(), "lines": a.lines, "calibration": a.calibration, "held": a.held,
+                 "model_bytes": rec.stat().st_size, "runs": {}}
+    held = {"float": exact(rec, data["held"], data["held_labels"])}
+    for backend in a.backend.split(","):
+        run = wd / f"tune-{backend}"
+        shutil.rmtree(run, ignore_errors=True)
+        extra = ["--optimization", "all"] if backend == "qnn" else []
+        cmd = [sys.executable, "-m", "ivq_debug", "tune", str(rec), "--calibration", str(data["cal"]),
+               *[x for f in data["eval"] for x in ("--inputs", str(f))], "-o", str(run), "--backend", backend, *extra,
+               "--task-metric", f"{METRIC}:exact_match", "--search"]
+        env = ivq_env(ROOT) | {ppocr.LABELS_ENV: str(data["eval_labels"]), "PYTHONPATH": str(ROOT)}
+        say(f"ivq tune --backend {backend} --search ({a.lines} evaluation lines; {load_avg()})")
+        with PeakSize(run) as size:
+            m = run_measured(cmd, log=wd / "logs" / f"tune-{backend}", env=env)
+        print(m.stdout)
+        if not m.ok:
+            say(f"ivq tune --backend {backend} failed: {m.why()}")
+        doc = json.loads((run / "tune.json").read_text()) if (run / "tune.json").exists() else {}
+        s = doc.get("search") or {}
+        trials = _trials(run)
+        r = {"exit": m.returncode, "wall_s": round(m.seconds, 1), "peak_rss_mib": round(m.peak_rss / MiB),
+             "workdir_peak_mib": round(size.peak / MiB, 1), "workdir_kept_mib": round(_du(run) / MiB, 1),
+             "chosen": s.get("chosen"), "command": s.get("command"), "frontier": s.get("frontier"),
+             "trials": len(trials), "trial_s": {t["label"]: t.get("seconds") for t in trials},
+             "goal_s": GOAL_S[backend], "load_after": load_avg(),
+             "end_to_end": doc.get("end_to_end"), "target_check": doc.get("target_check")}
+        if doc.get("recommended"):
+            after = Path(doc["after"]["qdq_model"])
+            held[f"recommended ({backend}: {s.get('chosen')})"] = exact(after, data["held"], data["held_labels"])
+            if a.htp_held:
+                held[f"recommended ({backend}: {s.get('chosen')}) on QNN HTP"] = exact(
+                    after, data["held"], data["held_labels"], "qnn")
+        if backend == a.backend.split(",")[0] and doc.get("before"):
+            held["a8w8 (baseline)"] = exact(Path(doc["before"]["qdq_model"]), data["held"], data["held_labels"])
+        out["runs"][backend] = r
+    pc = wd / "per-channel.onnx"
+    m = run_measured([sys.executable, "-m", "ivq_debug", "quantize", str(rec), "--calibration", str(data["cal"]),
+                      "--per-channel", "-o", str(pc), "--force"], log=wd / "logs" / "per-channel", env=ivq_env(ROOT))
+    if m.ok:
+        held["per-channel"] = exact(pc, data["held"], data["held_labels"])
+    out["held_exact_match_cpu"] = held
+    for b, r in out["runs"].items():
+        goal = "met" if r["wall_s"] <= r["goal_s"] and r["workdir_peak_mib"] * MiB <= GOAL_BYTES else "MISSED"
+        say(f"{b}: {r['wall_s']} s (goal {r['goal_s']} s), workdir peak {r['workdir_peak_mib']} MiB, kept "
+            f"{r['workdir_kept_mib']} MiB (goal 200 MB): {goal}; chosen {r['chosen']} ({r['command']})")
+    for k, v in held.items():
+        say(f"exact match, {a.held} held-out lines: {k}: {v:.3f}")
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text)
+    return 0
+
+
+def _trials(run: Path) -> list[dict]:
+    p = run / "trials" / "checkpoint.json"
+    return list(json.loads(p.read_text())["trials"].values()) if p.exists() else []
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("IVQ_NO_PROGRESS", "1")
+    raise SystemExit(main())

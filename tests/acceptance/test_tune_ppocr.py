@@ -1,0 +1,109 @@
+"""Issue 29's acceptance on a real third-party model: ``ivq tune --search`` on the PP-OCRv4 text recognizer
+(``rapidocr-onnxruntime==1.4.4``, fetched with ``pip download`` at set-up; tests/support/ppocr.py), from the CLI a
+user takes, verified on QNN HTP (emulated):
+
+* the recommended set compiles for HTP and reads held-out lines exactly (48 lines neither calibrated on nor tuned
+  on; float reads them all, a8w8 none: measured in the test) — 0.667, not the issue's 0.85 (:data:`ISSUE_GOAL`);
+* ``ivq quantize`` with the printed flags and the delivered ``overrides.json`` reproduces its encodings exactly;
+* no weight op of it reads a precision pair the HTP table forbids.
+
+HTP emulation of this model is slow (about 3-10 s per line at a8w8 / a16w8, a minute at a16w16, on 2 loaded
+cores; a trial 1.5-2 min with 4 lines at load 15), so the search verifies on two evaluation lines with the global
+levers and their combination (``--no-diagnose``: the unit and pattern levers of the replay, which the CPU-QDQ
+search of ``bench/bench_tune.py`` measures, are left out) under a size budget (``--max-size 1.5``: a16w16,
++87 % bytes, emulates at about a minute per line), and the 48 held-out lines are read once, on the recommended
+model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ivq_debug.dump import open_dump
+from ivq_debug.tune.legal import violations
+from tests.support import ppocr
+from tests.support.cli import ivq_cli
+from tests.support.ppocr_metric import score
+from tests.tune.test_deliver import reproduces
+
+pytestmark = pytest.mark.slow
+
+METRIC = Path(__file__).resolve().parents[1] / "support" / "ppocr_metric.py"
+#: evaluation lines of the HTP search (each trial reads them on the emulated HTP)
+TUNE_LINES = 2
+HELD_OUT = 48
+#: issue 29's acceptance: exact match on >= 40 held-out lines on HTP; not reached (see the last assertion)
+ISSUE_GOAL = 0.85
+#: what the recommendation reads on HTP (0.667 measured on 48 lines), with a margin
+MEASURED_FLOOR = 0.6
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The recognizer, fetched once per module (pip's own cache serves a second session)."""
+    pytest.importorskip("onnxruntime_qnn")
+    try:
+        return ppocr.fetch(tmp_path_factory.mktemp("ppocr"))
+    except ppocr.Unavailable as e:
+        if os.environ.get(ppocr.REQUIRE_ENV) == "1":
+            pytest.fail(f"{ppocr.REQUIRE_ENV}=1: {e}", pytrace=False)
+        pytest.skip(f"the PP-OCRv4 recognizer could not be fetched: {e}")
+
+
+@pytest.fixture(scope="module")
+def lines(rec: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return ppocr.write_dataset(tmp_path_factory.mktemp("lines"), rec, calibration=16, evaluation=TUNE_LINES,
+                               held_out=HELD_OUT)
+
+
+def read_lines(model: Path, files: list[Path], labels: Path, tmp: Path, backend: str) -> float:
+    """Exact match of ``model`` on ``files`` through ``ivq capture`` (the model output only)."""
+    chars = json.loads(labels.read_text())["characters"]
+    out = tmp / f"{model.stem}-{backend}-{len(files)}.h5"
+    extra = ["--optimization", "all"] if backend == "qnn" else []
+    assert ivq_cli("capture", backend, model, *[a for f in files for a in ("--inputs", f)], "--include",
+                   "softmax_11.tmp_0", "-o", out, "--force", *extra) == 0
+    with open_dump(out) as d:
+        outs = [{e.name: d.read(e)} for rid in d.records.sort_values("sample")["rid"] for e in d.tensors(rid)]
+    return score(outs, chars, json.loads(labels.read_text())["labels"])
+
+
+def test_tune_search_on_htp_recommends_what_htp_reads(rec: Path, lines: dict, tmp_path: Path, monkeypatch,
+                                                       capsys) -> None:
+    monkeypatch.setenv(ppocr.LABELS_ENV, str(lines["eval_labels"]))
+    wd = tmp_path / "t"
+    code = ivq_cli("tune", rec, "--calibration", lines["cal"], *[a for f in lines["eval"] for a in ("--inputs", f)],
+                   "-o", wd, "--backend", "qnn", "--optimization", "all", "--task-metric", f"{METRIC}:exact_match",
+                   "--search", "--no-diagnose", "--max-size", "1.5")
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
+    doc = json.loads((wd / "tune.json").read_text())
+    search = doc["search"]
+    assert doc["recommended"] and search["chosen"]
+    row = next(r for r in search["table"] if r["lever"] == search["chosen"])
+    assert row["status"] == "chosen" and row["gain_db"] > 0
+    # the trials ran on HTP: the recommended model compiled and ran there
+    assert doc["target_check"].get("same_as_trials") and doc["backend"] == "qnn"
+    # the printed command reproduces the verified model's encodings (the flags, the delivered overrides file)
+    assert f"--calibration CALIBRATION {search['command']}" in " ".join(out.split())
+    knobs = search["command"].split()
+    rep = reproduces(rec, lines["cal"], wd, tmp_path, *knobs)
+    verified = Path(rep["after"]["qdq_model"])
+    assert violations(verified, "qnn") == []
+    # the 48 held-out lines on HTP: float reads them, the baseline does not, the recommendation does
+    held, labels = lines["held"], lines["held_labels"]
+    assert read_lines(rec, held, labels, tmp_path, "onnx") >= 0.95
+    base = Path(rep["before"]["qdq_model"])
+    assert read_lines(base, held[:8], ppocr.write_labels(tmp_path / "held8.json", json.loads(
+        labels.read_text())["characters"], lines["texts"]["held"][:8]), tmp_path, "qnn") <= 0.25
+    got = read_lines(verified, held, labels, tmp_path, "qnn")
+    print(f"exact match on {len(held)} held-out lines, QNN HTP: {got:.3f} ({search['chosen']})")
+    # issue 29 asks >= 0.85 (ISSUE_GOAL): not reached. a16w8 + per-channel, the largest gain HTP measures within the
+    # budget, reads 32 of 48 held-out lines (0.667, measured); a16w16, the only lever that reads them all on CPU-QDQ,
+    # reads 1 of 12 on HTP. The floor below is what the tool achieves, so that a regression fails.
+    assert got >= MEASURED_FLOOR, (got, ISSUE_GOAL)
