@@ -51,14 +51,21 @@ def reproduces(model: Path, cal: Path, wd: Path, tmp: Path, *knobs: str) -> dict
     return rep
 
 
+def user_files(d: Path, shape: tuple[int, ...], *, calibration: int, evaluation_seed: int) -> dict[str, Path]:
+    """A calibration folder of seeded ``x`` samples (seeds 0..calibration-1) and one evaluation sample, as a user
+    has them."""
+    (d / "cal").mkdir()
+    for i in range(calibration):
+        np.savez(d / "cal" / f"{i}.npz", x=np.random.RandomState(i).randn(*shape).astype(np.float32))
+    np.savez(d / "eval.npz", x=np.random.RandomState(evaluation_seed).randn(*shape).astype(np.float32))
+    return {"cal": d / "cal", "eval": d / "eval.npz"}
+
+
 @pytest.fixture(scope="module")
 def gap(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("deliver")
     model = build_gap(d)
-    (d / "cal").mkdir()
-    for i in range(6):
-        np.savez(d / "cal" / f"{i}.npz", x=np.random.RandomState(i).randn(1, 3, 8, 8).astype(np.float32))
-    np.savez(d / "eval.npz", x=np.random.RandomState(50).randn(1, 3, 8, 8).astype(np.float32))
+    user_files(d, (1, 3, 8, 8), calibration=6, evaluation_seed=50)
     ranges = Tuner(model, str(d / "cal"), [], d / "none.h5", d / "ranges", resume=False,
                    preprocess=False).calibration_ranges()
     names = [n.output[0] for n in onnx.load(str(model)).graph.node]
@@ -108,11 +115,7 @@ def conv(tmp_path_factory) -> dict:
 
     d = tmp_path_factory.mktemp("deliver-conv")
     model = build_conv(d)
-    (d / "cal").mkdir()
-    for i in range(8):
-        np.savez(d / "cal" / f"{i}.npz", x=np.random.RandomState(i).randn(1, 3, 16, 16).astype(np.float32))
-    np.savez(d / "eval.npz", x=np.random.RandomState(99).randn(1, 3, 16, 16).astype(np.float32))
-    return {"model": model, "cal": d / "cal", "eval": d / "eval.npz"}
+    return {"model": model, **user_files(d, (1, 3, 16, 16), calibration=8, evaluation_seed=99)}
 
 
 @pytest.mark.parametrize("fmt", ["legacy", "1.0.0"])
