@@ -23,6 +23,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,9 +131,15 @@ class Workspace:
 
     def socket(self, rel: str) -> str:
         """A Unix socket file with no listener."""
+        target = self.work / rel
         s = socket.socket(socket.AF_UNIX)
         try:
-            s.bind(str(self.work / rel))
+            if len(os.fsencode(target)) < 100:  # sun_path holds 108 bytes
+                s.bind(str(target))
+            else:  # a deep tmp path (pytest-xdist's popen-gwN): bound in a short folder, then moved into place
+                with tempfile.TemporaryDirectory() as short:
+                    s.bind(os.path.join(short, "s"))
+                    os.replace(os.path.join(short, "s"), target)
         finally:
             s.close()
         return rel
