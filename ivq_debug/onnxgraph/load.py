@@ -13,6 +13,7 @@ shape tensor turned external made ``Reshape`` fail to load (measured on an 86 MB
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import InputError
-from ivq_debug.inputfiles import regular_file
+from ivq_debug.inputfiles import regular_file, sha256_file_once
 from ivq_debug.onnxgraph.fold import constant_nodes
 from ivq_debug.onnxgraph.sites import activation_quantizers, constant_arrays, float_name
 
@@ -51,6 +52,15 @@ def external_files(proto: Any, base: str | os.PathLike) -> list[Path]:
     """The external-data files an ONNX graph references (resolved against ``base``, its folder), sorted."""
     locs = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
     return sorted(Path(base) / loc for loc in locs)
+
+
+def model_digest(model: bytes | str | os.PathLike, proto: Any = None) -> dict[str, Any]:
+    """What identifies the graph handed to ORT: the SHA-256 of its bytes and of its external-data files."""
+    if isinstance(model, bytes | bytearray | memoryview):
+        return {"sha256": hashlib.sha256(model).hexdigest(), "bytes": len(model), "external": {}}
+    p = Path(model)
+    ext = {f.name: sha256_file_once(f) for f in external_files(proto, p.parent)} if proto is not None else {}
+    return {"sha256": sha256_file_once(p), "bytes": p.stat().st_size, "external": ext}
 
 
 def model_file_bytes(path: str | os.PathLike) -> int:

@@ -34,12 +34,11 @@ from ivq_debug import interrupt
 from ivq_debug.arrays import read_arrays
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
-from ivq_debug.inputfiles import sha256_file
 from ivq_debug.jsonio import load_json
 from ivq_debug.logs import root_warnings
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.inputs import InputSpec, model_inputs
-from ivq_debug.onnxgraph.load import external_files, has_external_data, load_model
+from ivq_debug.onnxgraph.load import has_external_data, load_model, model_digest
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.outputs import WRITE_ERRNOS, check_output, output_error, publish_staged
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
@@ -814,9 +813,8 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
                     if e.get("quant_type") is not None}
                    | {str((e.get("convert") or {}).get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values()
                       for e in v if (e.get("convert") or {}).get("quant_type") is not None})
-    ext = external_files(load_model(source), Path(source).parent)  # (its external data is not loaded)
     material = {
-        "model": sha256_file(source), "external": {f.name: sha256_file(f) for f in ext},
+        "model": model_digest(source, load_model(source)),  # its bytes and its external-data files' (not loaded)
         "samples": [{k: input_digest(v) for k, v in sorted(s.items())} for s in samples],
         "method": str(cfg.calibrate_method), "op_types": sorted(cfg.op_types_to_quantize or []),
         "options": {k: str(v) for k, v in sorted(ex.items()) if k.startswith("Calib") or k == "SmoothQuant"},

@@ -49,9 +49,8 @@ from typing import Any
 from ivq_debug import defaults
 from ivq_debug.console import warn
 from ivq_debug.errors import InputError, UsageError, one_line
-from ivq_debug.inputfiles import file_in_folder_problem, sha256_file, sha256_file_once
+from ivq_debug.inputfiles import file_in_folder_problem, sha256_file
 from ivq_debug.jsonio import load_json
-from ivq_debug.onnxgraph.load import external_files
 from ivq_debug.outputs import atomic_write_text
 
 #: bump when the material or the entry layout changes (old entries then miss)
@@ -72,15 +71,6 @@ EXPOSURE_FORMAT = 1
 
 #: staging folders older than this are removed when pruning (a killed process left them)
 STALE_STAGING_S = 24 * 3600
-
-def model_digest(model: bytes | str | os.PathLike, proto: Any = None) -> dict[str, Any]:
-    """What identifies the graph handed to ORT: the SHA-256 of its bytes and of its external-data files."""
-    if isinstance(model, bytes | bytearray | memoryview):
-        return {"sha256": hashlib.sha256(model).hexdigest(), "bytes": len(model), "external": {}}
-    p = Path(model)
-    ext = {f.name: sha256_file_once(f) for f in external_files(proto, p.parent)} if proto is not None else {}
-    return {"sha256": sha256_file_once(p), "bytes": p.stat().st_size, "external": ext}
-
 
 def key_of(material: dict[str, Any]) -> str:
     """The cache key: SHA-256 of the canonical JSON of ``material``."""

@@ -54,11 +54,10 @@ from ivq_debug.capture.qnn_ep.cache import (
     RUNTIME_OPTIONS,
     CacheEntry,
     ContextCache,
-    model_digest,
 )
 from ivq_debug.capture.qnn_ep.native import CapturedText, capture_native_stdout
 from ivq_debug.errors import CaptureError, InputError, ToolNotFoundError, UsageError, one_line
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import load_model, model_digest
 
 EP_NAME = defaults.QNN_EP_NAME
 CPU_EP = "CPUExecutionProvider"
