@@ -637,6 +637,13 @@ def _overrides_mutations() -> dict[str, tuple[Callable[[Workspace], str], int]]:
     def first_ort(doc: dict) -> dict:
         return doc[next(iter(doc))][0]
 
+    def with_sidecar(body: bytes) -> Callable[[Workspace], str]:
+        def make(ws: Workspace) -> str:
+            ws.write("ov.json.nodes_to_exclude.json", body)  # qnn.quantize.EXCLUDE_SUFFIX
+            return ws.write("ov.json", ws.corpus[ort].read_bytes())
+
+        return make
+
     def add_act(name: str) -> Callable[[Any], None]:
         def edit(doc: dict) -> None:
             doc["activation_encodings"][name] = _first_act(doc)
@@ -730,6 +737,10 @@ def _overrides_mutations() -> dict[str, tuple[Callable[[Workspace], str], int]]:
         "not-utf8": (raw(b'{"activation_encodings": {"\xff": []}}'), 3),
         "bom": (raw(b"\xef\xbb\xbf{}"), 0),  # a UTF-8 byte-order mark (Windows editors) is skipped
         "truncated": (lambda ws: ws.write("ov.json", ws.corpus[leg].read_bytes()[:500]), 3),
+        # the ORT file's sidecar of the nodes left float (what ivq tune delivers for fp16)
+        "ort-exclude-sidecar-list": (with_sidecar(b'["v_proj"]'), 3),
+        "ort-exclude-sidecar-not-list": (with_sidecar(b'{"nodes_to_exclude": "v_proj"}'), 3),
+        "ort-exclude-sidecar-not-json": (with_sidecar(b"nodes_to_exclude: [v_proj]"), 3),
     }
 
 
