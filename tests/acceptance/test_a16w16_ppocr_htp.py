@@ -9,7 +9,6 @@ loaded cores: 4 lines.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import onnx
@@ -28,13 +27,7 @@ LINES = 4
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("onnxruntime_qnn")
-    try:
-        return ppocr.fetch(tmp_path_factory.mktemp("ppocr"))
-    except ppocr.Unavailable as e:
-        if os.environ.get(ppocr.REQUIRE_ENV) == "1":
-            pytest.fail(f"{ppocr.REQUIRE_ENV}=1: {e}", pytrace=False)
-        pytest.skip(f"the PP-OCRv4 recognizer could not be fetched: {e}")
+    return ppocr.fetch_or_skip(tmp_path_factory.mktemp("ppocr"))
 
 
 def exact_match(model: Path, lines: dict, tmp: Path, backend: str) -> float:
