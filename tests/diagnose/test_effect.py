@@ -183,3 +183,19 @@ def test_two_workers_split_the_targets_into_two_graphs_with_the_same_figures(m, 
                           shards=tmp_path / "sh")
     assert len(list((tmp_path / "sh").glob("*.json"))) == 2 and two["runs"] == one["runs"] == len(targets) + 1
     assert {k: v for k, v in two.items() if k != "seconds"} == {k: v for k, v in one.items() if k != "seconds"}
+
+
+def test_a_shard_with_fewer_runs_than_its_targets_is_refused(m, tmp_path) -> None:
+    from ivq_debug.errors import InputError
+
+    ref = open_dump(m["ref"])
+    rid = ref.records["rid"].iloc[0]
+    targets = [Target("own", [rm.FC1_TENSOR], []), Target("gate", [rm.GATE_TENSOR], [])]
+    measure_effects(m["act"], ref, [rid], targets, shards=tmp_path / "sh", executor=LocalExecutor(1))
+    (shard,) = (tmp_path / "sh").glob("*.json")
+    doc = json.loads(shard.read_text())
+    doc["result"]["results"].pop()
+    shard.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        measure_effects(m["act"], ref, [rid], targets, shards=tmp_path / "sh", executor=LocalExecutor(1))
+    assert "holds 2 effect runs for 3 targets" in e.value.one_line() and str(shard) in e.value.one_line()
