@@ -306,66 +306,16 @@ def _out_refs(ref: Any, outs: dict[str, Any], g_out: list[str]) -> dict[str, np.
     return {o: ref.read(outs[o]).astype(np.float64).reshape(-1) if o in outs else None for o in g_out}
 
 
-def effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weights: list[str],
-                fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
-    its runner in memory)."""
-
-    t0 = time.perf_counter()
+def _measure(qdq: Model, m: Any, names: list[dict[str, str]], ref: Any, rids: list[str],
+             runner_factory: Callable[[Any], Any] | None) -> tuple[list[dict[str, Any]], str]:
+    """Run ``m`` (derived from ``qdq``, in memory) over the records, one session: per variant (``names``: its
+    ``{graph output: the output holding its value}``, ``{}`` for the model's own outputs) the output noise and
+    signal powers and the outputs measured; and the runner's backend."""
     model = qdq.proto
-    floats = float_weights(qdq, fmodel, set(weights)) if weights else {}
-    reached: set[str] = set()
-    m = lifted_model(model, set(tensors), floats, qdq.base_dir, reached) if (tensors or floats) else None
-    if m is None:
-        import onnx
-
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
     inits = {i.name for i in model.graph.initializer}
     g_in = [i.name for i in model.graph.input if i.name not in inits]
     g_out = [o.name for o in model.graph.output]
-    factory = runner_factory or cpu_runner
-    acc: dict[str, Any] = {"noise": 0.0, "signal": 0.0, "outputs": []}
-    backend = ""
-    runner = None
-    try:
-        for rid in rids:
-            feeds, outs = _record_feeds(ref, rid, g_in)
-            if runner is None:
-                typed_inputs(m, feeds)
-                runner = factory(qdq.derive(m))
-                backend = getattr(runner, "backend", "")
-            _add_noise(acc, runner.run(feeds), _out_refs(ref, outs, g_out))
-    finally:
-        if runner is not None and hasattr(runner, "close"):
-            runner.close()
-    return {**acc, "weights_lifted": sorted(floats),
-            "unreached": sorted(set(weights) - set(floats)), "unreached_tensors": sorted(set(tensors) - reached),
-            "backend": backend,
-            "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def effect_runs(qdq: Model, ref: Any, rids: list[str], specs: list[Spec], fmodel: Model | None,
-                 runner_factory: Callable[[Any], Any] | None) -> list[dict[str, Any]]:
-    """The counterfactual runs of several targets as one graph (:func:`lifted_variants`: the unchanged model and
-    each target's changed part), one session, one run per record; each target's figures as
-    :func:`effect_run` gives them, to the bit (every node computes what it computes in the target's own model;
-    ``seconds`` is the whole batch's). A model that is not :func:`mergeable` runs them one by one."""
-    if len(specs) < 2 or not mergeable(qdq.proto):
-        return [effect_run(qdq, ref, rids, t, w, fmodel, runner_factory) for t, w in specs]
-    t0 = time.perf_counter()
-    model = qdq.proto
-    every = {w for _, ws in specs for w in ws}
-    found = float_weights(qdq, fmodel, every) if every else {}
-    floats = [{w: found[w] for w in ws if w in found} for _, ws in specs]
-    reached: list[set[str]] = [set() for _ in specs]
-    plans = [_lift_plan(model, set(t), fl, qdq.base_dir, rc) for (t, _), fl, rc in zip(specs, floats, reached,
-                                                                                      strict=True)]
-    m, names = lifted_variants(model, plans)
-    inits = {i.name for i in model.graph.initializer}
-    g_in = [i.name for i in model.graph.input if i.name not in inits]
-    g_out = [o.name for o in model.graph.output]
-    accs: list[dict[str, Any]] = [{"noise": 0.0, "signal": 0.0, "outputs": []} for _ in specs]
+    accs: list[dict[str, Any]] = [{"noise": 0.0, "signal": 0.0, "outputs": []} for _ in names]
     backend = ""
     runner = None
     try:
@@ -383,6 +333,40 @@ def effect_runs(qdq: Model, ref: Any, rids: list[str], specs: list[Spec], fmodel
     finally:
         if runner is not None and hasattr(runner, "close"):
             runner.close()
+    return accs, backend
+
+
+def effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weights: list[str],
+               fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
+    its runner in memory)."""
+    return effect_runs(qdq, ref, rids, [(tensors, weights)], fmodel, runner_factory, merge=False)[0]
+
+
+def effect_runs(qdq: Model, ref: Any, rids: list[str], specs: list[Spec], fmodel: Model | None,
+                runner_factory: Callable[[Any], Any] | None, merge: bool = True) -> list[dict[str, Any]]:
+    """The counterfactual runs of ``specs`` (each a target's ``(tensors, weights)``): with ``merge`` as one graph
+    (:func:`lifted_variants`: the unchanged model and each target's changed part), one session, one run per
+    record, each target's figures what its own model gives (:func:`lifted_model`, one session each: ``merge``
+    False, or a model that is not :func:`mergeable`), to the bit: every node computes what it computes in the
+    target's own model. ``seconds``: the whole group's."""
+    t0 = time.perf_counter()
+    model = qdq.proto
+    every = {w for _, ws in specs for w in ws}
+    found = float_weights(qdq, fmodel, every) if every else {}
+    floats = [{w: found[w] for w in ws if w in found} for _, ws in specs]
+    reached: list[set[str]] = [set() for _ in specs]
+    if merge and len(specs) > 1 and mergeable(model):
+        plans = [_lift_plan(model, set(t), fl, qdq.base_dir, rc)
+                 for (t, _), fl, rc in zip(specs, floats, reached, strict=True)]
+        m, names = lifted_variants(model, plans)
+        accs, backend = _measure(qdq, m, names, ref, rids, runner_factory)
+    else:
+        accs, backend = [], ""
+        for (t, _), fl, rc in zip(specs, floats, reached, strict=True):
+            got, backend = _measure(qdq, lifted_model(model, set(t), fl, qdq.base_dir, rc), [{}], ref, rids,
+                                    runner_factory)
+            accs += got
     sec = round(time.perf_counter() - t0, 3)
     return [{**acc, "weights_lifted": sorted(fl), "unreached": sorted(set(ws) - set(fl)),
              "unreached_tensors": sorted(set(ts) - rc), "backend": backend, "seconds": sec}
