@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--target-metric", type=float, default=None, metavar="VALUE",
                    help="--search: the value to reach, the cheapest lever reaching it wins: the task metric with "
                         "--task-metric, else the worst watched SQNR (dB)")
+    p.add_argument("--combinations", type=int, default=None, metavar="N",
+                   help=f"--search: extra trials of the combination step (the best lever grown greedily by the "
+                        f"others, ranked by gain per cost; default {COMBINATIONS}, 0: none)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -131,8 +134,6 @@ def execute(args: argparse.Namespace) -> int:
     if not args.search and any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric,
                                                         args.combinations)):
         raise UsageError("--max-size, --max-cycles, --target-metric and --combinations are for --search")
-    if args.combinations is not None and args.combinations < 0:
-        raise UsageError(f"--combinations must be >= 0, got {args.combinations}")
     for flag, v in (("--max-size", args.max_size), ("--max-cycles", args.max_cycles)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag} must be a positive ratio, got {v}")
