@@ -132,3 +132,23 @@ def test_headline_effect_is_most_of_what_removing_the_fault_gives(m, runs, tag, 
     head = r.findings()[0]
     assert head.where["node"] == node and removal > 0.1
     assert head.evidence["output_error_share"] >= 0.5 * removal  # measured: act 0.127, weight 0.259
+
+
+def test_the_counterfactual_runs_as_one_graph_equal_the_runs_one_by_one_on_the_vit(m, runs) -> None:
+    """The effect runs of a real ViT's replay (its targets, the user's float weights, both records) as one graph
+    and one session give every target's noise and signal of its own model, to the bit."""
+    from ivq_debug.diagnose.effect import lifted_variants, mergeable
+    from ivq_debug.onnxgraph.load import load
+    from tests.diagnose.test_effect import one_graph_equals_one_by_one, specs_of
+
+    r = runs[("act", "local")]
+    ref = open_dump(m["ref"])
+    specs = specs_of(r.effects)
+    qdq = load(m["act"])
+    assert len(specs) >= 4 and mergeable(qdq.proto)
+    one_graph_equals_one_by_one(qdq, load(m["float"]), ref, list(ref.records["rid"][:2]), specs)
+    from ivq_debug.diagnose.effect import _lift_plan
+
+    merged, _ = lifted_variants(qdq.proto, [_lift_plan(qdq.proto, set(t), {}, qdq.base_dir) for t, _ in specs])
+    # the unchanged part runs once: fewer nodes than a model per target
+    assert len(merged.graph.node) < len(specs) * len(qdq.proto.graph.node)

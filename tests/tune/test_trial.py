@@ -23,6 +23,7 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import to_ort_overrides
 from ivq_debug.qnn.quantize import calibration_cache_key, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides
+from ivq_debug.tune.sweep import sweep
 from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial, prune_workdir
 from tests.support.lever_models import build_two_causes, two_causes_sample
 from tests.support.qnn_models import needs_qnn
@@ -149,3 +150,19 @@ def test_pruning_keeps_the_weights_of_a_kept_model_with_external_data(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["after.qdq.onnx", "after.qdq.onnx.data"]
     y = ort.InferenceSession(str(tmp_path / "after.qdq.onnx")).run(None, two_causes_sample(0))[0]
     assert np.isfinite(y).all() and np.abs(y).max() > 0  # the weights are there
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_sweep_job_keeps_its_trial_files_only_with_keep_dumps(lever, tmp_path: Path, keep: bool) -> None:
+    """``--keep-dumps`` keeps every sweep candidate's model and dump (the job folders were removed regardless;
+    about 18 s per case on a loaded machine: slow)."""
+    tuner = replace(_tuner(lever, tmp_path, "cpu"), keep_dumps=keep)
+    res = sweep(tuner, groups=1, precisions=["a16"], progress=False)
+    jobs = tmp_path / "sweep" / "jobs"
+    kept = sorted(p.name for p in jobs.glob("*/*")) if jobs.exists() else []
+    assert len(res.table) == 1 and res.table["sqnr_db"].notna().all()  # the candidate ran and was measured
+    if keep:
+        assert any(n.endswith(".h5") for n in kept) and any(n.endswith(".qdq.onnx") for n in kept), kept
+    else:
+        assert kept == []
