@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.tune.search import Lever, global_levers, grow, search, unit_levers
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import Tuner
-from tests.support.lever_models import build_two_causes, two_causes_sample
+from tests.support.lever_models import two_causes_trial_inputs
 
 #: per-cause unit fixes of the two heads (a 16-bit activation for head B, per-channel weight of head A)
 UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_per_channel", "weight spread", axis=0)]
@@ -22,12 +21,10 @@ UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_pe
 def two(tmp_path_factory) -> dict:
     """The model, its calibration and evaluation samples, the float reference and the a8w8 baseline trial."""
     d = tmp_path_factory.mktemp("combine")
-    model = build_two_causes(d / "two.onnx")
-    feeds = [two_causes_sample(100 + i) for i in range(4)]
-    ref = capture(make_runner("onnx", model, selection=Selection()), feeds, d / "ref.h5", progress=None)
-    tuner = Tuner(model, [two_causes_sample(i) for i in range(8)], feeds, ref, d / "wd", backend="cpu", target="cpu",
-                  resume=False, preprocess=False)
-    return {"tuner": tuner, "before": tuner.trial("before", []), "d": d}
+    u = two_causes_trial_inputs(d, evaluation=4)
+    tuner = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / "wd", backend="cpu", target="cpu", resume=False,
+                  preprocess=False)
+    return {"tuner": tuner, "before": tuner.trial("before", [])}
 
 
 def _levers(tuner: Tuner, *names: str) -> list[Lever]:
