@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.capture.base import Selection, make_runner
 from ivq_debug.dump import open_dump
 from ivq_debug.dump.memory import MemorySink
 from ivq_debug.errors import UsageError
@@ -25,7 +25,7 @@ from ivq_debug.qnn.quantize import calibration_cache_key, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides
 from ivq_debug.tune.sweep import sweep
 from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial, prune_workdir
-from tests.support.lever_models import build_two_causes, two_causes_sample
+from tests.support.lever_models import build_two_causes, two_causes_sample, two_causes_trial_inputs
 from tests.support.qnn_models import needs_qnn
 
 
@@ -36,11 +36,7 @@ def mean_abs(outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def lever(tmp_path_factory) -> dict:
-    d = tmp_path_factory.mktemp("trial")
-    model = build_two_causes(d / "two.onnx")
-    feeds = [two_causes_sample(100 + i) for i in range(3)]
-    ref = capture(make_runner("onnx", model, selection=Selection()), feeds, d / "ref.h5", progress=None)
-    return {"model": model, "cal": [two_causes_sample(i) for i in range(8)], "feeds": feeds, "ref": ref}
+    return two_causes_trial_inputs(tmp_path_factory.mktemp("trial"), evaluation=3)
 
 
 def _tuner(lever: dict, wd: Path, backend: str) -> Tuner:
