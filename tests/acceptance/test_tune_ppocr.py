@@ -36,10 +36,10 @@ METRIC = Path(__file__).resolve().parents[1] / "support" / "ppocr_metric.py"
 #: evaluation lines of the HTP search (each trial reads them on the emulated HTP)
 TUNE_LINES = 2
 HELD_OUT = 48
-#: issue 29's acceptance: exact match on >= 40 held-out lines on HTP; not reached (see the last assertion)
+#: the combination step's budget of extra HTP trials (it stops earlier when a round adds < 0.5 dB)
+COMBINATIONS = 4
+#: issue 29's acceptance: exact match on >= 40 held-out lines on HTP
 ISSUE_GOAL = 0.85
-#: what the recommendation reads on HTP (0.667 measured on 48 lines), with a margin
-MEASURED_FLOOR = 0.6
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_tune_search_on_htp_recommends_what_htp_reads(rec: Path, lines: dict, tm
     wd = tmp_path / "t"
     code = ivq_cli("tune", rec, "--calibration", lines["cal"], *[a for f in lines["eval"] for a in ("--inputs", f)],
                    "-o", wd, "--backend", "qnn", "--optimization", "all", "--task-metric", f"{METRIC}:exact_match",
-                   "--search", "--no-diagnose", "--max-size", "1.5")
+                   "--search", "--no-diagnose", "--max-size", "1.5", "--combinations", str(COMBINATIONS))
     out = capsys.readouterr().out
     print(out)
     assert code == 0, out
@@ -87,6 +87,11 @@ def test_tune_search_on_htp_recommends_what_htp_reads(rec: Path, lines: dict, tm
     assert doc["recommended"] and search["chosen"]
     row = next(r for r in search["table"] if r["lever"] == search["chosen"])
     assert row["status"] == "chosen" and row["gain_db"] > 0
+    # the combination step grew the best lever on HTP: each combination one measured HTP trial (its cycles), a job
+    grown = [r for r in search["table"] if r["kind"] == "combination" and r["lever"] != "a16w8 + per-channel"]
+    assert 1 <= len(grown) <= COMBINATIONS, search["table"]
+    assert all(r["lever"].startswith("a16w8 + per-channel + ") for r in grown), grown  # grown from the best
+    assert any(r["cycles"] for r in grown) and search["jobs"]["total"] >= len(grown)
     # the trials ran on HTP: the recommended model compiled and ran there
     assert doc["target_check"].get("same_as_trials") and doc["backend"] == "qnn"
     # the printed command reproduces the verified model's encodings (the flags, the delivered overrides file)
@@ -103,7 +108,7 @@ def test_tune_search_on_htp_recommends_what_htp_reads(rec: Path, lines: dict, tm
         labels.read_text())["characters"], lines["texts"]["held"][:8]), tmp_path, "qnn") <= 0.25
     got = read_lines(verified, held, labels, tmp_path, "qnn")
     print(f"exact match on {len(held)} held-out lines, QNN HTP: {got:.3f} ({search['chosen']})")
-    # issue 29 asks >= 0.85 (ISSUE_GOAL): not reached. a16w8 + per-channel, the largest gain HTP measures within the
-    # budget, reads 32 of 48 held-out lines (0.667, measured); a16w16, the only lever that reads them all on CPU-QDQ,
-    # reads 1 of 12 on HTP. The floor below is what the tool achieves, so that a regression fails.
-    assert got >= MEASURED_FLOOR, (got, ISSUE_GOAL)
+    # issue 29 asks >= 0.85 (ISSUE_GOAL). The global levers alone do not reach it (a16w8 + per-channel, the largest
+    # gain within the budget, reads 32 of 48: 0.667); the combination step's diagnosis of that lever names the 20
+    # weights whose 8-bit grid is left (16-bit weights there: 9.7 -> 44 dB on CPU-QDQ, 8 of 8 held-out lines on HTP)
+    assert got >= ISSUE_GOAL, (got, search["chosen"])
