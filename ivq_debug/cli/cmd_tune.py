@@ -261,8 +261,8 @@ def _start_diagnosis(args: argparse.Namespace) -> Any:
     its model captured whole on ORT CPU-QDQ (as the replay runs) in ``search/diagnosis/<lever>/``, replayed,
     suggested — as unit levers at its knobs; the folder goes afterwards (kept with ``--keep-dumps``)."""
     def units(vt: Tuner, lever: Lever) -> list[Lever]:
-        cpu = replace(vt.worker(Path(vt.workdir) / "search" / "diagnosis" / lever_label(lever)), backend="cpu",
-                      runner_factory=None)
+        folder = Path(vt.workdir) / "search" / "diagnosis"
+        cpu = replace(vt.worker(folder / lever_label(lever)), backend="cpu", runner_factory=None)
         try:
             with status(f"the diagnosis of {lever.name}: its model captured whole (CPU-QDQ)"):
                 tr = cpu.trial("start", list(lever.suggestions), keep_dump=True)
@@ -273,7 +273,7 @@ def _start_diagnosis(args: argparse.Namespace) -> Any:
             return [u for u in unit_levers(vt, sug, rp) if u.kind == "unit"]
         finally:
             if not args.keep_dumps:
-                shutil.rmtree(cpu.workdir, ignore_errors=True)
+                shutil.rmtree(folder, ignore_errors=True)
     return units
 
 
