@@ -2,17 +2,19 @@
 (``rapidocr-onnxruntime==1.4.4``, fetched with ``pip download`` at set-up; tests/support/ppocr.py), from the CLI a
 user takes, verified on QNN HTP (emulated):
 
-* the recommended set compiles for HTP and reads held-out lines exactly (48 lines neither calibrated on nor tuned
-  on; float reads them all, a8w8 none: measured in the test) — 0.667, not the issue's 0.85 (:data:`ISSUE_GOAL`);
+* the recommended set compiles for HTP and reads >= 85 % of 48 held-out lines exactly (:data:`ISSUE_GOAL`; lines
+  neither calibrated on nor tuned on; float reads them all, a8w8 none: measured in the test);
 * ``ivq quantize`` with the printed flags and the delivered ``overrides.json`` reproduces its encodings exactly;
 * no weight op of it reads a precision pair the HTP table forbids.
 
 HTP emulation of this model is slow (about 3-10 s per line at a8w8 / a16w8, a minute at a16w16, on 2 loaded
-cores; a trial 1.5-2 min with 4 lines at load 15), so the search verifies on two evaluation lines with the global
-levers and their combination (``--no-diagnose``: the unit and pattern levers of the replay, which the CPU-QDQ
-search of ``bench/bench_tune.py`` measures, are left out) under a size budget (``--max-size 1.5``: a16w16,
-+87 % bytes, emulates at about a minute per line), and the 48 held-out lines are read once, on the recommended
-model.
+cores; a trial 1.5-2 min with 4 lines at load 15), so the search verifies on two evaluation lines: the global
+levers, then the combination step (``--combinations 4``): its first round is the diagnosis of the best global
+lever within the size budget (a16w8 + per-channel; captured whole and replayed on CPU-QDQ), whose unit levers are
+measured on HTP at its knobs. ``--no-diagnose`` leaves out the baseline's replay (its whole-model HTP capture is
+the slow part; its levers, measured on CPU-QDQ, add at most 0.75 held-out, docs/tune.md). ``--max-size 1.5``
+keeps a16w16 (+87 % bytes, about a minute per line on HTP, 1 of 12 lines read there today) out. The 48 held-out
+lines are read once, on the recommended model.
 """
 
 from __future__ import annotations
