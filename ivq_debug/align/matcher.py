@@ -307,17 +307,46 @@ def _flat(dump: Any, e: Entry) -> np.ndarray:
     return np.asarray(dump.read(e), dtype=np.float64).reshape(-1)
 
 
+def _stored(dump: Any, e: Entry) -> np.ndarray:
+    """The values of a full entry, flat, in the dtype they are stored in: one block of the reader's streaming
+    read (an uncompressed tensor by ``os.pread``, without h5py's per-read cost)."""
+    if e.size and hasattr(dump, "iter_flat"):
+        return next(iter(dump.iter_flat(e, e.size)))
+    return np.asarray(dump.read(e)).reshape(-1)
+
+
 def _same_values(dump: Any, a: Entry, b: Entry, memo: dict[Any, Any], side: str) -> bool:
-    """``a`` and ``b`` of one dump hold the same values (``RESHAPE_RTOL``), checked on the first record."""
+    """``a`` and ``b`` of one dump hold the same values (``RESHAPE_RTOL``), checked on the first record.
+
+    The test is ``max |a − b| ≤ RESHAPE_RTOL · max |b|`` (with ``b`` not all zero nor constant) in float64; two
+    exact shortcuts spare the float64 copies: values equal in their stored dtype pass it whenever ``b`` has a
+    non-zero spread, and two float tensors whose difference in their own dtype exceeds the bound by more than
+    that dtype's rounding fail it."""
     key = ("reshape", side, a.name, b.name)
     if key not in memo:
         if dump is None or a.stored != "full" or b.stored != "full":
             memo[key] = False
-        else:
-            va, vb = _flat(dump, a), _flat(dump, b)
-            scale = float(np.max(np.abs(vb))) if vb.size else 0.0
-            memo[key] = bool(va.size == vb.size and scale > 0 and float(np.std(vb)) > 0
-                             and float(np.max(np.abs(va - vb))) <= RESHAPE_RTOL * scale)
+            return False
+        ra, rb = _stored(dump, a), _stored(dump, b)
+        if ra.size != rb.size or not rb.size:
+            memo[key] = False
+            return False
+        same_type = ra.dtype == rb.dtype
+        if same_type and np.array_equal(ra, rb):  # |a − b| = 0: the spread of b decides
+            vb = np.asarray(rb, dtype=np.float64)
+            memo[key] = bool(float(np.max(np.abs(vb))) > 0 and float(np.std(vb)) > 0)
+            return memo[key]
+        if same_type and ra.dtype.kind == "f":
+            scale = float(np.max(np.abs(rb)))  # exact in any float dtype
+            with np.errstate(over="ignore", invalid="ignore"):  # inf past the dtype's range; NaN: no shortcut
+                d = float(np.max(np.abs(ra - rb)))
+            if d > RESHAPE_RTOL * scale * (1 + 4 * float(np.finfo(ra.dtype).eps)):
+                memo[key] = False
+                return False
+        va, vb = np.asarray(ra, dtype=np.float64), np.asarray(rb, dtype=np.float64)
+        scale = float(np.max(np.abs(vb)))
+        memo[key] = bool(scale > 0 and float(np.std(vb)) > 0
+                         and float(np.max(np.abs(va - vb))) <= RESHAPE_RTOL * scale)
     return memo[key]
 
 
@@ -397,20 +426,31 @@ def match_record(rp: RecordPair, strategies: tuple[Strategy, ...] = STRATEGIES) 
 
 
 def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None,
-          memo: dict[Any, Any] | None = None) -> Alignment:
+          memo: dict[Any, Any] | None = None,
+          until: Callable[[tuple[int, str, int]], bool] | None = None) -> Alignment:
     """Align the tensors of two dumps (see module docstring).
 
     ``memo``: the value checks of the ``reshape`` and ``fused`` strategies, made on the first record holding a
     pair and reused for later ones; pass the same dict to align a capture record by record (a test dump of one
-    record at a time, :class:`~ivq_debug.dump.memory.MemoryDump`) exactly as the whole capture at once."""
+    record at a time, :class:`~ivq_debug.dump.memory.MemoryDump`) exactly as the whole capture at once.
+    ``until``: align the common records in order up to the last one whose key ``(sample, part, step)`` it
+    accepts, and no further (a caller that keeps only those records' pairs: each is aligned exactly as in the
+    whole alignment, the earlier records' value checks included); the later records are neither paired nor
+    listed as unmatched."""
     rk, tk = ref.record_keys(), test.record_keys()
     rec_pairs: list[tuple[str, str]] = []
+    dropped: set[str] = set()  # records left out by ``until``
     if len(rk) == 1 and len(tk) == 1 and set(rk) != set(tk):
         rec_pairs.append((next(iter(rk.values())), next(iter(tk.values()))))
         un_ref_recs: list[Any] = []
         un_test_recs: list[Any] = []
     else:
-        for key in sorted(set(rk) & set(tk), key=lambda k: (k[0], part_rank(k[1]), k[2])):
+        common = sorted(set(rk) & set(tk), key=lambda k: (k[0], part_rank(k[1]), k[2]))
+        if until is not None:
+            last = max((i for i, key in enumerate(common) if until(key)), default=-1)
+            dropped = {rid for key in common[last + 1:] for rid in (rk[key], tk[key])}
+            common = common[: last + 1]
+        for key in common:
             rec_pairs.append((rk[key], tk[key]))
         un_ref_recs = sorted(set(rk) - set(tk))
         un_test_recs = sorted(set(tk) - set(rk))
@@ -430,8 +470,8 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None,
     paired_rids_ref = {a for a, _ in rec_pairs}
     paired_rids_test = {b for _, b in rec_pairs}
     pairs: list[Pair] = []
-    un_ref: list[Entry] = [e for rid, es in by_rid_ref.items() if rid not in paired_rids_ref for e in es]
-    un_test: list[Entry] = [e for rid, es in by_rid_test.items() if rid not in paired_rids_test for e in es]
+    un_ref: list[Entry] = [e for rid, es in by_rid_ref.items() if rid not in paired_rids_ref | dropped for e in es]
+    un_test: list[Entry] = [e for rid, es in by_rid_test.items() if rid not in paired_rids_test | dropped for e in es]
     for rr, tr in rec_pairs:
         rp = RecordPair({e.name: e for e in by_rid_ref[rr]}, {e.name: e for e in by_rid_test[tr]},
                         inputs_ref[rr], inputs_test[tr], by_rid_ref[rr], by_rid_test[tr],
