@@ -150,7 +150,8 @@ def execute(args: argparse.Namespace) -> int:
     if args.reference:
         open_dump(args.reference).close()
     inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
-    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"]),
+    outputs = ["overrides.json", "overrides.rationale.md", "tune.json",
+               *([] if args.reference or not args.keep_dumps else ["reference.h5"]),
                *([FRONTIER_SVG] if args.search else [])]
     check_outputs([wd / n for n in outputs], inputs, overwrite=True,  # even --force never replaces an input
                   folders_exist=False)  # the workdir is made below (and removed if this run fails)
@@ -180,16 +181,18 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     calibration, feeds, evaluation = evaluation_split(calibration, feeds)
     session = {k: v for k, v in (("soc_model", args.soc_model), ("htp_arch", args.htp_arch),
                                  ("fast_compile", args.fast_compile or None)) if v is not None}
-    tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
+    # the float reference: the user's dump, the one --keep-dumps keeps, else made in memory as the trials read it
+    ref = Path(args.reference) if args.reference else wd / "reference.h5" if args.keep_dumps else None
+    tuner = Tuner(Path(args.model), calibration, feeds, ref,
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
                   output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
                   qnn_session=session, evaluation=evaluation, keep_dumps=args.keep_dumps,
                   watch=tuple(args.watch))  # a resumed run's checkpoint is checked here
     if evaluation["warning"]:
         warn(evaluation["warning"])
-    if not args.reference and not (args.resume and tuner.reference.exists()):
+    if ref is not None and not args.reference and not (args.resume and ref.exists()):
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
-            capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
+            capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, ref,
                     overwrite=True, progress=None)
     con = results()  # the results (tables, verdict lines) go to stdout
     where = "QNN HTP" if args.backend == "qnn" else "ORT CPU-QDQ"
@@ -241,10 +244,11 @@ def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any, with_repla
     rp = None
     if not args.no_diagnose:
         with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
-            rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
+            rp = replay(before.qdq_model, before.comparison.ref, cumulative=before.comparison,
                         float_model=tuner.source(), progress=False)
     sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
                   per_channel=args.per_channel, preset=args.preset, backend=tuner.target)
+    before.release()  # the sample the diagnosis read goes (its figures stay)
     return (sug, rp) if with_replay else sug
 
 

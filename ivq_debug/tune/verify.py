@@ -45,7 +45,7 @@ from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
-from ivq_debug.dump.memory import MemorySink
+from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
@@ -61,6 +61,7 @@ from ivq_debug.qnn.quantize import (
 )
 from ivq_debug.schema import check_schema
 from ivq_debug.tune.legal import forbidden, split_legal, violations
+from ivq_debug.tune.reference import LiveRecord, LiveReference
 from ivq_debug.tune.suggest import (
     EXCLUDE_SUFFIX,
     SUGGESTION_SCHEMA,
@@ -185,6 +186,17 @@ class Trial:
         v = t.loc[(t["ref_name"] == name) | (t["test_name"] == name), "sqnr_db"]
         return float(v.min()) if len(v) else None
 
+    def release(self) -> None:
+        """Let go of the sample the baseline's comparison holds in memory (:meth:`Tuner.trial`) once the diagnosis
+        has read it; the table and the figures stay."""
+        cmp = self.comparison
+        if cmp is None:
+            return
+        if isinstance(cmp.ref, LiveRecord):
+            cmp.ref._owner.release(cmp.ref._sample)
+        if isinstance(cmp.test, MemoryDump):
+            cmp.test.close()
+
 
 @dataclass
 class TuneReport:
@@ -292,7 +304,9 @@ class Tuner:
         float_model: the float ONNX model to quantize.
         calibration: calibration data (see :func:`ivq_debug.qnn.quantize.load_calibration`).
         feeds: evaluation inputs to capture, one dict per sample (records ``(sample, part, 0)``).
-        reference: the float reference dump of the same inputs (path).
+        reference: the float reference dump of the same inputs (path), or None: the float model's tensors made
+            in memory as the comparisons read them (:class:`~ivq_debug.tune.reference.LiveReference`; nothing
+            written, the same figures to the bit).
         workdir: where trial models and dumps go (and ``checkpoint.json``).
         preset: quantization preset (``a8w8``…).
         part: record part name of the captures.
@@ -319,7 +333,7 @@ class Tuner:
     float_model: Path
     calibration: Any
     feeds: Sequence[dict[str, np.ndarray]]
-    reference: Path
+    reference: Path | None
     workdir: Path
     preset: str = "a8w8"
     part: str = "model"
@@ -352,6 +366,24 @@ class Tuner:
     _checkpoint: dict[str, Any] | None = field(default=None, repr=False)
     _source: Path | None = field(default=None, repr=False)
     _outs: list[str] | None = field(default=None, repr=False)
+    _live: LiveReference | None = field(default=None, repr=False)
+
+    def live(self) -> LiveReference | None:
+        """The in-memory float reference (None with a reference dump), shared by the copies of this tuner."""
+        if self.reference is not None:
+            return None
+        if self._live is None:
+            self._live = LiveReference(self.source(), self.feeds, self.part)
+        return self._live
+
+    def reference_digest(self) -> str:
+        """The reference's identity in keys: the dump's content digest, or what the live one is made of."""
+        live = self.live()
+        if live is not None:
+            return live.digest()
+        from ivq_debug.tune.sweep import dump_digest
+
+        return dump_digest(self.reference)
 
     def source(self) -> Path:
         """The model every trial quantizes: the float model after the quantizer's preprocessing (when it changes
@@ -425,10 +457,16 @@ class Tuner:
                            "backend": self.backend, "kw": {k: str(v) for k, v in sorted(self.quantize_kw.items())},
                            "base": _jsonable_overrides(self.base_overrides),
                            "model": self._digest("model", Path(self.float_model)),
-                           "ref": self._digest("ref", Path(self.reference)), "target": self.target,
+                           "ref": self._digest("ref", Path(self.reference)) if self.reference is not None
+                           else self._live_key(), "target": self.target,
                            "qnn": self.qnn_options() if self.backend == "qnn" else None},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _live_key(self) -> str:
+        if "ref" not in self._digests:
+            self._digests["ref"] = self.live().digest()  # type: ignore[union-attr]
+        return self._digests["ref"]
 
     def qnn_options(self) -> dict[str, Any]:
         """The QNN session settings of every HTP session of the tune (recorded in each trial)."""
@@ -448,18 +486,23 @@ class Tuner:
 
         Type conflicts the quantizer raises are resolved in the *suggestions* (:meth:`_quantize`), so the trial's
         :attr:`Trial.suggestions` — what is delivered — hold the type of every tensor the trial changed.
-        ``keep_dump``: capture the trial into a dump and keep it (default: the baseline's, label ``before``,
-        which the diagnosis reads, and every trial's with :attr:`keep_dumps`); the others are *partial
-        captures*: each evaluation sample is run once and compared with the reference in memory
-        (:meth:`compare_in_memory`, the same numbers to the bit), and only the figures stay (``tune.json``,
-        the checkpoint). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
+        ``keep_dump``: capture the trial into a dump and keep it (default: every trial's with
+        :attr:`keep_dumps`; needs a reference dump); the others are *partial captures*: each evaluation sample
+        is run once and compared with the reference in memory (:meth:`compare_in_memory`, the same numbers to
+        the bit), and only the figures stay (``tune.json``, the checkpoint). The baseline (label ``before``) is
+        compared on every pair, and its comparison holds the first sample's tensors, test and reference, in
+        memory (``comparison.test`` / ``comparison.ref``: what the diagnosis replays; :meth:`Trial.release`
+        lets them go); a resumed run runs it again unless its dump was kept. The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
         overrides do not enter it), and HTP sessions load their compiled contexts from the QNN context cache
         when the trial's model compiled before.
         """
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
-        keep = (self.keep_dumps or label == "before") if keep_dump is None else keep_dump
+        keep = self.keep_dumps if keep_dump is None else keep_dump
+        full = label == "before"  # the baseline: the diagnosis and the suggestions read every pair of it
+        if keep and self.reference is None:
+            raise UsageError("a trial that keeps its dump needs a reference dump (Tuner.reference)")
         key = self.key(suggestions)
         qdq = wd / f"{label}.qdq.onnx"
         dump = wd / f"{label}.h5"
@@ -467,10 +510,19 @@ class Tuner:
         covered = done is not None and (done.get("measured") is None or self.measured(
             _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []]), self.outputs())
             <= set(done["measured"]))
+        dpath = self._abs(done["dump"]) if done is not None else dump
         if self.resume and done is not None and not done.get("error") and self._abs(done["qdq_model"]).exists() \
-                and (self._abs(done["dump"]).exists() or (done.get("sqnr") is not None and not keep and covered)):
-            dpath = self._abs(done["dump"])
-            cmp = compare(self.reference, dpath, progress=False) if dpath.exists() else None
+                and ((dpath.exists() and self.reference is not None) or (done.get("sqnr") is not None and not keep
+                                                                         and (full or covered))):
+            if dpath.exists() and self.reference is not None:
+                cmp = compare(self.reference, dpath, progress=False)
+            elif full:  # the baseline's whole comparison again, from its kept model (nothing re-quantized)
+                prof = wd / f"{label}.profile.csv"
+                cmp = self.compare_in_memory(self._runner(self._abs(done["qdq_model"]), prof,
+                                                          bool(done.get("fallback"))), hold=0)[0]
+                _remove_profiles(prof)
+            else:
+                cmp = None
             ov = self._abs(done["overrides"]) if done.get("overrides") else None
             applied = _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []])
             return Trial(done["label"], applied, self._abs(done["qdq_model"]), dpath, cmp,
@@ -495,7 +547,7 @@ class Tuner:
             prof = wd / f"{label}.profile.csv"
             runner = self._runner(qdq, prof, bool(exclude))
             outs = self.outputs()
-            measure = None if keep else self.measured(applied, outs)
+            measure = None if keep or full else self.measured(applied, outs)
             if keep:
                 capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
                         overwrite=True, progress=None)
@@ -504,7 +556,7 @@ class Tuner:
                     per, cycles = _outputs(d, outs) if self.output_metric is not None else [], _cycles(d)
             else:
                 cmp, per, cycles = self.compare_in_memory(runner, outs if self.output_metric is not None else [],
-                                                          measure=measure)
+                                                          measure=measure, hold=0 if full else None)
             task = dict(self.task(qdq)) if self.task else {}
             if self.output_metric is not None:
                 task.update(_score(self.output_metric, per))
@@ -526,9 +578,8 @@ class Tuner:
         tr.samples = per_sample(cmp, _default_watch(tr))
         if not keep:
             dump.unlink(missing_ok=True)
-            for extra in (prof, *wd.glob(glob.escape(prof.name[:-len(".csv")]) + ".*.csv")):  # (.plain.csv too)
-                extra.unlink(missing_ok=True)
-        entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task,
+            _remove_profiles(prof)
+        entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task, "fallback": bool(exclude),
                   "model_bytes": tr.model_bytes, "cycles": tr.cycles, "seconds": round(tr.seconds, 2),
                   "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples,
                   "measured": None if measure is None else sorted(measure)}
@@ -538,7 +589,8 @@ class Tuner:
     def worker(self, workdir: str | os.PathLike) -> Tuner:
         """A copy for a job in its own folder (another process, a Ray worker): absolute paths, the preprocessed
         model as its float model, the calibrated ranges and the calibration cache of this tuner, no checkpoint."""
-        return replace(self, float_model=self.source().resolve(), reference=Path(self.reference).resolve(),
+        return replace(self, float_model=self.source().resolve(),
+                       reference=Path(self.reference).resolve() if self.reference is not None else None,
                        workdir=Path(workdir), resume=False, preprocess=False, _checkpoint=None, _source=None,
                        _ranges=None, _calibrated=self.calibrated(), _digests={},
                        calibration_cache=Path(self.calibration_cache or Path(self.workdir) / CALIBRATION_CACHE
@@ -561,8 +613,8 @@ class Tuner:
             return self
         return replace(self, watch=tuple(dict.fromkeys([*self.watch, *watch])), _checkpoint=self._ckpt())
 
-    def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None
-                          ) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
+    def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None,
+                          hold: int | None = None) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
         """A partial capture: each evaluation sample run once through ``runner`` into memory
         (:class:`~ivq_debug.dump.memory.MemorySink`) and compared with the reference at once, then dropped.
 
@@ -572,41 +624,55 @@ class Tuner:
         comparison; at most one sample's tensors are in memory. ``measure``: compute the metrics of the pairs
         naming one of these tensors (reference or test name) and of each record's last tensor (the default
         watch) only; every tensor is still captured and aligned, so each figure is the one a whole comparison
-        gives (None: every pair).
+        gives (None: every pair). ``hold``: the sample whose tensors the returned comparison keeps in memory, its
+        ``test`` and, with the in-memory reference, its ``ref`` (default: none, ``test`` is the last sample's
+        listing).
+
+        The reference is the dump :attr:`reference` or, without one, the float model run on each sample as the
+        comparison reads it (:meth:`live`).
         """
         import pandas as pd
 
-        ref = open_dump(self.reference)
+        live = self.live()
+        ref_file = open_dump(self.reference) if live is None else None
         sink = MemorySink(runner.backend, runner.info, path=f"<trial of {Path(runner.model_path).name}>"
                           if getattr(runner, "model_path", None) else "<trial>")
         memo: dict[Any, Any] = {}
         tables, per, pairs = [], [], []
         un_ref: list[Any] = []
         un_test: list[Any] = []
-        last = None
+        last = held = held_ref = None
         for i, feeds in enumerate(self.feeds):
             interrupt.raise_if_signalled()
             sink.begin_record(sample=i, part=self.part, step=0)
             runner.run(feeds, sink)
             mem = sink.take()
+            ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i))
             cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
                                      lambda ps: _pairs_naming(ps, measure))
+            if live is not None and i != hold:
+                ref.close()  # the live reference keeps what was read (within its budget)
             tables.append(cmp.table)
             pairs += cmp.alignment.pairs
             un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
             un_test += cmp.alignment.unmatched_test
             if outputs:
                 per += _outputs(mem, outputs)
-            if last is not None:
+            if last is not None and last is not held:
                 last.close()
             last = mem
+            if i == hold:
+                held, held_ref = mem, ref
         assert last is not None, "a tune has at least one evaluation input"
         cycles = _cycles(last)
-        last.close()
+        if last is not held:
+            last.close()
         full = [t for t in tables if len(t)]
         table = pd.concat(full, ignore_index=True) if full else tables[0]
         al = Alignment(pairs, un_ref, un_test, [], [])
-        return comparator.Comparison(ref, last, table, al, cmp.budgets, cmp.rank_by), per, cycles
+        test = held if held is not None else last
+        ref = ref_file if ref_file is not None else (held_ref if held_ref is not None else ref)
+        return comparator.Comparison(ref, test, table, al, cmp.budgets, cmp.rank_by), per, cycles
 
     def _runner(self, qdq: Path, prof: Path, fallback: bool) -> Any:
         if self.runner_factory is not None:
@@ -694,6 +760,12 @@ def one_trial(tuner: Tuner, label: str, suggestions: Sequence[Suggestion] = ()) 
     tensors, the model outputs, the suggestions' tensors; ``Trial.sqnr_table`` holds those). The checkpoint is
     not read: a trial of a configuration already run is run again (``tuner.resume`` is ignored)."""
     return replace(tuner, resume=False, _checkpoint=tuner._ckpt()).trial(label, list(suggestions), keep_dump=False)
+
+
+def _remove_profiles(prof: Path) -> None:
+    """A trial's QNN profile files (``<label>.profile.csv`` and ``.plain.csv``), read into its figures."""
+    for extra in (prof, *prof.parent.glob(glob.escape(prof.name[:-len(".csv")]) + ".*.csv")):
+        extra.unlink(missing_ok=True)
 
 
 def _pairs_naming(pairs: list[Any], names: Collection[str]) -> list[Any]:
