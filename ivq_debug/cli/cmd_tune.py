@@ -221,7 +221,8 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
     doc = rep.to_dict()
-    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
+    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd),
+                      "timings": tuner.timing_summary()}, str(wd / "tune.json"),
                overwrite=True)
     _print(con, rep, where)
     if not rep.recommended:
@@ -317,7 +318,8 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     if any(r["gain_db"] is not None and r["cost"] is not None for r in res.table):
         atomic_write_text(wd / FRONTIER_SVG, str(frontier(res)), overwrite=True)
         doc["search"]["plot"] = FRONTIER_SVG
-    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
+    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd),
+                      "timings": tuner.timing_summary()}, str(wd / "tune.json"),
                overwrite=True)
     out = results()
     cols = [Col("lever", "lever", "name"), Col("kind", "kind", drop=3), Col("knobs", "knobs", drop=4),

@@ -47,6 +47,7 @@ from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
 from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.executor import versions
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
 from ivq_debug.onnxgraph.load import external_files, load_model, model_file_bytes
@@ -367,6 +368,24 @@ class Tuner:
     _source: Path | None = field(default=None, repr=False)
     _outs: list[str] | None = field(default=None, repr=False)
     _live: LiveReference | None = field(default=None, repr=False)
+    #: the keys of the trials this run finished (shared by the tuner's copies): a trial run again in the same run
+    #: — the HTP baseline of each target check, the chosen lever — reuses its checkpoint entry even without
+    #: :attr:`resume`
+    _ran: set[str] = field(default_factory=set, repr=False)
+    #: where the trials' seconds went, summed over this tuner and its copies (``tune.json`` ``timings``,
+    #: :meth:`timing_summary`): quantize (and how many were served by the run's model cache), run + compare
+    timings: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def _took(self, what: str, seconds: float, n: int = 1) -> None:
+        self.timings[f"{what}_s"] = self.timings.get(f"{what}_s", 0.0) + seconds
+        self.timings[what] = self.timings.get(what, 0) + n
+
+    def timing_summary(self) -> dict[str, Any]:
+        """The trials' split (seconds rounded) and the in-memory reference's forwards and kept bytes."""
+        out: dict[str, Any] = {k: round(v, 1) if k.endswith("_s") else int(v) for k, v in self.timings.items()}
+        if self._live is not None:
+            out |= {"reference_forwards": self._live.forwards, "reference_kept_bytes": self._live.kept_bytes()}
+        return out
 
     def live(self) -> LiveReference | None:
         """The in-memory float reference (None with a reference dump), shared by the copies of this tuner."""
@@ -511,7 +530,8 @@ class Tuner:
             _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []]), self.outputs())
             <= set(done["measured"]))
         dpath = self._abs(done["dump"]) if done is not None else dump
-        if self.resume and done is not None and not done.get("error") and self._abs(done["qdq_model"]).exists() \
+        if (self.resume or key in self._ran) and done is not None and not done.get("error") \
+                and self._abs(done["qdq_model"]).exists() \
                 and ((dpath.exists() and self.reference is not None) or (done.get("sqnr") is not None and not keep
                                                                          and (full or covered))):
             if dpath.exists() and self.reference is not None:
@@ -545,6 +565,7 @@ class Tuner:
                 raise UsageError(f"the quantized model is not run by {self.target.upper()}: "
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
+            t1 = time.perf_counter()
             runner = self._runner(qdq, prof, bool(exclude))
             outs = self.outputs()
             measure = None if keep or full else self.measured(applied, outs)
@@ -557,6 +578,7 @@ class Tuner:
             else:
                 cmp, per, cycles = self.compare_in_memory(runner, outs if self.output_metric is not None else [],
                                                           measure=measure, hold=0 if full else None)
+            self._took(f"run_compare_{self.backend}", time.perf_counter() - t1)
             task = dict(self.task(qdq)) if self.task else {}
             if self.output_metric is not None:
                 task.update(_score(self.output_metric, per))
@@ -584,6 +606,7 @@ class Tuner:
                   "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples,
                   "measured": None if measure is None else sorted(measure)}
         self._save(key, entry)
+        self._ran.add(key)
         return tr
 
     def worker(self, workdir: str | os.PathLike) -> Tuner:
@@ -591,7 +614,7 @@ class Tuner:
         model as its float model, the calibrated ranges and the calibration cache of this tuner, no checkpoint."""
         return replace(self, float_model=self.source().resolve(),
                        reference=Path(self.reference).resolve() if self.reference is not None else None,
-                       workdir=Path(workdir), resume=False, preprocess=False, _checkpoint=None, _source=None,
+                       workdir=Path(workdir), resume=False, preprocess=False, _checkpoint=None, _source=None, _ran=set(),
                        _ranges=None, _calibrated=self.calibrated(), _digests={},
                        calibration_cache=Path(self.calibration_cache or Path(self.workdir) / CALIBRATION_CACHE
                                               ).resolve())
@@ -714,6 +737,24 @@ class Tuner:
         exclude = list(dict.fromkeys([*exclude, *float_producers(floats, load_model(self.source()))]))
         return path, {**self.base_overrides, **to_ort_overrides(ints)}, exclude
 
+    def _quantized(self, overrides: Mapping[str, Any], kw: Mapping[str, Any]) -> Path:
+        """Where the model of one quantization is kept for the run (beside the calibration cache, pruned with it):
+        keyed by everything :func:`~ivq_debug.qnn.quantize.quantize_for_qnn` reads — the model handed to it, the
+        calibration data, the preset, the knobs, the ORT overrides and the nodes left float — so two trials of
+        the same quantization (a lever's job and its re-run in the workdir, a CPU-QDQ trial and its HTP check,
+        two levers that name the same set) quantize once."""
+        if "calibration" not in self._digests:
+            from ivq_debug.tune.sweep import _calibration_digest
+
+            self._digests["calibration"] = _calibration_digest(self.calibration)
+        blob = json.dumps({"source": self._digest("source", self.source()), "cal": self._digests["calibration"],
+                           "preset": self.preset, "overrides": _jsonable_overrides(overrides),
+                           "kw": {k: str(v) for k, v in sorted(kw.items()) if k != "calibration_cache"},
+                           "versions": versions()},
+                          sort_keys=True, default=str)
+        folder = Path(kw["calibration_cache"])
+        return folder / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.qdq.onnx"
+
     def _quantize(self, label: str, suggestions: list[Suggestion], out: Path, max_fixes: int = 16
                   ) -> tuple[Path | None, list[Suggestion], list[Suggestion], list[str]]:
         """Quantize with the suggestions as delivered; each type conflict ORT's mixed-precision fixer raises
@@ -730,12 +771,22 @@ class Tuner:
                                            or Path(self.workdir) / CALIBRATION_CACHE}
             if exclude:
                 kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
+            cached = self._quantized(overrides, kw)
+            if cached.is_file():  # the same quantization earlier in this run (another label, the HTP check)
+                _link_or_copy(cached, out)
+                self._took("quantize_reused", 0.0)
+                return ov_path, applied, fixes, exclude
+            t0 = time.perf_counter()
             try:
-                quantize_for_qnn(self.source(), out, self.calibration, preset=self.preset,
-                                 overrides=overrides or None, overwrite=True, **kw)
+                res = quantize_for_qnn(self.source(), out, self.calibration, preset=self.preset,
+                                       overrides=overrides or None, overwrite=True, **kw)
+                if not res.external_data:
+                    _link_or_copy(out, cached)
+                self._took("quantize", time.perf_counter() - t0)
                 return ov_path, applied, fixes, exclude
             except InputError as e:
                 m = _CONFLICT.search(str(e))
+                self._took("quantize_conflict", time.perf_counter() - t0)
                 if not m or len(fixes) >= max_fixes:
                     raise
                 name = m.group(1)
@@ -759,7 +810,20 @@ def one_trial(tuner: Tuner, label: str, suggestions: Sequence[Suggestion] = ()) 
     of a whole capture compared afterwards, for the tensors it measures (:meth:`Tuner.measured`: the watched
     tensors, the model outputs, the suggestions' tensors; ``Trial.sqnr_table`` holds those). The checkpoint is
     not read: a trial of a configuration already run is run again (``tuner.resume`` is ignored)."""
-    return replace(tuner, resume=False, _checkpoint=tuner._ckpt()).trial(label, list(suggestions), keep_dump=False)
+    return replace(tuner, resume=False, _checkpoint=tuner._ckpt(), _ran=set()).trial(label, list(suggestions),
+                                                                                     keep_dump=False)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as the same file as ``src`` (a hard link; a copy across file systems), replaced atomically."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
 
 
 def _remove_profiles(prof: Path) -> None:
