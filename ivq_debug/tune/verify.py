@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug import comparator, interrupt
+from ivq_debug import comparator, defaults, interrupt
 from ivq_debug.align.matcher import Alignment
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
@@ -177,6 +177,9 @@ class Trial:
     samples: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the QNN session options of an HTP trial (:meth:`Tuner.qnn_options`; None on CPU-QDQ)
     session: dict[str, Any] | None = None
+    #: ``{"samples": run, "of": given}`` when the trial stopped early (:meth:`Tuner.trial` ``stop``): its figures
+    #: are over the samples run, no task metric
+    stopped: dict[str, int] | None = None
 
     def sqnr(self, name: str) -> float | None:
         """Worst SQNR of a tensor over the records (None when absent or the trial failed)."""
@@ -504,7 +507,8 @@ class Tuner:
         return Path(p) if os.path.isabs(p) else Path(self.workdir) / p
 
     # ------------------------------------------------------------------ a trial
-    def trial(self, label: str, suggestions: list[Suggestion], *, keep_dump: bool | None = None) -> Trial:
+    def trial(self, label: str, suggestions: list[Suggestion], *, keep_dump: bool | None = None,
+              stop: Callable[[Mapping[str, float]], bool] | None = None) -> Trial:
         """Write, read back and apply ``suggestions``; quantize, check the pairs against the target backend's table
         (:mod:`ivq_debug.tune.legal`), capture, compare (and score the task).
 
@@ -516,7 +520,9 @@ class Tuner:
         the bit), and only the figures stay (``tune.json``, the checkpoint). The baseline (label ``before``) is
         compared on every pair, and its comparison holds the first sample's tensors, test and reference, in
         memory (``comparison.test`` / ``comparison.ref``: what the diagnosis replays; :meth:`Trial.release`
-        lets them go); a resumed run runs it again unless its dump was kept. The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
+        lets them go); a resumed run runs it again unless its dump was kept. ``stop``: called after each sample
+        with the worst SQNR so far of each measured tensor; True ends the trial there (:attr:`Trial.stopped`; the
+        figures of the samples run, no task metric; never reused by another trial). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
         overrides do not enter it), and HTP sessions load their compiled contexts from the QNN context cache
         when the trial's model compiled before.
         """
@@ -536,6 +542,7 @@ class Tuner:
             <= set(done["measured"]))
         dpath = self._abs(done["dump"]) if done is not None else dump
         if (self.resume or key in self._ran) and done is not None and not done.get("error") \
+                and not done.get("stopped") \
                 and self._abs(done["qdq_model"]).exists() \
                 and ((dpath.exists() and self.reference is not None) or (done.get("sqnr") is not None and not keep
                                                                          and (full or covered))):
@@ -582,10 +589,12 @@ class Tuner:
                     per, cycles = _outputs(d, outs) if self.output_metric is not None else [], _cycles(d)
             else:
                 cmp, per, cycles = self.compare_in_memory(runner, outs if self.output_metric is not None else [],
-                                                          measure=measure, hold=0 if full else None)
+                                                          measure=measure, hold=0 if full else None, stop=stop)
             self._took(f"run_compare_{self.backend}", time.perf_counter() - t1)
-            task = dict(self.task(qdq)) if self.task else {}
-            if self.output_metric is not None:
+            ran = int(cmp.table["sample"].nunique()) if len(cmp.table) else len(self.feeds)
+            stopped = {"samples": ran, "of": len(self.feeds)} if stop is not None and ran < len(self.feeds) else None
+            task = dict(self.task(qdq)) if self.task and stopped is None else {}
+            if self.output_metric is not None and stopped is None:
                 task.update(_score(self.output_metric, per))
             if not suggestions:
                 self._calibrated = None  # the baseline's encodings are the calibrated ranges of later fixes
@@ -600,7 +609,7 @@ class Tuner:
                          session=entry["session"])
         tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), cycles,
                    time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes],
-                   session=entry["session"])
+                   session=entry["session"], stopped=stopped)
         tr.sqnr_table = worst_sqnr(cmp)
         tr.samples = per_sample(cmp, _default_watch(tr))
         if not keep:
@@ -609,9 +618,10 @@ class Tuner:
         entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task, "fallback": bool(exclude),
                   "model_bytes": tr.model_bytes, "cycles": tr.cycles, "seconds": round(tr.seconds, 2),
                   "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples,
-                  "measured": None if measure is None else sorted(measure)}
+                  "measured": None if measure is None else sorted(measure), "stopped": stopped}
         self._save(key, entry)
-        self._ran.add(key)
+        if stopped is None:
+            self._ran.add(key)
         return tr
 
     def worker(self, workdir: str | os.PathLike) -> Tuner:
@@ -642,7 +652,8 @@ class Tuner:
         return replace(self, watch=tuple(dict.fromkeys([*self.watch, *watch])), _checkpoint=self._ckpt())
 
     def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None,
-                          hold: int | None = None) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
+                          hold: int | None = None, stop: Callable[[Mapping[str, float]], bool] | None = None
+                          ) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
         """A partial capture: each evaluation sample run once through ``runner`` into memory
         (:class:`~ivq_debug.dump.memory.MemorySink`) and compared with the reference at once, then dropped.
 
@@ -654,7 +665,8 @@ class Tuner:
         watch) only; every tensor is still captured and aligned, so each figure is the one a whole comparison
         gives (None: every pair). ``hold``: the sample whose tensors the returned comparison keeps in memory, its
         ``test`` and, with the in-memory reference, its ``ref`` (default: none, ``test`` is the last sample's
-        listing).
+        listing). ``stop``: after each sample, given the worst SQNR so far of each measured tensor (reference and
+        test names); True ends the run there (the table holds the samples run).
 
         The reference is the dump :attr:`reference` or, without one, the float model run on each sample as the
         comparison reads it (:meth:`live`).
@@ -670,6 +682,7 @@ class Tuner:
         un_ref: list[Any] = []
         un_test: list[Any] = []
         last = held = held_ref = None
+        worst: dict[str, float] = {}
         for i, feeds in enumerate(self.feeds):
             interrupt.raise_if_signalled()
             sink.begin_record(sample=i, part=self.part, step=0)
@@ -691,6 +704,8 @@ class Tuner:
             last = mem
             if i == hold:
                 held, held_ref = mem, ref
+            if stop is not None and i + 1 < len(self.feeds) and stop(worst_sqnr(cmp, worst)):
+                break
         assert last is not None, "a tune has at least one evaluation input"
         cycles = _cycles(last)
         if last is not held:
@@ -779,6 +794,7 @@ class Tuner:
             cached = self._quantized(overrides, kw)
             if cached.is_file():  # the same quantization earlier in this run (another label, the HTP check)
                 _link_or_copy(cached, out)
+                os.utime(cached)  # recently used: kept longest
                 self._took("quantize_reused", 0.0)
                 return ov_path, applied, fixes, exclude
             t0 = time.perf_counter()
@@ -787,6 +803,7 @@ class Tuner:
                                        overrides=overrides or None, overwrite=True, **kw)
                 if not res.external_data:
                     _link_or_copy(out, cached)
+                    _trim_models(cached.parent, defaults.TUNE_MODEL_CACHE_RATIO * model_file_bytes(self.source()))
                 self._took("quantize", time.perf_counter() - t0)
                 return ov_path, applied, fixes, exclude
             except InputError as e:
@@ -831,6 +848,23 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
+def _trim_models(folder: Path, budget: float) -> None:
+    """The run's model cache within ``budget`` bytes: the least recently used models go first."""
+    models = []
+    for p in folder.glob("*.qdq.onnx"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        models.append((st.st_mtime, st.st_size, p))
+    total = sum(m[1] for m in models)
+    for _, size, p in sorted(models)[:-1]:  # the newest stays
+        if total <= budget:
+            break
+        p.unlink(missing_ok=True)
+        total -= size
+
+
 def _remove_profiles(prof: Path) -> None:
     """A trial's QNN profile files (``<label>.profile.csv`` and ``.plain.csv``), read into its figures."""
     for extra in (prof, *prof.parent.glob(glob.escape(prof.name[:-len(".csv")]) + ".*.csv")):
@@ -850,16 +884,20 @@ def _with_fixes(suggestions: Sequence[Suggestion], fixes: Sequence[Suggestion]) 
     return [s for s in suggestions if s.tensor not in names] + list(fixes)
 
 
-def worst_sqnr(cmp: Any) -> dict[str, float]:
-    """``{tensor: worst SQNR over the records}`` of a comparison (reference and test names): what a trial keeps."""
+def worst_sqnr(cmp: Any, running: dict[str, float] | None = None) -> dict[str, float]:
+    """``{tensor: worst SQNR over the records}`` of a comparison (reference and test names): what a trial keeps.
+    ``running``: the figures of earlier comparisons, lowered in place where this one is worse (and returned)."""
     t = cmp.table
-    if t.empty:
-        return {}
     out: dict[str, float] = {}
-    for col in ("ref_name", "test_name"):
-        g = t.groupby(col)["sqnr_db"].min()
-        out.update({str(k): float(v) for k, v in g.items() if v == v})
-    return out
+    if not t.empty:
+        for col in ("ref_name", "test_name"):
+            g = t.groupby(col)["sqnr_db"].min()
+            out.update({str(k): float(v) for k, v in g.items() if v == v})
+    if running is None:
+        return out
+    for k, v in out.items():
+        running[k] = min(v, running.get(k, math.inf))
+    return running
 
 
 def per_sample(cmp: Any, watch: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -1049,7 +1087,8 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     htp = replace(tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
     htp_after = replace(after_tuner or tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
     b = htp.trial("htp-before", list(before.suggestions), keep_dump=False)
-    a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
+    a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False,
+                        stop=None if b.error else refused_already(before, after, b, watch))
     figs = {w: {"cpu": [before.sqnr(w), after.sqnr(w)], "htp": [b.sqnr(w), a.sqnr(w)]} for w in watch}
     check = {"backend": "qnn", "checked": True, "session": a.session, "watch": figs,
              "samples": {"before": b.samples, "after": a.samples},
@@ -1061,11 +1100,41 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     if a.error:
         check["error"] = a.error
         return f"QNN HTP refuses the set: {a.error}", check
+    if a.stopped:
+        check["stopped"] = a.stopped | {"why": "the samples run refuse it already: a worst SQNR only falls as "
+                                                "samples are added"}
     why = judge(b, a, watch)
     check["not_held"] = not_held(check)
     if why is None and check["not_held"]:  # what CPU-QDQ verified is not what HTP delivers: the next set is tried
-        return held_refusal(check["not_held"]), check
-    return (None if why is None else f"on QNN HTP: {why}"), check
+        why = held_refusal(check["not_held"])
+    elif why is not None:
+        why = f"on QNN HTP: {why}"
+    if a.stopped:  # (never None: the check stops only on a refusal the samples run make certain)
+        why = (why or "refused on QNN HTP") + (f" (on the first {a.stopped['samples']} of {a.stopped['of']} "
+                                               "evaluation samples: the others cannot change it)")
+    return why, check
+
+
+def refused_already(before: Trial, after: Trial, htp_before: Trial, watch: Sequence[str]
+                    ) -> Callable[[Mapping[str, float]], bool]:
+    """The ``stop`` of a set's HTP check (:meth:`Tuner.trial`): True once the samples run on HTP refuse the set
+    whatever the others give — a watched tensor's worst SQNR there below the baseline's on HTP (:func:`judge`), or
+    its gain on HTP short of its CPU-QDQ gain as :func:`not_held` reads it. A worst SQNR only falls as samples are
+    added, so the refusal stands; the HTP check of a set that is recommended always runs every sample (PP-OCRv4's
+    a16w16: refused after its first line instead of 12 lines of 16-bit HTP emulation, 470 s at load 12-16)."""
+    def stop(worst: Mapping[str, float]) -> bool:
+        for w in watch:
+            hb, ha, cb, ca = htp_before.sqnr(w), worst.get(w), before.sqnr(w), after.sqnr(w)
+            if hb is None or ha is None:
+                continue
+            if ha < hb:
+                return True
+            if cb is not None and ca is not None and ca - cb > 0 and ha - hb < HOLD_SHARE * (ca - cb) \
+                    and (ca - cb) - (ha - hb) >= HOLD_MIN_DB:
+                return True
+        return False
+
+    return stop
 
 
 def held_refusal(lines: Sequence[str]) -> str:
