@@ -225,3 +225,5 @@ TUNE_REFERENCE_KEEP_BYTES = 256 << 20
 #: re-run, a CPU-QDQ trial and its HTP check) holds at most this many times the float model's bytes, the least
 #: recently used going first (PP-OCRv4's recognizer, 10.8 MB: 21 levers' models of 3.1-5.8 MB, 80 MB, all kept)
 TUNE_MODEL_CACHE_RATIO = 8
+#: ... and at least this many bytes (a small model's QDQ file is many times the float one: metadata, Q/DQ nodes)
+TUNE_MODEL_CACHE_MIN_BYTES = 16 << 20

@@ -803,7 +803,8 @@ class Tuner:
                                        overrides=overrides or None, overwrite=True, **kw)
                 if not res.external_data:
                     _link_or_copy(out, cached)
-                    _trim_models(cached.parent, defaults.TUNE_MODEL_CACHE_RATIO * model_file_bytes(self.source()))
+                    _trim_models(cached.parent, max(defaults.TUNE_MODEL_CACHE_MIN_BYTES, defaults.TUNE_MODEL_CACHE_RATIO
+                                                    * model_file_bytes(self.source())))
                 self._took("quantize", time.perf_counter() - t0)
                 return ov_path, applied, fixes, exclude
             except InputError as e:

@@ -19,7 +19,7 @@ from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.tune.reference import LiveReference
 from ivq_debug.tune.suggest import Suggestion
-from ivq_debug.tune.verify import Tuner, one_trial
+from ivq_debug.tune.verify import Trial, Tuner, one_trial, refused_already
 from tests.diagnose.test_weight_spread import build_conv
 from tests.support.cli import ivq_cli
 from tests.support.lever_models import build_two_causes, two_causes_sample
@@ -139,3 +139,23 @@ def test_the_calibration_ranges_are_a_summary_dumps_statistics(lever, tmp_path: 
             want[e.name] = (min(lo, cur[0]), max(hi, cur[1])) if cur else (float(lo), float(hi))
     assert tuner.calibration_ranges() == want and len(want) > 5
     assert not list(tmp_path.glob("calibration*"))
+
+
+def _figures(y: float) -> Trial:
+    return Trial("t", [], Path("m"), Path("d"), None, sqnr_table={"y": y})
+
+
+def test_a_check_stops_at_the_sample_that_makes_its_refusal_certain(lever, tmp_path: Path) -> None:
+    tuner = replace(_tuner(lever, tmp_path, None), output_metric=lambda outs: {"n": float(len(outs))})
+    full = tuner.trial("full", list(SUGGESTIONS))
+    worst_seen = []
+    fresh = replace(tuner, _ran=set())  # (this run's finished trial of the same set would be reused: whole figures)
+    part = fresh.trial("part", list(SUGGESTIONS), stop=lambda w: worst_seen.append(dict(w)) or True)
+    assert full.stopped is None and full.task == {"task n": 3.0}
+    assert part.stopped == {"samples": 1, "of": 3} and part.task == {}  # no task metric on a part of the set
+    assert part.samples["y"]["n"] == 1 and worst_seen[0]["y"] == part.sqnr("y") >= full.sqnr("y")
+    assert not replace(fresh, resume=True).trial("part", list(SUGGESTIONS)).reused  # a stopped one never is
+    # PP-OCRv4's a16w16 (docs/tune.md): CPU-QDQ 2.73 -> 20.40 dB, HTP baseline 3.88; refused as soon as one line on
+    # HTP is below 3.88 + 50% of the 17.67 dB gain; a set that holds is measured on every sample
+    stop = refused_already(_figures(2.73), _figures(20.40), _figures(3.88), ["y"])
+    assert stop({"y": 12.0}) and stop({"y": 3.0}) and not stop({"y": 13.0}) and not stop({})
