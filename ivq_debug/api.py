@@ -68,7 +68,7 @@ def compare(
         diagnose: run the diagnostics.
         fail_on: the finding severity that fails the verdict (``error``, ``warning``, ``never``).
         options: those of :func:`ivq_debug.comparator.compare` (``budgets``, ``rank_by``, ``mapping``,
-            ``records``, ``progress``, ``block_bytes``, ``workers``).
+            ``records``, ``only_records``, ``progress``, ``block_bytes``, ``workers``).
     """
     ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
     test_d = test if isinstance(test, Dump) else open_dump(test)
@@ -181,7 +181,8 @@ def diagnose(
     only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
-        cmp = compare(reference, test_d, records=only, allow_input_mismatch=allow, diagnose=False)
+        cmp = compare(reference, test_d, records=only, only_records=True, allow_input_mismatch=allow,
+                      diagnose=False)
         return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
                       budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
                       lift=lift, executor=executor, shards=shards, progress=progress)

@@ -397,20 +397,31 @@ def match_record(rp: RecordPair, strategies: tuple[Strategy, ...] = STRATEGIES) 
 
 
 def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None,
-          memo: dict[Any, Any] | None = None) -> Alignment:
+          memo: dict[Any, Any] | None = None,
+          until: Callable[[tuple[int, str, int]], bool] | None = None) -> Alignment:
     """Align the tensors of two dumps (see module docstring).
 
     ``memo``: the value checks of the ``reshape`` and ``fused`` strategies, made on the first record holding a
     pair and reused for later ones; pass the same dict to align a capture record by record (a test dump of one
-    record at a time, :class:`~ivq_debug.dump.memory.MemoryDump`) exactly as the whole capture at once."""
+    record at a time, :class:`~ivq_debug.dump.memory.MemoryDump`) exactly as the whole capture at once.
+    ``until``: align the common records in order up to the last one whose key ``(sample, part, step)`` it
+    accepts, and no further (a caller that keeps only those records' pairs: each is aligned exactly as in the
+    whole alignment, the earlier records' value checks included); the later records are neither paired nor
+    listed as unmatched."""
     rk, tk = ref.record_keys(), test.record_keys()
     rec_pairs: list[tuple[str, str]] = []
+    dropped: set[str] = set()  # records left out by ``until``
     if len(rk) == 1 and len(tk) == 1 and set(rk) != set(tk):
         rec_pairs.append((next(iter(rk.values())), next(iter(tk.values()))))
         un_ref_recs: list[Any] = []
         un_test_recs: list[Any] = []
     else:
-        for key in sorted(set(rk) & set(tk), key=lambda k: (k[0], part_rank(k[1]), k[2])):
+        common = sorted(set(rk) & set(tk), key=lambda k: (k[0], part_rank(k[1]), k[2]))
+        if until is not None:
+            last = max((i for i, key in enumerate(common) if until(key)), default=-1)
+            dropped = {rid for key in common[last + 1:] for rid in (rk[key], tk[key])}
+            common = common[: last + 1]
+        for key in common:
             rec_pairs.append((rk[key], tk[key]))
         un_ref_recs = sorted(set(rk) - set(tk))
         un_test_recs = sorted(set(tk) - set(rk))
@@ -430,8 +441,8 @@ def align(ref: Dump, test: Dump, mapping: dict[str, str] | None = None,
     paired_rids_ref = {a for a, _ in rec_pairs}
     paired_rids_test = {b for _, b in rec_pairs}
     pairs: list[Pair] = []
-    un_ref: list[Entry] = [e for rid, es in by_rid_ref.items() if rid not in paired_rids_ref for e in es]
-    un_test: list[Entry] = [e for rid, es in by_rid_test.items() if rid not in paired_rids_test for e in es]
+    un_ref: list[Entry] = [e for rid, es in by_rid_ref.items() if rid not in paired_rids_ref | dropped for e in es]
+    un_test: list[Entry] = [e for rid, es in by_rid_test.items() if rid not in paired_rids_test | dropped for e in es]
     for rr, tr in rec_pairs:
         rp = RecordPair({e.name: e for e in by_rid_ref[rr]}, {e.name: e for e in by_rid_test[tr]},
                         inputs_ref[rr], inputs_test[tr], by_rid_ref[rr], by_rid_test[tr],

@@ -24,7 +24,7 @@ from ivq_debug.outputs import atomic_write_text
 from ivq_debug.plots import frontier
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
-from ivq_debug.tune.search import global_levers, search, unit_levers
+from ivq_debug.tune.search import COMBINATIONS, global_levers, search, unit_levers
 from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
 from ivq_debug.tune.sweep import (
     DEFAULT_GROUPS,
@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--target-metric", type=float, default=None, metavar="VALUE",
                    help="--search: the value to reach, the cheapest lever reaching it wins: the task metric with "
                         "--task-metric, else the worst watched SQNR (dB)")
+    p.add_argument("--combinations", type=int, default=None, metavar="N",
+                   help=f"--search: extra trials of the combination step (the best lever grown greedily by the "
+                        f"others, ranked by gain per cost; default {COMBINATIONS}, 0: none)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -128,8 +131,9 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("--max-candidates must be >= 1")
     if sum(map(bool, (args.sweep, args.greedy, args.search))) > 1:
         raise UsageError("--sweep, --greedy and --search are three searches: choose one")
-    if not args.search and any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric)):
-        raise UsageError("--max-size, --max-cycles and --target-metric are for --search")
+    if not args.search and any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric,
+                                                        args.combinations)):
+        raise UsageError("--max-size, --max-cycles, --target-metric and --combinations are for --search")
     for flag, v in (("--max-size", args.max_size), ("--max-cycles", args.max_cycles)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag} must be a positive ratio, got {v}")
@@ -309,7 +313,8 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     task = next(iter(before.task), None) if args.task_metric else None
     with status(f"search: {len(levers)} lever(s) and their combinations on {where}"):
         res = search(tuner, before, levers, watch=args.watch, max_size=args.max_size, max_cycles=args.max_cycles,
-                     target=args.target_metric, target_task=task, executor=executor)
+                     target=args.target_metric, target_task=task, executor=executor,
+                     combinations=COMBINATIONS if args.combinations is None else args.combinations)
     rep = res.report
     path = None
     if rep.recommended and rep.after.suggestions:

@@ -115,6 +115,7 @@ NUMBER_MIN: dict[str, float | None] = {
     "samples": 1, "eval": 1, "limit": 0, "values": 0, "top": 0, "max_outputs_per_run": 1, "threads": 1,
     "first_step": 0, "max_samples": 1, "workers": 1, "bins": 1, "samples_per_job": 1, "max_candidates": 1,
     "drilldowns": 0, "max_rows": 1, "max_points": 1, "max_abs": 0, "min_coverage": 0,
+    "combinations": 0,
     "min_sqnr": None, "min_cosine": None, "max_ratio": None, "budget_sqnr": None, "min_gain": None, "budget": None,
     "max_size": None, "max_cycles": None, "target_metric": None,  # tune --search checks > 0 itself
 }

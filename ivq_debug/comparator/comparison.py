@@ -320,6 +320,7 @@ def compare(
     workers: int | None = None,
     memo: dict[Any, Any] | None = None,
     select: Callable[[list[Pair]], list[Pair]] | None = None,
+    only_records: bool = False,
 ) -> Comparison:
     """Align two dumps and compute the pinned metrics for every aligned tensor pair.
 
@@ -337,6 +338,9 @@ def compare(
             tensors are read without the HDF5 lock, so reads and metrics overlap.
         memo: the alignment's value checks shared across calls (:func:`~ivq_debug.align.matcher.align`): a
             capture compared one record at a time aligns as the whole capture would.
+        only_records: with ``records``, align no record after the last one ``records`` accepts (the records kept
+            are aligned as in the whole alignment; the unmatched tensors then leave out the later records): a
+            caller that reads only the kept records' pairs (``ivq diagnose``).
         select: narrows the aligned pairs whose metrics are computed (the alignment is made on every tensor
             first, so a pair's metrics do not depend on it): a tune trial measures the tensors its report reads.
     """
@@ -348,7 +352,7 @@ def compare(
     test_d = test if isinstance(test, Dump) else open_dump(test)
     rank_by = rank_by or default_rank_metric(ref_d, test_d)
     budgets = budgets or Budgets()
-    al = align(ref_d, test_d, mapping, memo)
+    al = align(ref_d, test_d, mapping, memo, until=records if only_records else None)
     pairs = al.pairs
     if records is not None:
         pairs = [p for p in pairs if records(p.ref.record)]

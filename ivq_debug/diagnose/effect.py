@@ -23,10 +23,14 @@ Figures per target (``noise`` = ``Σ (out − ref)²`` over every final output a
   float values) or an encoding (``unreached_tensors``: no Q → DQ on the tensor), or the error is absorbed
   downstream, or lifting made the output worse (errors that cancelled).
 
-Cost: one run of the whole model per distinct target plus the unchanged model, each a job on the executor
-(:mod:`ivq_debug.executor`) keyed by content (the model's, the reference's and the float model's SHA-256, the
-records, the lifted tensors and weights, the backend and the versions), so ``--shards`` keeps them and a rerun
-skips them. The targets are bounded: the :data:`EFFECT_GROUPS` worst groups over budget and the
+Cost: one run of the whole model per distinct target plus the unchanged model. On the CPU they run as one graph
+(:func:`lifted_variants`: the unchanged model once, each target's copy of only the nodes its lift changes and
+what lies downstream of them), one session, one run per record, with every figure what the target's own model
+gives, to the bit; on another backend each target is its own model and session (a backend may refuse one lifted
+model and place another). The runs are jobs on the executor (:mod:`ivq_debug.executor`; a group of targets per
+worker on the CPU) keyed by content (the model's, the reference's and the float model's SHA-256, the records,
+the lifted tensors and weights, the backend and the versions), so ``--shards`` keeps them and a rerun skips
+them. The targets are bounded: the :data:`EFFECT_GROUPS` worst groups over budget and the
 :data:`EFFECT_UNITS` worst units (``replay`` picks them; identical targets share one run).
 """
 
@@ -51,7 +55,7 @@ from ivq_debug.diagnose.patterns import groups, sortable
 from ivq_debug.diagnose.remedy import unit_evidence
 from ivq_debug.diagnose.units import activation_bits
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import IvqError, UsageError, one_line
+from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
 from ivq_debug.inputfiles import file_version, sha256_file
 from ivq_debug.metrics import dot
@@ -151,6 +155,42 @@ def float_weights(qdq: Model, fmodel: Model | None, names: set[str]) -> dict[str
     return out
 
 
+def _lift_plan(model: Any, tensors: set[str], floats: dict[str, np.ndarray], base_dir: str = "",
+               reached: set[str] | None = None) -> tuple[dict[int, Any], dict[str, np.ndarray]]:
+    """What lifting ``tensors`` and the weights in ``floats`` changes in ``model``: ``(replacements, initializers)``,
+    the nodes that replace a DequantizeLinear by index in ``model.graph.node`` (an Identity of the float tensor, or
+    a Relu when the encoding holds a folded ReLU; an Identity of the weight's float values) and the float weights'
+    new initializers (``ivq_float::W``), in graph order; ``reached`` collects the tensors whose encoding was found."""
+    import onnx
+
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    inits = {i.name for i in model.graph.initializer}
+    out: dict[int, Any] = {}
+    added: dict[str, np.ndarray] = {}
+    for i, n in enumerate(model.graph.node):
+        if not (_is(n, "DequantizeLinear") and n.input):
+            continue
+        src = n.input[0]
+        q = producer.get(src)
+        if src in inits:  # a quantized initializer
+            w = float_name(src).removesuffix("_quantized")
+        elif _is(q, "QuantizeLinear") and q.input[0] in inits:  # a float initializer the graph quantizes
+            w = q.input[0]
+        else:
+            w = None
+        if w is not None and w in floats:
+            name = f"ivq_float::{w}"
+            if name not in added:
+                added[name] = np.asarray(floats[w], np.float32)
+            out[i] = onnx.helper.make_node("Identity", [name], [n.output[0]], name=f"{n.name}::float")
+        elif w is None and _is(q, "QuantizeLinear") and float_name(q.input[0]) in tensors:
+            op = "Relu" if floors_at_zero(q, model, base_dir) else "Identity"
+            if reached is not None:
+                reached.add(float_name(q.input[0]))
+            out[i] = onnx.helper.make_node(op, [q.input[0]], [n.output[0]], name=f"{n.name}::float")
+    return out, added
+
+
 def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], base_dir: str = "",
                  reached: set[str] | None = None) -> Any:
     """A copy of the QDQ model with the activation encodings of ``tensors`` bypassed (their DequantizeLinear
@@ -159,94 +199,178 @@ def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], b
     import onnx
     from onnx import numpy_helper
 
+    plan, added = _lift_plan(model, tensors, floats, base_dir, reached)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    inits = {i.name for i in model.graph.initializer}
-    new_nodes = []
-    added: set[str] = set()
-    for n in g.node:
-        if _is(n, "DequantizeLinear") and n.input:
-            src = n.input[0]
-            q = producer.get(src)
-            if src in inits:  # a quantized initializer
-                w = float_name(src).removesuffix("_quantized")
-            elif _is(q, "QuantizeLinear") and q.input[0] in inits:  # a float initializer the graph quantizes
-                w = q.input[0]
-            else:
-                w = None
-            if w is not None and w in floats:
-                name = f"ivq_float::{w}"
-                if name not in added:
-                    g.initializer.append(numpy_helper.from_array(np.asarray(floats[w], np.float32), name))
-                    added.add(name)
-                new_nodes.append(onnx.helper.make_node("Identity", [name], [n.output[0]], name=f"{n.name}::float"))
-                continue
-            if w is None and _is(q, "QuantizeLinear") and float_name(q.input[0]) in tensors:
-                op = "Relu" if floors_at_zero(q, model, base_dir) else "Identity"
-                if reached is not None:
-                    reached.add(float_name(q.input[0]))
-                new_nodes.append(onnx.helper.make_node(op, [q.input[0]], [n.output[0]], name=f"{n.name}::float"))
-                continue
-        new_nodes.append(n)
+    g.initializer.extend(numpy_helper.from_array(v, k) for k, v in added.items())
+    new_nodes = [plan.get(i, n) for i, n in enumerate(g.node)]
     del g.node[:]
     g.node.extend(new_nodes)
     return m
 
 
-def _effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weights: list[str],
-                fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
-    its runner in memory)."""
+def mergeable(model: Any) -> bool:
+    """Whether the lift variants of ``model`` can share one graph (:func:`lifted_variants`): its nodes in
+    topological order and none with a subgraph (whose outer-scope reads the copy could not follow)."""
+    from onnx import AttributeProto
 
-    t0 = time.perf_counter()
+    known = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
+    for n in model.graph.node:
+        if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute):
+            return False
+        if any(x not in known for x in n.input):
+            return False
+        known.update(n.output)
+    return True
+
+
+def lifted_variants(model: Any, plans: list[tuple[dict[int, Any], dict[str, np.ndarray]]]
+                    ) -> tuple[Any, list[dict[str, str]]]:
+    """One model that computes ``model`` and each lift variant of ``plans`` (:func:`_lift_plan`'s) side by side:
+    variant ``v`` copies only the nodes its replacements change and everything downstream of them (names in its
+    own ``v{v}::`` namespace, :func:`~ivq_debug.diagnose.graphs.unit_value`) and reads every other value from the
+    unchanged model's, so the shared part runs once; each node's copy follows its original, so a value is freed
+    as early as in the model alone. Returns the model and, per variant, ``{graph output: the output holding the
+    variant's value}`` for the outputs the variant changes (an output it does not change is the model's own).
+    The model must be :func:`mergeable`; every node computes what it computes in its own variant's model."""
+    import onnx
+    from onnx import numpy_helper
+
+    from ivq_debug.diagnose.graphs import copy_node, unit_value
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    added: set[str] = set()
+    for _, inits in plans:
+        for k, v in inits.items():
+            if k not in added:
+                g.initializer.append(numpy_helper.from_array(v, k))
+                added.add(k)
+    renamed: list[dict[str, str]] = [{} for _ in plans]
+    nodes = []
+    for i, n in enumerate(model.graph.node):
+        nodes.append(n)
+        for v, (plan, _) in enumerate(plans):
+            ren = renamed[v]
+            src = plan.get(i)
+            if src is None and not any(x in ren for x in n.input):
+                continue
+            src = n if src is None else src
+            pre = f"v{v}::"
+            outs = [unit_value(pre, o) if o else "" for o in src.output]
+            nodes.append(copy_node(src, unit_value(pre, src.name or f"#{i}"), [ren.get(x, x) for x in src.input],
+                                   outs))
+            ren.update({o: r for o, r in zip(src.output, outs, strict=True) if o})
+    del g.node[:]
+    g.node.extend(nodes)
+    outs: list[dict[str, str]] = []
+    for ren in renamed:
+        mine = {}
+        for o in model.graph.output:
+            if o.name in ren:
+                vi = g.output.add()
+                vi.CopyFrom(o)
+                vi.name = mine[o.name] = ren[o.name]
+        outs.append(mine)
+    return m, outs
+
+
+Spec = tuple[list[str], list[str]]  # a target's (tensors, weights), sorted
+
+
+def _record_feeds(ref: Any, rid: str, g_in: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """One record's model inputs and its reference entries by name (outputs and inputs)."""
+    ins = {e.name: e for e in ref.tensors(rid, kind="input")}
+    return {n: ref.read(ins[n]) for n in g_in}, {e.name: e for e in ref.tensors(rid)} | ins
+
+
+def _add_noise(acc: dict[str, Any], got: dict[str, np.ndarray], refs: dict[str, np.ndarray | None]) -> None:
+    """Add one record's output noise and signal powers (``refs``: the reference of each graph output, float64
+    flat, None when the reference lacks it) into ``acc``."""
+    for o, r in refs.items():
+        if r is None or o not in got:
+            continue
+        t = np.asarray(got[o], np.float64).reshape(-1)
+        if r.size != t.size:
+            continue
+        d = t - r
+        acc["noise"] += dot(d, d)
+        acc["signal"] += dot(r, r)
+        if o not in acc["outputs"]:
+            acc["outputs"].append(o)
+
+
+def _out_refs(ref: Any, outs: dict[str, Any], g_out: list[str]) -> dict[str, np.ndarray | None]:
+    return {o: ref.read(outs[o]).astype(np.float64).reshape(-1) if o in outs else None for o in g_out}
+
+
+def _measure(qdq: Model, m: Any, names: list[dict[str, str]], ref: Any, rids: list[str],
+             runner_factory: Callable[[Any], Any] | None) -> tuple[list[dict[str, Any]], str]:
+    """Run ``m`` (derived from ``qdq``, in memory) over the records, one session: per variant (``names``: its
+    ``{graph output: the output holding its value}``, ``{}`` for the model's own outputs) the output noise and
+    signal powers and the outputs measured; and the runner's backend."""
     model = qdq.proto
-    floats = float_weights(qdq, fmodel, set(weights)) if weights else {}
-    reached: set[str] = set()
-    m = lifted_model(model, set(tensors), floats, qdq.base_dir, reached) if (tensors or floats) else None
-    if m is None:
-        import onnx
-
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
     inits = {i.name for i in model.graph.initializer}
     g_in = [i.name for i in model.graph.input if i.name not in inits]
     g_out = [o.name for o in model.graph.output]
-    factory = runner_factory or cpu_runner
-    noise = signal = 0.0
-    outputs: list[str] = []
+    accs: list[dict[str, Any]] = [{"noise": 0.0, "signal": 0.0, "outputs": []} for _ in names]
     backend = ""
     runner = None
     try:
         for rid in rids:
-            ins = {e.name: e for e in ref.tensors(rid, kind="input")}
-            outs = {e.name: e for e in ref.tensors(rid)} | ins
-            feeds = {n: ref.read(ins[n]) for n in g_in}
+            feeds, outs = _record_feeds(ref, rid, g_in)
             if runner is None:
                 typed_inputs(m, feeds)
-                runner = factory(qdq.derive(m))
+                runner = (runner_factory or cpu_runner)(qdq.derive(m))
                 backend = getattr(runner, "backend", "")
             got = runner.run(feeds)
-            for o in g_out:
-                if o not in outs or o not in got:
-                    continue
-                r = ref.read(outs[o]).astype(np.float64).reshape(-1)
-                t = np.asarray(got[o], np.float64).reshape(-1)
-                if r.size != t.size:
-                    continue
-                d = t - r
-                noise += dot(d, d)
-                signal += dot(r, r)
-                if o not in outputs:
-                    outputs.append(o)
+            refs = _out_refs(ref, outs, g_out)
+            for acc, mine in zip(accs, names, strict=True):
+                _add_noise(acc, {o: got[mine.get(o, o)] for o in g_out if mine.get(o, o) in got}, refs)
+            del got
     finally:
         if runner is not None and hasattr(runner, "close"):
             runner.close()
-    return {"noise": noise, "signal": signal, "outputs": outputs, "weights_lifted": sorted(floats),
-            "unreached": sorted(set(weights) - set(floats)), "unreached_tensors": sorted(set(tensors) - reached),
-            "backend": backend,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return accs, backend
+
+
+def effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weights: list[str],
+               fmodel: Model | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """One counterfactual run over the records: the output noise and signal powers (the derived model goes to
+    its runner in memory)."""
+    return effect_runs(qdq, ref, rids, [(tensors, weights)], fmodel, runner_factory, merge=False)[0]
+
+
+def effect_runs(qdq: Model, ref: Any, rids: list[str], specs: list[Spec], fmodel: Model | None,
+                runner_factory: Callable[[Any], Any] | None, merge: bool = True) -> list[dict[str, Any]]:
+    """The counterfactual runs of ``specs`` (each a target's ``(tensors, weights)``): with ``merge`` as one graph
+    (:func:`lifted_variants`: the unchanged model and each target's changed part), one session, one run per
+    record, each target's figures what its own model gives (:func:`lifted_model`, one session each: ``merge``
+    False, or a model that is not :func:`mergeable`), to the bit: every node computes what it computes in the
+    target's own model. ``seconds``: the whole group's."""
+    t0 = time.perf_counter()
+    model = qdq.proto
+    every = {w for _, ws in specs for w in ws}
+    found = float_weights(qdq, fmodel, every) if every else {}
+    floats = [{w: found[w] for w in ws if w in found} for _, ws in specs]
+    reached: list[set[str]] = [set() for _ in specs]
+    if merge and len(specs) > 1 and mergeable(model):
+        plans = [_lift_plan(model, set(t), fl, qdq.base_dir, rc)
+                 for (t, _), fl, rc in zip(specs, floats, reached, strict=True)]
+        m, names = lifted_variants(model, plans)
+        accs, backend = _measure(qdq, m, names, ref, rids, runner_factory)
+    else:
+        accs, backend = [], ""
+        for (t, _), fl, rc in zip(specs, floats, reached, strict=True):
+            got, backend = _measure(qdq, lifted_model(model, set(t), fl, qdq.base_dir, rc), [{}], ref, rids,
+                                    runner_factory)
+            accs += got
+    sec = round(time.perf_counter() - t0, 3)
+    return [{**acc, "weights_lifted": sorted(fl), "unreached": sorted(set(ws) - set(fl)),
+             "unreached_tensors": sorted(set(ts) - rc), "backend": backend, "seconds": sec}
+            for acc, (ts, ws), fl, rc in zip(accs, specs, floats, reached, strict=True)]
 
 
 #: the models of the current run by (file, size, mtime): a job in this process (or in a forked worker) reads no
@@ -280,10 +404,10 @@ def _opened(path: str) -> Any:
 
 _F0 = {"type": "number", "minimum": 0, "x-finite": True}
 _NAMES = {"type": "array", "items": {"type": "string"}}
-#: an effect shard's ``result`` (:func:`_effect_run`'s, or a backend's refusal ``{"error": ...}``): noise and
+#: one counterfactual run's figures (:func:`effect_run`'s, or a backend's refusal ``{"error": ...}``): noise and
 #: signal powers finite and non-negative, never NaN (shards are untrusted: checked before the merge reads them)
-SHARD_RESULT_SCHEMA: dict[str, Any] = {
-    "title": "effect shard result",
+RUN_RESULT_SCHEMA: dict[str, Any] = {
+    "title": "effect run",
     "anyOf": [
         {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
         {"type": "object", "required": ["noise", "signal", "outputs"],
@@ -293,18 +417,38 @@ SHARD_RESULT_SCHEMA: dict[str, Any] = {
     ],
     "x-message": "must be an effect run (noise and signal: finite numbers >= 0, outputs: names) or {\"error\": text}",
 }
+#: an effect shard's ``result``: its targets' runs, in the job's order
+SHARD_RESULT_SCHEMA: dict[str, Any] = {
+    "title": "effect shard result", "type": "object", "required": ["results"],
+    "properties": {"results": {"type": "array", "items": RUN_RESULT_SCHEMA}},
+}
 
 
-def _effect_job(model_path: str, ref_path: str, rids: list[str], tensors: list[str], weights: list[str],
-                float_model: str | None, runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """One counterfactual run as a job (the models as this process loaded them, :func:`_loaded`). A backend that refuses the
-    lifted model is a result (``{"error": ...}``, kept in the shard), not a failure to retry: the refusal is
-    deterministic."""
-    try:
-        return _effect_run(_loaded(model_path), _opened(ref_path), rids, tensors, weights,
-                           _loaded(float_model) if float_model else None, runner_factory)
-    except IvqError as e:
-        return {"error": e.message}
+def _run_batch(qdq: Model, ref: Any, rids: list[str], specs: list[Spec], fmodel: Model | None,
+               runner_factory: Callable[[Any], Any] | None) -> list[dict[str, Any]]:
+    """The runs of ``specs``, in order: as one graph (:func:`effect_runs`), or one by one when the backend refuses
+    that graph, so each refusal is its own target's. A backend that refuses a lifted model gives a result
+    (``{"error": ...}``), not a failure to retry: the refusal is deterministic."""
+    if len(specs) > 1:
+        try:
+            return effect_runs(qdq, ref, rids, specs, fmodel, runner_factory)
+        except IvqError:
+            pass
+    out = []
+    for tensors, weights in specs:
+        try:
+            out.append(effect_run(qdq, ref, rids, tensors, weights, fmodel, runner_factory))
+        except IvqError as e:
+            out.append({"error": e.message})
+    return out
+
+
+def _effect_job(model_path: str, ref_path: str, rids: list[str], specs: list[Spec], float_model: str | None,
+                runner_factory: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """The counterfactual runs of ``specs`` as a job (the models as this process loaded them, :func:`_loaded`):
+    ``{"results": [...]}`` (:func:`_run_batch`)."""
+    return {"results": _run_batch(_loaded(model_path), _opened(ref_path), rids, [(list(t), list(w)) for t, w in specs],
+                                  _loaded(float_model) if float_model else None, runner_factory)}
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -315,11 +459,24 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
-             spec: dict[str, tuple[list[str], list[str]]], runner_factory: Callable[[Any], Any] | None,
-             executor: Executor | None, shards: str | os.PathLike | None,
+def _grouped(spec: dict[str, Spec], runner_factory: Callable[[Any], Any] | None, executor: Executor | None
+             ) -> list[list[Spec]]:
+    """The distinct targets of ``spec`` in groups that each run as one graph: on the CPU (``runner_factory``
+    None) as many groups as the executor has workers (one in this process), in order; on another backend one
+    target per group (a backend may refuse one lifted model and place another: each keeps its own answer)."""
+    distinct = list({(tuple(t), tuple(w)): (t, w) for t, w in spec.values()}.values())
+    if runner_factory is not None:
+        return [[s] for s in distinct]
+    n = min(len(distinct), getattr(executor, "workers", len(distinct)) if executor is not None else 1)
+    per = -(-len(distinct) // max(n, 1))
+    return [distinct[i:i + per] for i in range(0, len(distinct), per)]
+
+
+def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, Spec],
+             runner_factory: Callable[[Any], Any] | None, executor: Executor | None, shards: str | os.PathLike | None,
              progress: bool) -> tuple[dict[str, Any], dict[str, str], int, int]:
-    """The targets' runs as jobs (models read from files): ``(docs, refused, runs, resumed)`` by target key."""
+    """The targets' runs as jobs (models read from files), a job per group (:func:`_grouped`):
+    ``(docs, refused, runs, resumed)`` by target key (runs and resumed count targets)."""
 
     try:
         backend = describe_factory(runner_factory)
@@ -337,48 +494,60 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str],
           "float_model": str(fmodel.path.resolve()) if fmodel is not None else None,
           "runner_factory": runner_factory}
     jobs: dict[str, Job] = {}
-    key_of: dict[str, str] = {}
-    for key, (tensors, weights) in spec.items():
-        k = job_key(kind="effect/1", tensors=tensors, weights=weights, **meta)
-        key_of[key] = k
-        jobs.setdefault(k, Job(k, _effect_job, kw | {"tensors": tensors, "weights": weights}, meta))
+    members: dict[str, list[Spec]] = {}
+    for group in _grouped(spec, runner_factory, executor):
+        k = job_key(kind="effect/2", specs=group, **meta)
+        members[k] = group
+        jobs[k] = Job(k, _effect_job, kw | {"specs": group}, meta)
     tmp = None
     if shards is None:
         tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
+    by_spec: dict[tuple[Any, ...], dict[str, Any]] = {}
     try:
         report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
                                                     progress=progress)
         failed = {f.key: f.error for f in report.failures}
-        by_job = {k: report.load(k, SHARD_RESULT_SCHEMA)["result"] for k in jobs if k not in failed}
-        failed.update({k: str(d["error"]) for k, d in by_job.items() if "error" in d})  # refused: a result
-        by_job = {k: d for k, d in by_job.items() if "error" not in d}
+        for k, group in members.items():
+            if k in failed:
+                got = [{"error": failed[k]}] * len(group)
+            else:
+                got = report.load(k, SHARD_RESULT_SCHEMA)["result"]["results"]
+                if len(got) != len(group):
+                    raise InputError(f"the shard of job {k} holds {len(got)} effect runs for {len(group)} targets",
+                                     report.shards.get(k))
+            by_spec.update({(tuple(t), tuple(w)): d for (t, w), d in zip(group, got, strict=True)})
     finally:
         _OPENED.clear()  # the caller's dump is not kept open by this module after the run
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    docs = {key: by_job[key_of[key]] for key in spec if key_of[key] in by_job}
-    refused = {key: failed[key_of[key]] for key in spec if key_of[key] in failed}
-    return docs, refused, len(jobs), len(report.skipped)
+    docs, refused = _split(spec, by_spec)
+    resumed = sum(len(members[k]) for k in report.skipped if k in members)
+    return docs, refused, len(by_spec), resumed
 
 
-def _here(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, tuple[list[str], list[str]]],
-          runner_factory: Callable[[Any], Any] | None) -> tuple[dict[str, Any], dict[str, str], int]:
-    """The targets' runs in this process (a model built in memory), the same target measured once:
-    ``(docs, refused, runs)``."""
-    memo: dict[tuple[Any, ...], dict[str, Any]] = {}
+def _split(spec: dict[str, Spec], by_spec: dict[tuple[Any, ...], dict[str, Any]]
+           ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each target's run, and the refused ones' reasons, by target key."""
     docs, refused = {}, {}
-    for key, (tensors, weights) in spec.items():
-        mk = (tuple(tensors), tuple(weights))
-        if mk not in memo:
-            try:
-                memo[mk] = _effect_run(qdq, ref, list(rids), tensors, weights, fmodel, runner_factory)
-            except IvqError as e:  # the backend refused the lifted model
-                memo[mk] = {"error": e.message}
-        if "error" in memo[mk]:
-            refused[key] = memo[mk]["error"]
+    for key, (t, w) in spec.items():
+        d = by_spec[(tuple(t), tuple(w))]
+        if "error" in d:
+            refused[key] = str(d["error"])
         else:
-            docs[key] = memo[mk]
-    return docs, refused, len(memo)
+            docs[key] = d
+    return docs, refused
+
+
+def _here(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, Spec],
+          runner_factory: Callable[[Any], Any] | None) -> tuple[dict[str, Any], dict[str, str], int]:
+    """The targets' runs in this process (a model built in memory), the same target measured once, a group
+    (:func:`_grouped`) at a time: ``(docs, refused, runs)``."""
+    by_spec: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for group in _grouped(spec, runner_factory, None):
+        got = _run_batch(qdq, ref, list(rids), group, fmodel, runner_factory)
+        by_spec.update({(tuple(t), tuple(w)): d for (t, w), d in zip(group, got, strict=True)})
+    docs, refused = _split(spec, by_spec)
+    return docs, refused, len(by_spec)
 
 
 def _on_cpu(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, tuple[list[str], list[str]]],
@@ -386,14 +555,14 @@ def _on_cpu(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: d
     """The backend refused a lifted model (e.g. a float op HTP cannot place without CPU fallback): that target and
     the unchanged model are measured on CPU-QDQ instead, and say so (every target, when the unchanged model itself
     is refused). Fills ``docs``; returns the runs it made."""
-    cpu_base = _effect_run(qdq, ref, list(rids), [], [], fmodel, None)
+    cpu_base = effect_run(qdq, ref, list(rids), [], [], fmodel, None)
     redo = list(spec) if "base" in refused else list(refused)
     why = refused.get("base") or next(iter(refused.values()))
     for key in redo:
         if key == "base":
             docs["base"] = cpu_base
             continue
-        got = _effect_run(qdq, ref, list(rids), *spec[key], fmodel, None)
+        got = effect_run(qdq, ref, list(rids), *spec[key], fmodel, None)
         got["refused"] = one_line(refused.get(key, why), 300)
         docs[key] = got
     docs["cpu_base"] = cpu_base

@@ -253,6 +253,8 @@ def build_replay_model(model: Model, units: list[Unit], prefix: str = "u", *, sh
     del g.value_info[:]
     g.node.extend(const_nodes)
     feeds: dict[str, tuple[int, str]] = {}
+    # the output encodings' scales and zero points, read once for every unit (floors_at_zero)
+    qarr = model.arrays({x for u in units if u.out_q is not None for x in u.out_q.input[1:3] if x}) if shadow else {}
     for k, u in zip(keys if keys is not None else range(len(units)), units, strict=True):
         pre = f"{prefix}{k}::"
 
@@ -273,7 +275,7 @@ def build_replay_model(model: Model, units: list[Unit], prefix: str = "u", *, sh
             raw = {dq: x for x, dq in u.qin.items()}  # DQ output N reads -> its float input
             c = u.compute
             # the compute node's own output, before its encoding (with the ReLU the quantizer folded into it)
-            relu = u.out_q is not None and floors_at_zero(u.out_q, model.proto, model.base_dir)
+            relu = u.out_q is not None and floors_at_zero(u.out_q, model.proto, model.base_dir, qarr)
 
             def floored(value: str, name: str, relu: bool = relu) -> str:
                 if not relu:

@@ -140,14 +140,16 @@ def quant_params(node: Any, arrays: dict[str, np.ndarray]) -> QuantParams | None
     return QuantParams(np.asarray(scale), None if zp is None else np.asarray(zp), np.dtype(dtype), bits, axis)
 
 
-def floors_at_zero(q_node: Any, model: Any, base_dir: str = "") -> bool:
+def floors_at_zero(q_node: Any, model: Any, base_dir: str = "", arrays: dict[str, np.ndarray] | None = None) -> bool:
     """True when the per-tensor encoding of the Q/DQ node ``q_node`` (in ``model``) has exactly 0 as its lower
     bound (integer zero point = the storage minimum). ORT's quantizer folds a ReLU (or a Clip at 0) that follows
     an op into such an encoding and removes the node: the graph's value *before* this encoding then lacks the
     ReLU, and a float stand-in for the encoding (the replay's float-weight / pre-encoding outputs, a lifted
     encoding) must apply ``max(x, 0)`` to mean what the float model computes. External data is read from
-    ``base_dir``, the model's folder."""
-    arrays = constant_arrays(model, set(q_node.input[1:3]), base_dir)
+    ``base_dir``, the model's folder; ``arrays``: the model's constants already read (:func:`constant_arrays`
+    of at least the node's scale and zero point: a caller asking for many nodes reads the model once)."""
+    if arrays is None:
+        arrays = constant_arrays(model, set(q_node.input[1:3]), base_dir)
     qp = quant_params(q_node, arrays)
     if qp is None or qp.axis is not None or qp.zero_point is None or not qp.is_integer:
         return False

@@ -9,8 +9,13 @@ end).
   ORT's quantizer);
 * *pattern* — a pattern group of the introduced-error replay (``diagnose``), its suggestions as one set;
 * *unit* — the per-cause suggestions (:func:`unit_levers`: weights, activations, all of them);
-* *combination* — the best global lever with each of the best other levers, and the two best global levers
-  merged (a16w8 + per-channel is a16w8 with ``per_channel``).
+* *combination* — a16w8 + per-channel (a16w8 with ``per_channel``) among the globals; then the **combination
+  step** (:func:`grow`): from the best lever measured, a greedy search over its combinations with every other
+  lever that gained alone (global knobs merged — a16w8 + per-channel + a calibration method — and the unit
+  levers' overrides added) or that the baseline's precision forbids but a 16-bit-activation set runs (16-bit
+  weights), ranked by measured gain per cost, under a budget of extra trials (``--combinations``); each round
+  measures the next few as jobs and keeps the best, and the step stops when a round adds less than the minimum
+  gain, reaches the target, or the budget is spent.
 
 Every lever is one trial (:meth:`~ivq_debug.tune.verify.Tuner.trial` on a tuner with the lever's knobs: written in
 the delivered format, checked against the target's precision table, quantized, captured, compared on the
@@ -54,6 +59,10 @@ COST_FLOOR = 0.01
 CALIBRATION_LEVERS = ("minmax", "entropy", "percentile")
 #: the job kind of a lever (its key)
 KIND = "tune-search/1"
+#: extra trials the combination step may run by default (``ivq tune --combinations``)
+COMBINATIONS = 6
+#: combinations measured per round of the combination step (one batch of jobs: parallel with ``--workers``)
+COMBINATION_WIDTH = 2
 
 
 @dataclass
@@ -66,6 +75,16 @@ class Lever:
     per_channel: bool
     calibrate_method: str
     suggestions: list[Suggestion] = field(default_factory=list)
+    #: the measured levers it is made of (itself for a lever of the initial list)
+    parts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.parts = self.parts or (self.name,)
+
+    def signature(self) -> tuple[Any, ...]:
+        """What the trial depends on: two levers of one signature are one set (one job)."""
+        return (self.preset, self.per_channel, self.calibrate_method,
+                tuple(sorted(map(repr, map(_suggestion_key, self.suggestions)))))
 
     def knobs(self) -> dict[str, Any]:
         """What ``ivq quantize`` needs besides the overrides file."""
@@ -170,7 +189,75 @@ def combine(a: Lever, b: Lever) -> Lever:
     cm = a.calibrate_method if a.calibrate_method != "minmax" else b.calibrate_method
     names = {s.tensor for s in b.suggestions}
     sug = [s for s in a.suggestions if s.tensor not in names] + list(b.suggestions)
-    return Lever(f"{a.name} + {b.name}", "combination", preset, a.per_channel or b.per_channel, cm, sug)
+    return Lever(f"{a.name} + {b.name}", "combination", preset, a.per_channel or b.per_channel, cm, sug,
+                 a.parts + tuple(p for p in b.parts if p not in a.parts))
+
+
+def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Callable[[Sequence[Lever]], None], *,
+         budget: int = COMBINATIONS, width: int = COMBINATION_WIDTH, min_gain_db: float = 0.5,
+         max_size: float | None = None, base_bytes: float = 0.0,
+         reached: Callable[[dict[str, Any]], bool] | None = None,
+         legal: Callable[[Lever], bool] | None = None) -> list[Lever]:
+    """The combination step: greedy growth of the best measured lever by the other levers, at most ``budget``
+    extra trials; returns the combinations measured (``measure`` runs a batch and appends their rows to ``rows``).
+
+    *Parts*: the levers that gained alone (status ok, gain > 0), ranked by gain per relative size cost (floored at
+    :data:`COST_FLOOR`), then the levers the baseline's precision forbids (``not run by``: 16-bit weights under
+    8-bit activations, which a 16-bit-activation set runs), fewest overrides first. *Start*: the ok lever of the
+    largest gain within ``max_size``. *Round*: the next ``width`` combinations of the current set with a part it
+    does not hold — skipping a set already measured (same :meth:`Lever.signature`), one ``legal`` refuses (the
+    target's precision table) and one whose estimated size
+    (the parts' size increases summed) is over ``max_size`` — measured as one batch; the best of them becomes the
+    current set when it adds at least ``min_gain_db`` (and lowers no task metric of the current set). Stops when a
+    round does not, when ``reached(row)`` holds for the current set (a target met: more costs more), or when the
+    budget is spent."""
+    row = {r["lever"]: r for r in rows}
+    by = {lv.name: lv for lv in levers}
+
+    def rel(name: str) -> float | None:
+        b = row[name].get("model_bytes")
+        return float(b) / base_bytes - 1.0 if b and base_bytes else None
+
+    def ok(name: str) -> bool:
+        return name in row and row[name]["status"] == "ok" and row[name]["gain_db"] is not None
+
+    gained = sorted((n for n in by if n in row and ok(n) and row[n]["gain_db"] > 0),
+                    key=lambda n: -row[n]["gain_db"] / max(rel(n) or 0.0, COST_FLOOR))
+    forbid = sorted((n for n in by if n in row and row[n]["status"].startswith("not run by")),
+                    key=lambda n: len(by[n].suggestions))
+    parts = [by[n] for n in gained + forbid]
+    affordable = [n for n in gained if max_size is None or (rel(n) or 0.0) <= max_size - 1.0]
+    if not affordable or budget <= 0:
+        return []
+    current = by[max(affordable, key=lambda n: row[n]["gain_db"])]
+    seen = {by[n].signature() for n in by} | {current.signature()}
+    done: list[Lever] = []
+    while len(done) < budget and not (reached and reached(row[current.name])):
+        batch: list[Lever] = []
+        for p in parts:
+            if len(batch) >= min(width, budget - len(done)):
+                break
+            if set(p.parts) <= set(current.parts):
+                continue
+            c = combine(current, p)
+            grow_by = [rel(n) for n in c.parts if n in row]
+            if c.signature() in seen or (legal and not legal(c)) or (
+                    max_size is not None and None not in grow_by and sum(grow_by) > max_size - 1.0):
+                continue
+            seen.add(c.signature())
+            batch.append(c)
+        if not batch:
+            break
+        measure(batch)
+        done += batch
+        row.update({r["lever"]: r for r in rows})
+        cur = row[current.name]
+        better = [c for c in batch if ok(c.name) and row[c.name]["gain_db"] >= cur["gain_db"] + min_gain_db
+                  and all(row[c.name]["task"].get(k, v) >= v for k, v in cur["task"].items())]
+        if not better:
+            break
+        current = max(better, key=lambda c: row[c.name]["gain_db"])
+    return done
 
 
 @dataclass
@@ -215,15 +302,18 @@ def _score(tr: Trial, watch: Sequence[str]) -> float | None:
 
 def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Sequence[str] = (),
            max_size: float | None = None, max_cycles: float | None = None, target: float | None = None,
-           target_task: str | None = None, min_gain_db: float = 0.5, combinations: int = 3,
+           target_task: str | None = None, min_gain_db: float = 0.5, combinations: int = COMBINATIONS,
            progress: Callable[[str], None] | None = None, executor: Executor | None = None,
            shards: str | os.PathLike | None = None) -> SearchResult:
-    """Measure ``levers`` (and up to ``combinations`` combinations of the best), choose, confirm on the target.
+    """Measure ``levers``, then up to ``combinations`` combinations of them (:func:`grow`), choose, confirm on the
+    target.
 
     Args:
         max_size / max_cycles: the largest model-size / HTP-cycle ratio to the baseline a lever may have.
         target: the value to reach: the worst watched SQNR (dB), or the task metric ``target_task`` when given.
-        min_gain_db: the least gain of an eligible lever (without a target).
+        min_gain_db: the least gain of an eligible lever (without a target), and the least a combination must add
+            to the set it grows.
+        combinations: the combination step's budget of extra trials (0: none).
         executor: runs each lever as a job (:mod:`ivq_debug.executor`: ``LocalExecutor(n)``, ``RayExecutor``;
             default: one after the other in this process); each job is a partial capture in its own folder
             (:func:`lever_job`) and leaves a JSON shard, so an interrupted search resumes from the shards.
@@ -293,24 +383,16 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             row["status"] = bad or "ok"
 
     run(levers)
-    ok = sorted((r for r in rows if r["status"] == "ok" and r["gain_db"] is not None),
-                key=lambda r: -r["gain_db"])
-    glob = [r for r in ok if r["kind"] == "global"]
-    others = [r for r in ok if r["kind"] != "global"]
-    by = {lv.name: lv for lv in levers}
-    combos: list[Lever] = []
-    if glob:
-        combos += [combine(by[glob[0]["lever"]], by[o["lever"]]) for o in others[:combinations]]
-    if len(glob) > 1:
-        combos.append(combine(by[glob[0]["lever"]], by[glob[1]["lever"]]))
-    seen = {r["lever"] for r in rows}
-    batch = []
-    for c in combos[:combinations + 1]:
-        if c.name not in seen and ((c.preset, c.per_channel, c.calibrate_method) != _knobs(tuner) or c.suggestions):
-            seen.add(c.name)
-            by[c.name] = c
-            batch.append(c)
-    run(batch)
+
+    def reached(r: dict[str, Any]) -> bool:
+        if target is None:
+            return False
+        v = r["task"].get(target_task) if target_task else r["sqnr_db"]
+        return v is not None and v >= target
+
+    grow(levers, rows, run, budget=combinations, min_gain_db=min_gain_db, max_size=max_size,
+         base_bytes=float(before.model_bytes or 0), reached=reached,
+         legal=lambda lv: not forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target))
     basis = "cycles" if before.cycles and all(r["cycles"] for r in rows if r["status"] == "ok") else "model_bytes"
     c0 = float(before.cycles or 0) if basis == "cycles" else float(before.model_bytes or 0)
     for r in rows:

@@ -204,10 +204,12 @@ def candidate(group: Group, precision: str, encodings: Mapping[str, Any]) -> lis
 
 # ---------------------------------------------------------------------------------------------- jobs
 def sweep_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], watch: list[str]) -> dict[str, Any]:
-    """One candidate (in a worker): its trial in ``tuner.workdir``, measured, then its files removed."""
-    tr = tuner.trial(label, [Suggestion(**s) for s in suggestions])
+    """One candidate (in a worker): its trial in ``tuner.workdir``, measured, then its files removed (kept, with
+    the trial's dump, when ``tuner.keep_dumps``: ``--keep-dumps``)."""
+    tr = tuner.trial(label, [Suggestion(**s) for s in suggestions])  # a dump only with keep_dumps
     out = measure(tr, watch)
-    shutil.rmtree(tuner.workdir, ignore_errors=True)
+    if not tuner.keep_dumps:
+        shutil.rmtree(tuner.workdir, ignore_errors=True)
     return out
 
 

@@ -15,6 +15,8 @@ from ivq_debug.diagnose.effect import (
     EFFECT_GROUPS,
     EFFECT_UNITS,
     Target,
+    effect_run,
+    effect_runs,
     measure_effects,
     shared_encodings,
     why_small,
@@ -22,9 +24,10 @@ from ivq_debug.diagnose.effect import (
 from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.executor import LocalExecutor
-from ivq_debug.onnxgraph.load import load_model
+from ivq_debug.onnxgraph.load import load, load_model
 from tests.support import remedy_models as rm
 from tests.support.cli import ivq_cli
+from tests.support.parses import counting
 from tests.support.qnn_models import needs_qnn
 
 
@@ -134,3 +137,65 @@ def test_remedies_only_for_the_units_the_findings_fix(runs) -> None:
     assert [x.cause for x in r.remedies(rm.GATE_NODE)] == ["clipping"]  # over budget
     healthy = [n for n in r.evidence if n not in (rm.FC2_NODE, rm.GATE_NODE, "gated/Mul")]
     assert healthy and all(r.remedies(n) == [] for n in healthy)  # measured (top 5), not a finding's unit
+
+
+def specs_of(effects: dict) -> list[tuple[list[str], list[str]]]:
+    """The unchanged model and every target a replay measured, as ``(tensors, weights)``."""
+    out = [([], [])] + [(t["tensors"], sorted(t["weights_lifted"] + t["unreached"]))
+                        for t in effects["targets"].values()]
+    return list({(tuple(a), tuple(b)): (list(a), list(b)) for a, b in out}.values())
+
+
+def one_graph_equals_one_by_one(qdq, fmodel, ref, rids, specs) -> None:
+    """The targets' runs as one graph (one session) give each target's figures of its own model, to the bit."""
+    with counting() as c:
+        together = effect_runs(qdq, ref, rids, specs, fmodel, None)
+    assert sum(c["ort_session"].values()) == 1
+    alone = [effect_run(qdq, ref, rids, t, w, fmodel, None) for t, w in specs]
+    strip = [{k: v for k, v in d.items() if k != "seconds"} for d in (*together, *alone)]
+    assert strip[:len(specs)] == strip[len(specs):]
+    # the targets change the output differently (a mix-up of the variants' outputs would show); one whose error is
+    # absorbed downstream (the gate) leaves it as it is
+    assert len({d["noise"] for d in together}) >= 3
+
+
+@pytest.mark.parametrize("tag", ["act", "weight"])
+def test_the_counterfactual_runs_as_one_graph_equal_the_runs_one_by_one(m, runs, tag) -> None:
+    ref = open_dump(m["ref"])
+    specs = specs_of(runs[tag].effects)
+    assert len(specs) >= 4 and any(w for _, w in specs)  # lifted weights (the float model's) and encodings
+    one_graph_equals_one_by_one(load(m[tag]), load(m["float"]), ref, [ref.records["rid"].iloc[0]], specs)
+    # an injected fault in the model shows in the batched figures as in the replay's own: the fault's lift removes
+    # most of the output error (the act fault: its encoding with its Reshape copy)
+    if tag == "act":
+        fix = next(d for (t, _), d in zip(specs, effect_runs(load(m[tag]), ref, [ref.records["rid"].iloc[0]], specs,
+                                                             load(m["float"]), None), strict=True)
+                   if rm.FC1_COPY in t)
+        assert fix["noise"] < 0.05 * runs[tag].effects["base"]["noise"]
+
+
+def test_two_workers_split_the_targets_into_two_graphs_with_the_same_figures(m, runs, tmp_path) -> None:
+    ref = open_dump(m["ref"])
+    rid = ref.records["rid"].iloc[0]
+    targets = [Target(f"t{i}", t, w) for i, (t, w) in enumerate(specs_of(runs["act"].effects)[1:])]
+    one = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"])
+    two = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"], executor=LocalExecutor(2),
+                          shards=tmp_path / "sh")
+    assert len(list((tmp_path / "sh").glob("*.json"))) == 2 and two["runs"] == one["runs"] == len(targets) + 1
+    assert {k: v for k, v in two.items() if k != "seconds"} == {k: v for k, v in one.items() if k != "seconds"}
+
+
+def test_a_shard_with_fewer_runs_than_its_targets_is_refused(m, tmp_path) -> None:
+    from ivq_debug.errors import InputError
+
+    ref = open_dump(m["ref"])
+    rid = ref.records["rid"].iloc[0]
+    targets = [Target("own", [rm.FC1_TENSOR], []), Target("gate", [rm.GATE_TENSOR], [])]
+    measure_effects(m["act"], ref, [rid], targets, shards=tmp_path / "sh", executor=LocalExecutor(1))
+    (shard,) = (tmp_path / "sh").glob("*.json")
+    doc = json.loads(shard.read_text())
+    doc["result"]["results"].pop()
+    shard.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        measure_effects(m["act"], ref, [rid], targets, shards=tmp_path / "sh", executor=LocalExecutor(1))
+    assert "holds 2 effect runs for 3 targets" in e.value.one_line() and str(shard) in e.value.one_line()

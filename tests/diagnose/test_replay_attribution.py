@@ -132,3 +132,52 @@ def test_headline_effect_is_most_of_what_removing_the_fault_gives(m, runs, tag, 
     head = r.findings()[0]
     assert head.where["node"] == node and removal > 0.1
     assert head.evidence["output_error_share"] >= 0.5 * removal  # measured: act 0.127, weight 0.259
+
+
+def test_the_counterfactual_runs_as_one_graph_equal_the_runs_one_by_one_on_the_vit(m, runs) -> None:
+    """The effect runs of a real ViT's replay (its targets, the user's float weights, both records) as one graph
+    and one session give every target's noise and signal of its own model, to the bit."""
+    from ivq_debug.diagnose.effect import lifted_variants, mergeable
+    from ivq_debug.onnxgraph.load import load
+    from tests.diagnose.test_effect import one_graph_equals_one_by_one, specs_of
+
+    r = runs[("act", "local")]
+    ref = open_dump(m["ref"])
+    specs = specs_of(r.effects)
+    qdq = load(m["act"])
+    assert len(specs) >= 4 and mergeable(qdq.proto)
+    one_graph_equals_one_by_one(qdq, load(m["float"]), ref, list(ref.records["rid"][:2]), specs)
+    from ivq_debug.diagnose.effect import _lift_plan
+
+    merged, _ = lifted_variants(qdq.proto, [_lift_plan(qdq.proto, set(t), {}, qdq.base_dir) for t, _ in specs])
+    # the unchanged part runs once: fewer nodes than a model per target
+    assert len(merged.graph.node) < len(specs) * len(qdq.proto.graph.node)
+
+
+def test_aligning_up_to_the_replayed_record_pairs_it_as_the_whole_alignment(m, tmp_path) -> None:
+    """``ivq diagnose`` aligns the dumps only up to its record (``align(until=...)``): each record's pairs, the
+    value-checked reshape pairs included (checked on the first record and reused), and its metrics equal the
+    whole comparison's; the later records are left out."""
+    from ivq_debug.align.matcher import align
+    from ivq_debug.comparator.comparison import compare
+
+    test = capture(make_runner("onnx", m["act"], selection=Selection()), [vit.image(7), vit.image(8)],
+                   tmp_path / "act.h5", progress=None)
+    ref, t = open_dump(m["ref"]), open_dump(test)
+    full = align(ref, t)
+    keys = sorted({p.ref.record for p in full.pairs})
+    assert len(keys) == 2 and any(p.match == "reshape" for p in full.pairs)
+
+    def names(pairs):
+        return [(p.ref.name, p.test.name, p.match) for p in pairs]
+
+    for k in keys:
+        got = align(ref, t, until=lambda key, k=k: key == k)
+        mine = [p for p in got.pairs if p.ref.record == k]
+        assert names(mine) == names([p for p in full.pairs if p.ref.record == k])
+    first = align(ref, t, until=lambda key: key == keys[0])
+    assert {p.ref.record for p in first.pairs} == {keys[0]}
+    assert not any(e.record == keys[1] for e in [*first.unmatched_ref, *first.unmatched_test])
+    cut = compare(ref, t, records=lambda key: key == keys[0], only_records=True, progress=False).table
+    whole = compare(ref, t, records=lambda key: key == keys[0], progress=False).table
+    assert cut.drop(columns=["violations"]).equals(whole.drop(columns=["violations"])) and len(cut) > 100

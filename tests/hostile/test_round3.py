@@ -110,7 +110,7 @@ def test_every_shard_kind_is_read_through_its_schema(tmp_path: Path) -> None:
         "replay": (REPLAY, {"units": {}, "backend": "cpu", "info": {}, "sessions": -1}, "sessions"),
         "sweep": (SWEEP, {"label": "x", "error": None, "sqnr": {}, "task": {}, "model_bytes": 1,
                           "cycles": float("nan")}, "cycles"),
-        "effect": (EFFECT, {"noise": float("nan"), "signal": 1.0, "outputs": []}, "effect run"),
+        "effect": (EFFECT, {"results": [{"noise": float("nan"), "signal": 1.0, "outputs": []}]}, "effect run"),
     }
     for kind, (schema, result, words) in forged.items():
         p = tmp_path / f"{kind}.json"
@@ -119,5 +119,6 @@ def test_every_shard_kind_is_read_through_its_schema(tmp_path: Path) -> None:
             read_shard(p, tmp_path, schema)
         assert str(p) in e.value.one_line() and words in e.value.one_line(), e.value.one_line()
     ok = tmp_path / "ok.json"
-    ok.write_text(json.dumps({"schema": "ivq-shard/1", "key": "ok", "meta": {}, "result": {"error": "refused"}}))
-    assert read_shard(ok, tmp_path, EFFECT)["result"] == {"error": "refused"}
+    ok.write_text(json.dumps({"schema": "ivq-shard/1", "key": "ok", "meta": {},
+                              "result": {"results": [{"error": "refused"}]}}))
+    assert read_shard(ok, tmp_path, EFFECT)["result"] == {"results": [{"error": "refused"}]}

@@ -58,3 +58,14 @@ def two_causes_sample(seed: int, big: float = 100.0) -> dict[str, np.ndarray]:
     x[0, 7] *= 0.001
     x[0, 15] = big
     return {"x": x}
+
+
+def two_causes_trial_inputs(folder: Path, *, evaluation: int) -> dict:
+    """What a trial on the model needs, in ``folder``: ``model``, ``cal`` (8 samples, seeds 0-7), ``feeds``
+    (``evaluation`` samples, seeds 100+) and ``ref`` (their float reference dump, ORT)."""
+    from ivq_debug.capture.base import Selection, capture, make_runner
+
+    model = build_two_causes(Path(folder) / "two.onnx")
+    feeds = [two_causes_sample(100 + i) for i in range(evaluation)]
+    ref = capture(make_runner("onnx", model, selection=Selection()), feeds, Path(folder) / "ref.h5", progress=None)
+    return {"model": model, "cal": [two_causes_sample(i) for i in range(8)], "feeds": feeds, "ref": ref}

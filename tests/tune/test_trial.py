@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from ivq_debug.capture.base import Selection, capture, make_runner
+from ivq_debug.capture.base import Selection, make_runner
 from ivq_debug.dump import open_dump
 from ivq_debug.dump.memory import MemorySink
 from ivq_debug.errors import UsageError
@@ -23,8 +23,9 @@ from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.qnn.encodings import to_ort_overrides
 from ivq_debug.qnn.quantize import calibration_cache_key, quantize_for_qnn
 from ivq_debug.tune.suggest import Suggestion, read_overrides
+from ivq_debug.tune.sweep import sweep
 from ivq_debug.tune.verify import CALIBRATION_CACHE, Tuner, one_trial, prune_workdir
-from tests.support.lever_models import build_two_causes, two_causes_sample
+from tests.support.lever_models import build_two_causes, two_causes_sample, two_causes_trial_inputs
 from tests.support.qnn_models import needs_qnn
 
 
@@ -35,11 +36,7 @@ def mean_abs(outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def lever(tmp_path_factory) -> dict:
-    d = tmp_path_factory.mktemp("trial")
-    model = build_two_causes(d / "two.onnx")
-    feeds = [two_causes_sample(100 + i) for i in range(3)]
-    ref = capture(make_runner("onnx", model, selection=Selection()), feeds, d / "ref.h5", progress=None)
-    return {"model": model, "cal": [two_causes_sample(i) for i in range(8)], "feeds": feeds, "ref": ref}
+    return two_causes_trial_inputs(tmp_path_factory.mktemp("trial"), evaluation=3)
 
 
 def _tuner(lever: dict, wd: Path, backend: str) -> Tuner:
@@ -149,3 +146,19 @@ def test_pruning_keeps_the_weights_of_a_kept_model_with_external_data(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["after.qdq.onnx", "after.qdq.onnx.data"]
     y = ort.InferenceSession(str(tmp_path / "after.qdq.onnx")).run(None, two_causes_sample(0))[0]
     assert np.isfinite(y).all() and np.abs(y).max() > 0  # the weights are there
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_sweep_job_keeps_its_trial_files_only_with_keep_dumps(lever, tmp_path: Path, keep: bool) -> None:
+    """``--keep-dumps`` keeps every sweep candidate's model and dump (the job folders were removed regardless;
+    about 18 s per case on a loaded machine: slow)."""
+    tuner = replace(_tuner(lever, tmp_path, "cpu"), keep_dumps=keep)
+    res = sweep(tuner, groups=1, precisions=["a16"], progress=False)
+    jobs = tmp_path / "sweep" / "jobs"
+    kept = sorted(p.name for p in jobs.glob("*/*")) if jobs.exists() else []
+    assert len(res.table) == 1 and res.table["sqnr_db"].notna().all()  # the candidate ran and was measured
+    if keep:
+        assert any(n.endswith(".h5") for n in kept) and any(n.endswith(".qdq.onnx") for n in kept), kept
+    else:
+        assert kept == []
