@@ -5,7 +5,7 @@ first: on the PP-OCRv4 recognizer with 12 evaluation lines 2.3 GB written once a
 reads only the tensors it measures (the watched tensors, the model outputs, its suggestions' tensors). A
 :class:`LiveReference` instead runs the float model (ORT CPU, every tensor exposed: the runner the capture used)
 on one evaluation sample when a comparison first reads a value of that sample, into memory
-(:class:`~ivq_debug.dump.memory.MemorySink`), and keeps the arrays the comparisons *read*, up to a byte budget
+(:class:`~ivq_debug.dump.memory.MemorySink`), and keeps the arrays the last comparison *read*, up to a byte budget
 (:data:`ivq_debug.defaults.TUNE_REFERENCE_KEEP_BYTES`); the rest is dropped after each comparison and made again
 by the next forward that needs it. Nothing is written.
 
@@ -129,9 +129,10 @@ class LiveReference:
         return old
 
     def _trim(self, rec: LiveRecord) -> None:
-        """After a comparison: keep the arrays read so far (this and earlier comparisons), within the budget."""
-        want = self._wanted.setdefault(rec._sample, set())
-        want |= rec.read_keys
+        """After a comparison: keep the arrays it read (the next trial measures much the same tensors: the outputs,
+        the watched ones), within the budget; a whole comparison (the baseline's) keeps what fits."""
+        want = rec.read_keys or self._wanted.get(rec._sample, set())
+        self._wanted[rec._sample] = want
         rec.read_keys = set()
         others = sum(int(a.nbytes) for r in self._records.values() if r is not rec for a in r._arrays.values())
         kept: dict[tuple[str, str, str], np.ndarray] = {}
