@@ -61,6 +61,7 @@ from ivq_debug import defaults
 from ivq_debug.diagnose.weight_spread import channel_axis, channel_ranges
 from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, constant_arrays, float_name, quant_params
+from ivq_debug.qnn.quantize import weight16_override
 
 #: a weight encoding whose grid spans at least this many times the weight's largest magnitude is mis-fit
 WEIGHT_RANGE_RATIO = 2.0
@@ -225,7 +226,7 @@ def _weight_resolution(ev: UnitEvidence) -> Remedy | None:
     if int(we.get("bits") or 8) >= 16:
         return None
     w = str(ev.weight)
-    over: dict[str, list[dict[str, Any]]] = {w: [{"quant_type": _qtype(16, bool(we.get("signed")))}]}
+    over: dict[str, list[dict[str, Any]]] = {w: [weight16_override()]}  # signed symmetric: what HTP computes
     acts: tuple[str, ...] = ()
     text = f"16-bit weights on {w}"
     if ev.activation_bits < 16:

@@ -44,12 +44,32 @@ from ivq_debug.outputs import WRITE_ERRNOS, check_output, output_error, publish_
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
 from ivq_debug.qnn.names import NameMap
 
+#: the 16-bit weight type: signed symmetric int16, zero point 0 (``get_qnn_qdq_config`` makes signed weight types
+#: symmetric). What QNN HTP computes: its 16x16 Conv / FullyConnected / MatMul take symmetric int16 weights only (the
+#: QNN EP converts asymmetric uint16 ones with an inserted Convert op, microsoft/onnxruntime#24729 and #24846; a
+#: Gemm at a16 x asymmetric-u16 is refused, a per-channel uint16 Conv too), and only for signed symmetric weights does
+#: ORT widen a weight scale whose int32 bias would clip (``_adjust_weight_scale_for_int32_bias``). Measured on the
+#: PP-OCRv4 recognizer (docs/tune.md "16-bit weights on QNN HTP").
+WEIGHT16 = "QInt16"
 #: preset -> (activation QuantType name, weight QuantType name)
 PRESETS: dict[str, tuple[str, str]] = {
     "a8w8": ("QUInt8", "QUInt8"),
     "a16w8": ("QUInt16", "QUInt8"),
-    "a16w16": ("QUInt16", "QUInt16"),
+    "a16w16": ("QUInt16", WEIGHT16),
 }
+#: weight bits -> the storage of a ``BatchNormalization`` scale that QNN HTP computes right (symmetric). The QNN EP
+#: folds mean and variance into the scale and bias and re-quantizes them; HTP (emulated, onnxruntime-qnn 2.7)
+#: computes a 16-bit one right in uint16 only: one PP-OCRv4 BatchNormalization at a16w16 reads 11.5 dB against float
+#: with an int16 scale, 61 dB with a uint16 one, and the whole recognizer 2 of 4 lines against 4 of 4
+#: (tests/qnn/test_quantize_htp.py, docs/tune.md). 8-bit scales are left as the preset has them: uint8 against int8
+#: measured no consistent winner (a16w8 + per-channel on PP-OCRv4: 4 of 4 lines with uint8, 1 of 4 with int8).
+BN_SCALE_TYPES: dict[int, str] = {16: "QUInt16"}
+
+
+def weight16_override() -> dict[str, Any]:
+    """The ORT ``TensorQuantOverrides`` entry of one 16-bit weight, as HTP computes it (:data:`WEIGHT16`, symmetric
+    whatever the preset's weight type)."""
+    return {"quant_type": WEIGHT16, "symmetric": True}
 CALIBRATE_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile",
                      "distribution": "Distribution"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -61,6 +81,7 @@ _QTYPE_ALIASES = {
     "i16": "QInt16", "quint4": "QUInt4", "uint4": "QUInt4", "qint4": "QInt4", "int4": "QInt4",
     "qfloat8e4m3fn": "QFLOAT8E4M3FN",
 }
+_QTYPE_BITS = {"QUInt8": 8, "QInt8": 8, "QUInt16": 16, "QInt16": 16, "QUInt4": 4, "QInt4": 4}
 _MAX_PROTO_BYTES = 1_800_000_000  # above this, preprocess / quantize with external data
 #: the sidecar of an ORT overrides file listing the nodes left float (ORT overrides cannot express fp16):
 #: ``<overrides>.nodes_to_exclude.json``, ``{"nodes_to_exclude": [node, ...]}``
@@ -611,7 +632,9 @@ def quantize_for_qnn(
         model_path: the float ONNX model.
         output_path: where the QDQ model goes (atomic; replaced only with ``overwrite=True``).
         calibration: see :func:`load_calibration` (folder, ``.npz``, ``.npy``, feeds list, stacked dict).
-        preset: ``"a8w8"``, ``"a16w8"`` or ``"a16w16"`` (activation / weight bits, unsigned).
+        preset: ``"a8w8"``, ``"a16w8"`` or ``"a16w16"`` (activation / weight bits; :data:`PRESETS`: unsigned,
+            but 16-bit weights signed symmetric, :data:`WEIGHT16`, and 16-bit BatchNormalization scales
+            :data:`BN_SCALE_TYPES`).
         per_channel: per-channel weights for the op types QNN supports per-channel.
         overrides: see :func:`load_overrides`.
         strict_overrides: raise :class:`UsageError` when overrides name tensors the model lacks
@@ -724,6 +747,10 @@ def quantize_for_qnn(
             up.parent.mkdir()
             onnx.save(intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src), str(up))
             source = up
+        storage = htp_storage_overrides(load_model(source), w_name, init_overrides)
+        if storage:
+            notes.append(f"{len(storage)} BatchNormalization scale(s) stored as "
+                         f"{BN_SCALE_TYPES[_QTYPE_BITS[w_name]]} symmetric: what QNN HTP computes right")
         reader = _reader(samples)
         # ORT's entropy / percentile calibration prints its progress on stdout, which carries a command's results
         # (tables, TSV, JSON): it goes to stderr with the other progress
@@ -733,7 +760,7 @@ def quantize_for_qnn(
                     source, reader,
                     calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[calibrate_method.lower()]),
                     activation_type=act, weight_type=wt, per_channel=per_channel,
-                    init_overrides=init_overrides or None, activation_symmetric=activation_symmetric,
+                    init_overrides={**storage, **init_overrides} or None, activation_symmetric=activation_symmetric,
                     weight_symmetric=weight_symmetric,
                     op_types_to_quantize=list(op_types_to_quantize) if op_types_to_quantize else None,
                     nodes_to_exclude=list(nodes_to_exclude) if nodes_to_exclude else None,
@@ -795,6 +822,19 @@ def quantize_for_qnn(
         intake=intake_rep.to_dict(),
         effective=effective,
     )
+
+
+def htp_storage_overrides(model: Any, weight_type: str, overrides: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The ORT overrides that store what QNN HTP computes right and the preset would store otherwise: the scale of
+    each ``BatchNormalization`` (an initializer no entry of ``overrides`` names) in :data:`BN_SCALE_TYPES` of the
+    weight type's bits, symmetric. ``model`` is the graph the quantizer takes."""
+    qt = BN_SCALE_TYPES.get(_QTYPE_BITS.get(weight_type, 8))
+    if qt is None or qt == weight_type:
+        return {}
+    inits = {t.name for t in model.graph.initializer}
+    return {n.input[1]: [{"quant_type": _qtype(qt), "symmetric": True}] for n in model.graph.node
+            if n.op_type == "BatchNormalization" and len(n.input) > 1 and n.input[1] in inits
+            and n.input[1] not in overrides}
 
 
 def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[str, Any]], cfg: Any) -> str:

@@ -8,7 +8,11 @@ its activation input's bits and its weight's bits; its bias is a separate entry.
   a configuration HTP has** (the QNN HTA/HTP 16-bit notes: "16-bit activations while keeping weights at 8 bits",
   ``--act_bw 16 --weight_bw 8``; the HTP op revision history lists a16w8 and a16w16 configurations per op, never
   a8w16; ONNX Runtime's QNN EP "Mixed precision support"); measured here: the QNN EP's session creation refuses a
-  Conv at a8w16 (``tests/tune/test_legal.py``). A bias is ``int32``.
+  Conv at a8w16 (``tests/tune/test_legal.py``). A bias is ``int32``. **A 16-bit weight is symmetric** (zero
+  point at the middle of its storage: int16 0, uint16 32768): QNN's 16x16 Conv / FullyConnected / MatMul take
+  symmetric int16 weights only, and the QNN EP converts an asymmetric uint16 weight with an inserted Convert op
+  (microsoft/onnxruntime#24729, #24846); measured here, PP-OCRv4 at a16w16 with asymmetric uint16 weights reads 1
+  of 4 lines on HTP (4 of 4 on CPU-QDQ), symmetric ones 4 of 4 (docs/tune.md).
 * ORT CPU-QDQ: every pair the quantizer writes runs (the CPU kernels dequantize), bias ``int32``.
 
 fp16 (a node left unquantized) reads float weights: it is no pair and always legal where the backend has fp16
@@ -21,6 +25,9 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+from onnx import numpy_helper
 
 from ivq_debug.onnxgraph.load import load_model
 
@@ -42,6 +49,8 @@ class PrecisionTable:
     bias: frozenset[str]
     #: where the table comes from (cited in docs/tune.md)
     source: str
+    #: a 16-bit weight must be symmetric (its zero point the middle of its storage)
+    symmetric16: bool = False
 
     def allows(self, activation_bits: int, weight_bits: int) -> bool:
         """True when the backend runs a weight op at these bits."""
@@ -54,7 +63,8 @@ class PrecisionTable:
 
 TABLES: dict[str, PrecisionTable] = {
     "qnn": PrecisionTable("qnn", frozenset({(8, 8), (16, 8), (16, 16)}), frozenset({"int32"}),
-                          "QNN HTP: a8w8, a16w8, a16w16; no 8-bit activation x 16-bit weight; int32 bias"),
+                          "QNN HTP: a8w8, a16w8, a16w16; no 8-bit activation x 16-bit weight; int32 bias; "
+                          "16-bit weights symmetric", symmetric16=True),
     "cpu": PrecisionTable("cpu", frozenset({(8, 8), (16, 8), (16, 16), (8, 16)}), frozenset({"int32"}),
                           "ORT CPU-QDQ: every pair the quantizer writes; int32 bias"),
 }
@@ -71,7 +81,7 @@ class Violation:
 
     node: str
     op_type: str
-    what: str  # "pair"
+    what: str  # "pair", "asymmetric16"
     detail: str
 
     def __str__(self) -> str:
@@ -105,7 +115,8 @@ def violations(qdq_model: str | os.PathLike | Any, backend: str = "qnn") -> list
     the ground truth a trial checks after quantizing (type conflicts the quantizer resolved included)."""
     tab = table(backend)
     m = qdq_model if hasattr(qdq_model, "graph") else load_model(qdq_model)
-    inits = {t.name for t in m.graph.initializer}
+    inits_by_name = {t.name: t for t in m.graph.initializer}
+    inits = set(inits_by_name)
     producers = {o: n for n in m.graph.node for o in n.output if o}
     types = _dq_types(m)
     out: list[Violation] = []
@@ -120,7 +131,20 @@ def violations(qdq_model: str | os.PathLike | Any, backend: str = "qnn") -> list
         if not tab.allows(ab, wb):
             out.append(Violation(n.name, n.op_type, "pair", f"{ab}-bit activation x {wb}-bit weight is not run by "
                                  f"{tab.backend.upper()} ({tab.source})"))
+        elif wb == 16 and tab.symmetric16 and not _symmetric_zero_point(wdq, inits_by_name, w):
+            out.append(Violation(n.name, n.op_type, "asymmetric16", f"16-bit weight {wdq.input[0]!r} is asymmetric "
+                                 f"(its zero point is off the middle of {w}): {tab.backend.upper()} computes 16-bit "
+                                 "weights symmetric only (the QNN EP converts it; docs/tune.md)"))
     return out
+
+
+def _symmetric_zero_point(dq: Any, inits: dict[str, Any], dtype: str) -> bool:
+    """True when a weight's DequantizeLinear has the symmetric zero point of its storage on every channel."""
+    zp = inits.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    mid = 0 if dtype.startswith("int") else 1 << (_BITS.get(dtype, 8) - 1)
+    if zp is None:
+        return mid == 0
+    return bool(np.all(numpy_helper.to_array(zp).astype(np.int64) == mid))
 
 
 def forbidden(suggestions: Iterable[Any], float_model: str | os.PathLike | Any, preset: str,
@@ -155,6 +179,8 @@ def forbidden(suggestions: Iterable[Any], float_model: str | os.PathLike | Any, 
             if not tab.allows(ab, wb):
                 out.append(f"{x}: {wb}-bit weight of {n.name} ({n.op_type}) under its {ab}-bit activation {a!r}: "
                            f"{tab.source}")
+            elif wb == 16 and tab.symmetric16 and s.encoding is not None and not s.encoding.symmetric:
+                out.append(f"{x}: an asymmetric 16-bit weight encoding for {n.name} ({n.op_type}): {tab.source}")
     return out
 
 

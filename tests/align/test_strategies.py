@@ -127,3 +127,42 @@ def test_unmatched_policy_in_the_api(tmp_path: Path) -> None:
         al.check(0.1)
     with pytest.raises(UsageError):
         al.check(-1)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_reshape_value_check_shortcuts_decide_as_the_float64_test(tmp_path: Path, big: bool) -> None:
+    """The value check's shortcuts (equal stored values; a float difference past the bound in its own dtype) give
+    the float64 test's answer on every edge: equal, within and just past the tolerance, constant, zero, NaN,
+    inf, values whose difference overflows float32, an integer pair, a float16 pair, different dtypes; small
+    (contiguous) and large (chunked) datasets."""
+    from ivq_debug.align.matcher import RESHAPE_RTOL, _same_values
+
+    n = 70_000 if big else 48  # the large ones are chunked, read by os.pread
+    rs = np.random.RandomState(1)
+    b = rs.randn(n).astype(np.float32) * 3
+    tol = float(np.max(np.abs(b.astype(np.float64)))) * RESHAPE_RTOL
+    within, past = b.copy(), b.copy()
+    within[5] = np.float32(b[5] + np.float32(tol * 0.5))
+    past[5] = np.float32(b[5] + np.float32(tol * 4))
+    nan, inf = b.copy(), b.copy()
+    nan[3], inf[3] = np.nan, np.inf
+    cases = {"equal": (b, b), "within": (within, b), "past": (past, b), "other": (rs.randn(n).astype(np.float32), b),
+             "constant": (np.ones(n, np.float32), np.ones(n, np.float32)), "zero": (np.zeros(n, np.float32),) * 2,
+             "nan": (nan, b), "nan-both": (nan, nan), "inf-both": (inf, inf), "inf": (inf, b),
+             "int8": (rs.randint(-128, 127, n).astype(np.int8),) * 2,
+             "int8-other": (rs.randint(-128, 127, n).astype(np.int8), rs.randint(-128, 127, n).astype(np.int8)),
+             "float16": (b.astype(np.float16), (b * 1.5).astype(np.float16)), "dtypes": (b.astype(np.float16), b),
+             "overflow": (np.full(n, 3e38, np.float32), np.where(np.arange(n) % 2, -3e38, 3e38).astype(np.float32))}
+    tensors = []
+    for k, (x, y) in cases.items():
+        tensors += [(f"{k}/a", x.reshape(2, -1), None), (f"{k}/b", y.reshape(-1, 2), None)]
+    d = _valued(tmp_path / "v.h5", tensors)
+    for k, (x, y) in cases.items():
+        ea, eb = d.entry(f"{k}/a"), d.entry(f"{k}/b")
+        va, vb = x.astype(np.float64), y.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            scale = float(np.max(np.abs(vb)))
+            want = bool(scale > 0 and float(np.std(vb)) > 0 and float(np.max(np.abs(va - vb))) <= RESHAPE_RTOL * scale)
+            assert _same_values(d, ea, eb, {}, "test") is want, k
+    assert _same_values(d, d.entry("within/a"), d.entry("within/b"), {}, "test")  # the cases decide both ways
+    assert not _same_values(d, d.entry("past/a"), d.entry("past/b"), {}, "test")

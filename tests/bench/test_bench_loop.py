@@ -32,3 +32,22 @@ def test_quick_loop_prints_every_ratio_with_the_load(tmp_path: Path) -> None:
     assert doc["diagnose"]["htp"]["this"]["units"] > 0 and doc["diagnose"]["cpu"]["this"]["units"] > 0
     assert "load average" in p.stdout.splitlines()[0]
     assert "| ivq diagnose / one capture (QNN HTP) |" in p.stdout and "issue 33's ratios (load average" in p.stdout
+
+
+def test_repeat_reports_each_steps_fastest_round_and_every_round() -> None:
+    """``--repeat``: the CPU diagnose row keeps each step's fastest round that did not fail, lists every round, and
+    calls the documents identical only when every round's were."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_loop
+
+    caps = [{"wall_s": 7.0}, {"wall_s": 5.0}, {"error": "killed", "wall_s": 1.0}]
+    tries = [{"baseline": {"wall_s": 16.0}, "this": {"wall_s": 13.0, "units": 447}, "identical": True},
+             {"baseline": {"wall_s": 15.0}, "this": {"wall_s": 14.0, "units": 447}, "identical": True},
+             {"baseline": {"wall_s": 19.0}, "this": {"wall_s": 12.5, "units": 447}, "identical": False}]
+    row = bench_loop._best_of(caps, tries)
+    assert row["capture"] == {"wall_s": 5.0, "rounds_s": [7.0, 5.0, 1.0]}
+    assert row["baseline"]["wall_s"] == 15.0 and row["this"] == {"wall_s": 12.5, "units": 447,
+                                                                   "rounds_s": [13.0, 14.0, 12.5]}
+    assert row["identical"] is False
+    one = bench_loop._best_of([{"wall_s": 6.0}], [{"this": {"wall_s": 12.0}}])
+    assert one == {"capture": {"wall_s": 6.0}, "this": {"wall_s": 12.0}}  # one round: as before, no rounds list

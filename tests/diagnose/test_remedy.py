@@ -43,7 +43,9 @@ def test_per_channel_weights_already_get_16_bit_weights_with_16_bit_activations_
     enc = {"bits": 8, "signed": False, "per_channel": True, "axis": 0, "channels": 8, "spread": 5000.0}
     (r,) = remedies_for(_ev(weight_sqnr_db=12.0, weight_share=0.9, weight_enc=enc))
     assert r.lever == "w16" and "per-channel" not in r.text
-    assert r.override["fc.weight"] == [{"quant_type": "QUInt16"}] and r.override["x"] == [{"quant_type": "QUInt16"}]
+    # the 16-bit weight HTP computes right: signed symmetric, whatever the preset's weight storage
+    assert r.override["fc.weight"] == [{"quant_type": "QInt16", "symmetric": True}]
+    assert r.override["x"] == [{"quant_type": "QUInt16"}]
     (r16,) = remedies_for(_ev(weight_sqnr_db=12.0, weight_share=0.9, weight_enc=enc, activation_bits=16))
     assert set(r16.override) == {"fc.weight"}
 

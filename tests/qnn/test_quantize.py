@@ -33,7 +33,7 @@ def _inits(path: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize(("preset", "act", "wt", "domain", "opset"), [
     ("a8w8", "QUInt8", "QUInt8", "ai.onnx", 20),
     ("a16w8", "QUInt16", "QUInt8", "com.microsoft", 21),
-    ("a16w16", "QUInt16", "QUInt16", "com.microsoft", 21),
+    ("a16w16", "QUInt16", "QInt16", "com.microsoft", 21),  # 16-bit weights signed symmetric (quantize.WEIGHT16)
 ])
 def test_presets(block: Path, tmp_path: Path, preset: str, act: str, wt: str, domain: str, opset: int) -> None:
     from ivq_debug.onnxgraph.sites import list_sites
@@ -47,7 +47,8 @@ def test_presets(block: Path, tmp_path: Path, preset: str, act: str, wt: str, do
     assert r.seconds > 0 and r.model_path == tmp_path / "q.onnx"
     inits = _inits(r.model_path)
     assert inits["x1_zero_point"].dtype == (np.uint16 if act == "QUInt16" else np.uint8)
-    assert inits["Wq_zero_point"].dtype == (np.uint16 if wt == "QUInt16" else np.uint8)
+    wz = inits["Wq_zero_point"]
+    assert wz.dtype == {"QUInt8": np.uint8, "QInt16": np.int16}[wt] and (wt != "QInt16" or not wz.any())
     # the 16-bit com.microsoft Q/DQ model is read without shape inference by the capture code
     sites = list_sites(onnx.load(str(r.model_path), load_external_data=False))
     assert {s.encoding["bitwidth"] for s in sites} == {16 if act == "QUInt16" else 8}

@@ -88,6 +88,20 @@ def fetch(folder: Path, *, timeout: float = 300.0) -> Path:
     return out
 
 
+def fetch_or_skip(folder: Path) -> Path:
+    """:func:`fetch` for a test: skip when the wheel cannot be fetched (fail under :data:`REQUIRE_ENV` ``=1``), and
+    when onnxruntime-qnn is absent (the recognizer's tests run on the emulated HTP)."""
+    import pytest
+
+    pytest.importorskip("onnxruntime_qnn")
+    try:
+        return fetch(folder)
+    except Unavailable as e:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1: {e}", pytrace=False)
+        pytest.skip(f"the PP-OCRv4 recognizer could not be fetched: {e}")
+
+
 def characters(model: Path) -> list[str]:
     """The decoding table: ``blank``, the model's ``character`` metadata lines, a space (rapidocr's
     ``CTCLabelDecode``)."""

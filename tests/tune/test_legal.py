@@ -237,3 +237,27 @@ def test_the_sweep_neither_builds_nor_picks_a_forbidden_pair(tuners, preset: str
     row = table.set_index("label").loc["bad"]
     assert not row["eligible"] and row["status"].startswith("failed: not run by QNN")
     assert picked["chosen"] == ["good"]
+
+
+def test_htp_wants_16_bit_weights_symmetric(tmp_path: Path) -> None:
+    """A 16-bit weight off the middle of its storage (asymmetric uint16, what the a16w16 preset wrote before
+    quantize.WEIGHT16) breaks the HTP table's symmetric16 rule; the middle (uint16 32768, int16 0) does not."""
+    from ivq_debug.qnn.encodings import Encoding
+
+    p = qdq_conv(tmp_path / "c.onnx", "uint16", "uint16")  # weight zero point 32768: symmetric
+    assert not violations(p, "qnn")
+    m = onnx.load(str(p))
+    z = next(t for t in m.graph.initializer if t.name == "wz")
+    z.CopyFrom(numpy_helper.from_array(np.uint16(30000), "wz"))
+    onnx.save(m, str(tmp_path / "asym.onnx"))
+    (bad,) = violations(tmp_path / "asym.onnx", "qnn")
+    assert bad.what == "asymmetric16" and bad.node == "conv" and "'wq' is asymmetric" in bad.detail
+    assert not violations(tmp_path / "asym.onnx", "cpu")
+    # a suggestion read from a file with an asymmetric 16-bit weight encoding is refused before any trial
+    enc = Encoding(bitwidth=16, dtype="int", symmetric=False, scale=(1e-4,), zero_point=(30000,), signed=False)
+    model = qdq_conv(tmp_path / "f.onnx", "uint16", "uint16")
+    fm = onnx.load(str(model))  # the float view: the Conv reads 'wd' (the weight's DQ output) as its weight
+    why = forbidden([Suggestion("wd", "w16", "from file", encoding=enc)], fm, "a16w16", "qnn")
+    assert len(why) == 1 and "asymmetric 16-bit weight encoding" in why[0]
+    sym = Encoding(bitwidth=16, dtype="int", symmetric=True, scale=(1e-4,), zero_point=(0,), signed=True)
+    assert not forbidden([Suggestion("wd", "w16", "from file", encoding=sym)], fm, "a16w16", "qnn")

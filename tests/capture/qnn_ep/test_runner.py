@@ -196,16 +196,17 @@ class _NullWriter:
     def add_table(self, *a: Any, **k: Any) -> None: ...
 
 
-def test_a16w16_layernorm_needs_8bit_weights(qnn_models: dict[str, Path], tmp_path: Path) -> None:
-    """LayerNormalization with 16-bit weights is refused by HTP v73; 8-bit LN weights fix it."""
+def test_a16w16_layernorm_needs_symmetric_16bit_weights(qnn_models: dict[str, Path], tmp_path: Path) -> None:
+    """LayerNormalization with asymmetric uint16 weights is refused by HTP v73; the a16w16 preset's signed symmetric
+    16-bit weights (quantize.WEIGHT16) run, the whole block on HTP."""
     from ivq_debug.capture.qnn_ep.session import QnnUnsupportedError, create_qnn_session
     from ivq_debug.qnn.quantize import quantize_for_qnn
 
     cal = models.block_feeds(1, 4)
-    q = quantize_for_qnn(qnn_models["block"], tmp_path / "w16.onnx", cal, preset="a16w16")
+    u16 = {n: {"quant_type": "QUInt16", "symmetric": False} for n in ("ln1_g", "ln2_g")}
+    q = quantize_for_qnn(qnn_models["block"], tmp_path / "w16u.onnx", cal, preset="a16w16", overrides=u16)
     with pytest.raises(QnnUnsupportedError) as ei:
         create_qnn_session(q.model_path)
     assert {"ln1", "ln2"} <= {u["name"] for u in ei.value.unsupported}
-    ln8 = {n: {"quant_type": "QUInt8"} for n in ("ln1_g", "ln1_b", "ln2_g", "ln2_b")}
-    q = quantize_for_qnn(qnn_models["block"], tmp_path / "w16ln8.onnx", cal, preset="a16w16", overrides=ln8)
+    q = quantize_for_qnn(qnn_models["block"], tmp_path / "w16.onnx", cal, preset="a16w16")
     assert create_qnn_session(q.model_path).partition.all_on_qnn
