@@ -17,6 +17,7 @@ on all of them), the same arrays (the forward of the same session; ORT CPU gives
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ class LiveRecord(MemoryDump):
     def _array(self, entry: Any) -> np.ndarray:
         key = (entry.rid, entry.kind, entry.key)
         if key not in self._arrays:
-            self._owner._forward(self._sample)  # this record's values, whole again
+            with self._owner._lock:  # the comparator reads pairs in threads: one forward per miss
+                if key not in self._arrays:
+                    self._owner._forward(self._sample)  # this record's values, whole again
         self.read_keys.add(key)
         return super()._array(entry)
 
@@ -66,13 +69,18 @@ class LiveReference:
                  keep_bytes: int = defaults.TUNE_REFERENCE_KEEP_BYTES) -> None:
         self.model, self.feeds, self.part, self.keep_bytes = Path(model), list(feeds), part, int(keep_bytes)
         self._runner: Any = None
+        self._lock = threading.Lock()
         self._records: dict[int, LiveRecord] = {}
         self._wanted: dict[int, set[tuple[str, str, str]]] = {}
         #: forwards run (what the kept arrays save: ``tune.json`` ``reference``)
         self.forwards = 0
 
     def __getstate__(self) -> dict[str, Any]:  # a job sent to another process makes its own
-        return {**self.__dict__, "_runner": None, "_records": {}, "_wanted": {}, "forwards": 0}
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"} | {
+            "_runner": None, "_records": {}, "_wanted": {}, "forwards": 0}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def path(self) -> str:
