@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ivq_debug.outputs import atomic_write_text
 from ivq_debug.plots import frontier
 from ivq_debug.qnn.encodings import read_encodings
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, load_calibration
-from ivq_debug.tune.search import COMBINATIONS, global_levers, search, unit_levers
+from ivq_debug.tune.search import COMBINATIONS, Lever, global_levers, lever_label, search, unit_levers
 from ivq_debug.tune.suggest import from_encodings, read_overrides, suggest, write_suggestions
 from ivq_debug.tune.sweep import (
     DEFAULT_GROUPS,
@@ -238,23 +239,48 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     return _budget(con, rep, args.budget)
 
 
-def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any, with_replay: bool = False) -> Any:
+def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any, with_replay: bool = False,
+                 lever: Lever | None = None) -> Any:
     """The suggestions: from ``--overrides``, else from the baseline's comparison (and its replay; returned too
-    with ``with_replay``)."""
-    if args.overrides:
+    with ``with_replay``). ``lever``: the comparison is that lever's trial (the search's start), replayed
+    whatever ``--no-diagnose`` says, its knobs the quantizer's."""
+    if args.overrides and lever is None:
         encs, nodes = read_overrides(args.overrides, load_model(tuner.source()))
         return from_encodings(encs, nodes)
     with status("calibration ranges: the float model on the calibration data"):
         ranges = tuner.calibration_ranges()
     rp = None
-    if not args.no_diagnose:
-        with status("introduced error: replaying the baseline's units (CPU-QDQ)"):
+    if not args.no_diagnose or lever is not None:
+        with status(f"introduced error: replaying the units of {lever.name if lever else 'the baseline'} (CPU-QDQ)"):
             rp = replay(before.qdq_model, before.comparison.ref, cumulative=before.comparison,
                         float_model=tuner.source(), progress=False)
     sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
-                  per_channel=args.per_channel, preset=args.preset, backend=tuner.target)
+                  per_channel=lever.per_channel if lever else args.per_channel,
+                  preset=lever.preset if lever else args.preset, backend=tuner.target)
     before.release()  # the sample the diagnosis read goes (its figures stay)
     return (sug, rp) if with_replay else sug
+
+
+def _start_diagnosis(args: argparse.Namespace) -> Any:
+    """The search's combination step's first round (``search.grow`` ``units``): the start lever's own diagnosis —
+    its model compared whole on ORT CPU-QDQ (as the replay runs; in memory, a dump with ``--keep-dumps``) in
+    ``search/diagnosis/<lever>/``, replayed,
+    suggested — as unit levers at its knobs; the folder goes afterwards (kept with ``--keep-dumps``)."""
+    def units(vt: Tuner, lever: Lever) -> list[Lever]:
+        folder = Path(vt.workdir) / "search" / "diagnosis"
+        cpu = replace(vt.worker(folder / lever_label(lever)), backend="cpu", runner_factory=None)
+        try:
+            with status(f"the diagnosis of {lever.name}: its model compared whole (CPU-QDQ)"):
+                tr = cpu.trial("start", list(lever.suggestions), keep_dump=args.keep_dumps, whole=True)
+            if tr.error:
+                warn(f"the diagnosis of {lever.name} failed ({tr.error}); its unit levers are not tried")
+                return []
+            sug, rp = _suggestions(args, cpu, tr, with_replay=True, lever=lever)
+            return [u for u in unit_levers(vt, sug, rp) if u.kind == "unit"]
+        finally:
+            if not args.keep_dumps:
+                shutil.rmtree(folder, ignore_errors=True)
+    return units
 
 
 def _sweep(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, executor: Any, where: str,
@@ -314,7 +340,8 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     with status(f"search: {len(levers)} lever(s) and their combinations on {where}"):
         res = search(tuner, before, levers, watch=args.watch, max_size=args.max_size, max_cycles=args.max_cycles,
                      target=args.target_metric, target_task=task, executor=executor,
-                     combinations=COMBINATIONS if args.combinations is None else args.combinations)
+                     combinations=COMBINATIONS if args.combinations is None else args.combinations,
+                     diagnosis=None if args.overrides else _start_diagnosis(args))
     rep = res.report
     path = None
     if rep.recommended and rep.after.suggestions:

@@ -197,7 +197,8 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
          budget: int = COMBINATIONS, width: int = COMBINATION_WIDTH, min_gain_db: float = 0.5,
          max_size: float | None = None, base_bytes: float = 0.0,
          reached: Callable[[dict[str, Any]], bool] | None = None,
-         legal: Callable[[Lever], bool] | None = None) -> list[Lever]:
+         legal: Callable[[Lever], bool] | None = None,
+         units: Callable[[Lever], Sequence[Lever]] | None = None) -> list[Lever]:
     """The combination step: greedy growth of the best measured lever by the other levers, at most ``budget``
     extra trials; returns the combinations measured (``measure`` runs a batch and appends their rows to ``rows``).
 
@@ -210,7 +211,13 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
     (the parts' size increases summed) is over ``max_size`` — measured as one batch; the best of them becomes the
     current set when it adds at least ``min_gain_db`` (and lowers no task metric of the current set). Stops when a
     round does not, when ``reached(row)`` holds for the current set (a target met: more costs more), or when the
-    budget is spent."""
+    budget is spent.
+
+    ``units(start)``: the unit levers of the start's *own* diagnosis (what is left wrong once its knobs are set:
+    on PP-OCRv4 the a8w8 baseline's diagnosis names activations, the diagnosis of a16w8 + per-channel names 20
+    weights whose 16-bit grid takes the output from 9.7 to 44 dB); measured first, fewest overrides first, as one
+    batch within the budget, each as the start with its overrides (``<start> + <lever> (its diagnosis)``); the
+    best of them is grown on when it adds the minimum gain."""
     row = {r["lever"]: r for r in rows}
     by = {lv.name: lv for lv in levers}
 
@@ -232,6 +239,31 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
     current = by[max(affordable, key=lambda n: row[n]["gain_db"])]
     seen = {by[n].signature() for n in by} | {current.signature()}
     done: list[Lever] = []
+
+    def keep_best(batch: Sequence[Lever]) -> bool:
+        """Measure ``batch``; the current set becomes its best when that adds the minimum gain."""
+        nonlocal current
+        measure(batch)
+        done.extend(batch)
+        row.update({r["lever"]: r for r in rows})
+        cur = row[current.name]
+        better = [c for c in batch if ok(c.name) and row[c.name]["gain_db"] >= cur["gain_db"] + min_gain_db
+                  and all(row[c.name]["task"].get(k, v) >= v for k, v in cur["task"].items())]
+        if better:
+            current = max(better, key=lambda c: row[c.name]["gain_db"])
+        return bool(better)
+
+    if units is not None and not (reached and reached(row[current.name])):
+        own = []
+        for u in sorted(units(current), key=lambda u: len(u.suggestions)):
+            c = combine(current, u)
+            c = replace(c, name=f"{current.name} + {u.name} (its diagnosis)",
+                        parts=(*current.parts, f"{u.name} (diagnosis of {current.name})"))
+            if len(own) < budget and c.signature() not in seen and not (legal and not legal(c)):
+                seen.add(c.signature())
+                own.append(c)
+        if own:
+            keep_best(own)
     while len(done) < budget and not (reached and reached(row[current.name])):
         batch: list[Lever] = []
         for p in parts:
@@ -248,15 +280,8 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
             batch.append(c)
         if not batch:
             break
-        measure(batch)
-        done += batch
-        row.update({r["lever"]: r for r in rows})
-        cur = row[current.name]
-        better = [c for c in batch if ok(c.name) and row[c.name]["gain_db"] >= cur["gain_db"] + min_gain_db
-                  and all(row[c.name]["task"].get(k, v) >= v for k, v in cur["task"].items())]
-        if not better:
+        if not keep_best(batch):
             break
-        current = max(better, key=lambda c: row[c.name]["gain_db"])
     return done
 
 
@@ -304,7 +329,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
            max_size: float | None = None, max_cycles: float | None = None, target: float | None = None,
            target_task: str | None = None, min_gain_db: float = 0.5, combinations: int = COMBINATIONS,
            progress: Callable[[str], None] | None = None, executor: Executor | None = None,
-           shards: str | os.PathLike | None = None) -> SearchResult:
+           shards: str | os.PathLike | None = None,
+           diagnosis: Callable[[Tuner, Lever], Sequence[Lever]] | None = None) -> SearchResult:
     """Measure ``levers``, then up to ``combinations`` combinations of them (:func:`grow`), choose, confirm on the
     target.
 
@@ -318,6 +344,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             default: one after the other in this process); each job is a partial capture in its own folder
             (:func:`lever_job`) and leaves a JSON shard, so an interrupted search resumes from the shards.
         shards: the shard folder (default ``<workdir>/search/shards``).
+        diagnosis: ``(tuner with a lever's knobs, lever) -> unit levers`` of that lever's own diagnosis: the
+            combination step's first round on its start (:func:`grow` ``units``).
     """
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
@@ -392,7 +420,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
 
     grow(levers, rows, run, budget=combinations, min_gain_db=min_gain_db, max_size=max_size,
          base_bytes=float(before.model_bytes or 0), reached=reached,
-         legal=lambda lv: not forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target))
+         legal=lambda lv: not forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target),
+         units=None if diagnosis is None else lambda lv: diagnosis(_variant(tuner, lv), lv))
     basis = "cycles" if before.cycles and all(r["cycles"] for r in rows if r["status"] == "ok") else "model_bytes"
     c0 = float(before.cycles or 0) if basis == "cycles" else float(before.model_bytes or 0)
     for r in rows:

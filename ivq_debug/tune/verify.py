@@ -508,7 +508,7 @@ class Tuner:
 
     # ------------------------------------------------------------------ a trial
     def trial(self, label: str, suggestions: list[Suggestion], *, keep_dump: bool | None = None,
-              stop: Callable[[Mapping[str, float]], bool] | None = None) -> Trial:
+              stop: Callable[[Mapping[str, float]], bool] | None = None, whole: bool | None = None) -> Trial:
         """Write, read back and apply ``suggestions``; quantize, check the pairs against the target backend's table
         (:mod:`ivq_debug.tune.legal`), capture, compare (and score the task).
 
@@ -517,8 +517,8 @@ class Tuner:
         ``keep_dump``: capture the trial into a dump and keep it (default: every trial's with
         :attr:`keep_dumps`; needs a reference dump); the others are *partial captures*: each evaluation sample
         is run once and compared with the reference in memory (:meth:`compare_in_memory`, the same numbers to
-        the bit), and only the figures stay (``tune.json``, the checkpoint). The baseline (label ``before``) is
-        compared on every pair, and its comparison holds the first sample's tensors, test and reference, in
+        the bit), and only the figures stay (``tune.json``, the checkpoint). ``whole`` (default: the baseline,
+        label ``before``): compared on every pair, and its comparison holds the first sample's tensors, test and reference, in
         memory (``comparison.test`` / ``comparison.ref``: what the diagnosis replays; :meth:`Trial.release`
         lets them go); a resumed run runs it again unless its dump was kept. ``stop``: called after each sample
         with the worst SQNR so far of each measured tensor; True ends the trial there (:attr:`Trial.stopped`; the
@@ -530,7 +530,7 @@ class Tuner:
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
         keep = self.keep_dumps if keep_dump is None else keep_dump
-        full = label == "before"  # the baseline: the diagnosis and the suggestions read every pair of it
+        full = label == "before" if whole is None else whole  # a diagnosis and suggestions read every pair
         if keep and self.reference is None:
             raise UsageError("a trial that keeps its dump needs a reference dump (Tuner.reference)")
         key = self.key(suggestions)
