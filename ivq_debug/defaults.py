@@ -23,9 +23,9 @@ DUMP_FORMAT_VERSION = 1
 DUMP_COMPRESSION: str | None = None
 #: gzip level when DUMP_COMPRESSION == "gzip".
 DUMP_COMPRESSION_LEVEL = 1
-#: target bytes per HDF5 chunk.
+#: target bytes per HDF5 chunk of a compressed tensor (uncompressed ones are contiguous: chunks only serve filters).
 DUMP_CHUNK_BYTES = 1 << 20
-#: tensors smaller than this are stored contiguous (no chunking / compression).
+#: tensors smaller than this are stored contiguous and uncompressed, whatever the compression setting.
 DUMP_MIN_CHUNKED_BYTES = 64 << 10
 
 #: off a terminal, a long phase (a QNN compile) is announced in the log after this many seconds
