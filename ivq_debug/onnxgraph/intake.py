@@ -426,11 +426,13 @@ def effective_quantization(model: Any) -> list[TensorQuant]:
 
 
 def quantization_summary(tensors: Sequence[TensorQuant], *, activation: str, weight: str,
-                         per_channel: bool) -> dict[str, Any]:
+                         per_channel: bool, expected: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Counts by role and dtype, and ``mismatches``: lines saying where the requested types did not hold.
 
-    ``activation`` / ``weight`` are the requested numpy dtype names (``uint8``, ``uint16``).
+    ``activation`` / ``weight`` are the requested numpy dtype names (``uint8``, ``uint16``); ``expected`` the dtype
+    of tensors the quantizer stores otherwise on purpose (a 16-bit BatchNormalization scale: ``uint16``).
     """
+    exp = expected or {}
     counts: dict[str, dict[str, int]] = {}
     for t in tensors:
         counts.setdefault(t.role, Counter())[t.dtype] += 1
@@ -438,7 +440,7 @@ def quantization_summary(tensors: Sequence[TensorQuant], *, activation: str, wei
     acts = [t for t in tensors if t.role == "activation" and t.dtype != activation]
     if acts:
         mism.append(f"{len(acts)} activation(s) are not {activation}: {_names(acts)}")
-    ws = [t for t in tensors if t.role == "weight" and t.dtype != weight]
+    ws = [t for t in tensors if t.role == "weight" and t.dtype != exp.get(t.tensor, weight)]
     if ws:
         mism.append(f"{len(ws)} weight(s) are {'/'.join(sorted({t.dtype for t in ws}))}, not {weight}: {_names(ws)}")
     rt = [t for t in tensors if t.runtime_quantized]

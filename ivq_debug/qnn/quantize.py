@@ -783,7 +783,8 @@ def quantize_for_qnn(
         qproto = load_model(staged)  # no shape inference: com.microsoft Q/DQ at 16 bits
         tensors = intake.effective_quantization(qproto)
         effective = intake.quantization_summary(tensors, activation=_np_name(act), weight=_np_name(wt),
-                                                per_channel=per_channel)
+                                                per_channel=per_channel,
+                                                expected={k: _np_name(v[0]["quant_type"]) for k, v in storage.items()})
         meta = {**intake_rep.metadata, intake.QUANT_METADATA_KEY: intake.quantization_metadata(tensors, effective)}
         intake.append_metadata(staged, meta, existing=[p.key for p in qproto.metadata_props])
         intake.check_written_model(staged)

@@ -334,7 +334,9 @@ def filter_suggestions(suggestions: Iterable[Suggestion], tensors: Sequence[str]
 # ---------------------------------------------------------------------------------------------- files
 def weight_encoding(w: np.ndarray, action: str, axis: int | None) -> Encoding:
     """The symmetric weight encoding of a weight suggestion: per channel (8-bit, one scale per channel of
-    ``axis``) or per tensor at 16 bits; unsigned storage (QNN's), zero point ``2^(bw-1)``."""
+    ``axis``) or per tensor at 16 bits; unsigned storage (QNN's view), zero point ``2^(bw-1)``. ORT gets it in signed
+    storage, zero point 0 (:func:`~ivq_debug.qnn.encodings.to_ort_overrides`): at 16 bits the weight QNN HTP
+    computes right (:data:`ivq_debug.qnn.quantize.WEIGHT16`)."""
     w = np.asarray(w, dtype=np.float64)
     if action == "w_per_channel":
         ax = axis if axis is not None else 0

@@ -87,6 +87,8 @@ def test_a16w16_writes_signed_symmetric_weights_and_uint16_batchnorm_scales(tmp_
         assert zp[w].dtype == np.int16 and not zp[w].any(), w
     assert zp["bn_scale"].dtype == np.uint16 and int(zp["bn_scale"]) == 32768
     assert q.weight_type == "QInt16" and any("BatchNormalization scale" in w for w in q.warnings)
+    # stored so on purpose: counted, not reported as the preset not holding
+    assert q.effective["counts"]["weight"] == {"int16": 2, "uint16": 1} and q.effective["mismatches"] == []
     assert violations(q.model_path, "qnn") == []
 
 
