@@ -23,9 +23,9 @@ DUMP_FORMAT_VERSION = 1
 DUMP_COMPRESSION: str | None = None
 #: gzip level when DUMP_COMPRESSION == "gzip".
 DUMP_COMPRESSION_LEVEL = 1
-#: target bytes per HDF5 chunk.
+#: target bytes per HDF5 chunk of a compressed tensor (uncompressed ones are contiguous: chunks only serve filters).
 DUMP_CHUNK_BYTES = 1 << 20
-#: tensors smaller than this are stored contiguous (no chunking / compression).
+#: tensors smaller than this are stored contiguous and uncompressed, whatever the compression setting.
 DUMP_MIN_CHUNKED_BYTES = 64 << 10
 
 #: off a terminal, a long phase (a QNN compile) is announced in the log after this many seconds
@@ -215,3 +215,15 @@ CALIB_PERCENTILES = (0.1, 1.0, 50.0, 99.0, 99.9)
 #: caller chose ``max_outputs_per_run`` / ``partition=False``; estimated from ONNX shape inference at 4 bytes per
 #: element (an InternVL2-2B image prefill exposes ~5 GiB: 5-6 runs)
 CAPTURE_RUN_BYTES = 1 << 30
+
+#: ``ivq tune`` without ``--reference``: the most bytes of float reference arrays kept in memory between trials
+#: (:mod:`ivq_debug.tune.reference`: the tensors the comparisons read, smallest first; a value not kept is made
+#: again by one float forward of its sample). PP-OCRv4's recognizer, 12 lines: the outputs and watched tensor
+#: 12 × 1.0 MB, a lever's suggested tensors up to ~40 MB per sample
+TUNE_REFERENCE_KEEP_BYTES = 256 << 20
+#: ``ivq tune``: the run's cache of quantized models (one quantization per distinct setting: a lever's job and its
+#: re-run, a CPU-QDQ trial and its HTP check) holds at most this many times the float model's bytes, the least
+#: recently used going first (PP-OCRv4's recognizer, 10.8 MB: 21 levers' models of 3.1-5.8 MB, 80 MB, all kept)
+TUNE_MODEL_CACHE_RATIO = 8
+#: ... and at least this many bytes (a small model's QDQ file is many times the float one: metadata, Q/DQ nodes)
+TUNE_MODEL_CACHE_MIN_BYTES = 16 << 20

@@ -96,8 +96,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="--search: the value to reach, the cheapest lever reaching it wins: the task metric with "
                         "--task-metric, else the worst watched SQNR (dB)")
     p.add_argument("--combinations", type=int, default=None, metavar="N",
-                   help=f"--search: extra trials of the combination step (the best lever grown greedily by the "
-                        f"others, ranked by gain per cost; default {COMBINATIONS}, 0: none)")
+                   help=f"--search: extra trials of the combination step (the best lever within the budget with the "
+                        f"unit levers of its own CPU-QDQ diagnosis, then grown greedily by the other levers, ranked "
+                        f"by gain per cost; default {COMBINATIONS}, 0: none)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -155,7 +156,8 @@ def execute(args: argparse.Namespace) -> int:
     if args.reference:
         open_dump(args.reference).close()
     inputs = [args.model, args.calibration, *args.inputs, args.overrides, args.reference]
-    outputs = ["overrides.json", "overrides.rationale.md", "tune.json", *([] if args.reference else ["reference.h5"]),
+    outputs = ["overrides.json", "overrides.rationale.md", "tune.json",
+               *([] if args.reference or not args.keep_dumps else ["reference.h5"]),
                *([FRONTIER_SVG] if args.search else [])]
     check_outputs([wd / n for n in outputs], inputs, overwrite=True,  # even --force never replaces an input
                   folders_exist=False)  # the workdir is made below (and removed if this run fails)
@@ -185,16 +187,18 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     calibration, feeds, evaluation = evaluation_split(calibration, feeds)
     session = {k: v for k, v in (("soc_model", args.soc_model), ("htp_arch", args.htp_arch),
                                  ("fast_compile", args.fast_compile or None)) if v is not None}
-    tuner = Tuner(Path(args.model), calibration, feeds, Path(args.reference or wd / "reference.h5"),
+    # the float reference: the user's dump, the one --keep-dumps keeps, else made in memory as the trials read it
+    ref = Path(args.reference) if args.reference else wd / "reference.h5" if args.keep_dumps else None
+    tuner = Tuner(Path(args.model), calibration, feeds, ref,
                   wd / "trials", preset=args.preset, quantize_kw=kw, backend=args.backend, fmt=args.format,
                   output_metric=metric, resume=args.resume, target="qnn", optimization=args.optimization,
                   qnn_session=session, evaluation=evaluation, keep_dumps=args.keep_dumps,
                   watch=tuple(args.watch))  # a resumed run's checkpoint is checked here
     if evaluation["warning"]:
         warn(evaluation["warning"])
-    if not args.reference and not (args.resume and tuner.reference.exists()):
+    if ref is not None and not args.reference and not (args.resume and ref.exists()):
         with status("reference: the float model on the evaluation inputs (ORT CPU)"):
-            capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, tuner.reference,
+            capture(make_runner("onnx", tuner.source(), selection=Selection()), feeds, ref,
                     overwrite=True, progress=None)
     con = results()  # the results (tables, verdict lines) go to stdout
     where = "QNN HTP" if args.backend == "qnn" else "ORT CPU-QDQ"
@@ -223,7 +227,8 @@ def _tune(args: argparse.Namespace, wd: Path, calibration: Any, feeds: list[dict
     if rep.recommended and rep.after.suggestions:
         path, md = _write_overrides(args, tuner, rep, wd)
     doc = rep.to_dict()
-    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
+    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd),
+                      "timings": tuner.timing_summary()}, str(wd / "tune.json"),
                overwrite=True)
     _print(con, rep, where)
     if not rep.recommended:
@@ -248,24 +253,26 @@ def _suggestions(args: argparse.Namespace, tuner: Tuner, before: Any, with_repla
     rp = None
     if not args.no_diagnose or lever is not None:
         with status(f"introduced error: replaying the units of {lever.name if lever else 'the baseline'} (CPU-QDQ)"):
-            rp = replay(before.qdq_model, tuner.reference, cumulative=before.comparison,
+            rp = replay(before.qdq_model, before.comparison.ref, cumulative=before.comparison,
                         float_model=tuner.source(), progress=False)
     sug = suggest(before.comparison, rp, ranges=ranges, float_model=tuner.source(), tensors=args.tensors,
                   per_channel=lever.per_channel if lever else args.per_channel,
                   preset=lever.preset if lever else args.preset, backend=tuner.target)
+    before.release()  # the sample the diagnosis read goes (its figures stay)
     return (sug, rp) if with_replay else sug
 
 
 def _start_diagnosis(args: argparse.Namespace) -> Any:
     """The search's combination step's first round (``search.grow`` ``units``): the start lever's own diagnosis —
-    its model captured whole on ORT CPU-QDQ (as the replay runs) in ``search/diagnosis/<lever>/``, replayed,
+    its model compared whole on ORT CPU-QDQ (as the replay runs; in memory, a dump with ``--keep-dumps``) in
+    ``search/diagnosis/<lever>/``, replayed,
     suggested — as unit levers at its knobs; the folder goes afterwards (kept with ``--keep-dumps``)."""
     def units(vt: Tuner, lever: Lever) -> list[Lever]:
         folder = Path(vt.workdir) / "search" / "diagnosis"
         cpu = replace(vt.worker(folder / lever_label(lever)), backend="cpu", runner_factory=None)
         try:
-            with status(f"the diagnosis of {lever.name}: its model captured whole (CPU-QDQ)"):
-                tr = cpu.trial("start", list(lever.suggestions), keep_dump=True)
+            with status(f"the diagnosis of {lever.name}: its model compared whole (CPU-QDQ)"):
+                tr = cpu.trial("start", list(lever.suggestions), keep_dump=args.keep_dumps, whole=True)
             if tr.error:
                 warn(f"the diagnosis of {lever.name} failed ({tr.error}); its unit levers are not tried")
                 return []
@@ -344,7 +351,8 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     if any(r["gain_db"] is not None and r["cost"] is not None for r in res.table):
         atomic_write_text(wd / FRONTIER_SVG, str(frontier(res)), overwrite=True)
         doc["search"]["plot"] = FRONTIER_SVG
-    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd)}, str(wd / "tune.json"),
+    write_json(doc | {"evaluation": tuner.evaluation, "workdir": _prune(args, tuner, rep, wd),
+                      "timings": tuner.timing_summary()}, str(wd / "tune.json"),
                overwrite=True)
     out = results()
     cols = [Col("lever", "lever", "name"), Col("kind", "kind", drop=3), Col("knobs", "knobs", drop=4),

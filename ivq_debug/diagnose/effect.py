@@ -578,7 +578,8 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
 
     ``qdq_model`` / ``float_model``: paths or :class:`~ivq_debug.onnxgraph.load.Model` objects. Models read from
     files run as jobs on ``executor`` (default: in this process) with their shards in ``shards``; a model built
-    in memory runs in this process, unkept.
+    in memory, or a reference that is not a file (``ivq tune``'s in-memory float reference), runs in this process,
+    unkept.
     """
     t0 = time.perf_counter()
     qdq = load(qdq_model)
@@ -594,7 +595,7 @@ def measure_effects(qdq_model: Any, ref: Any, rids: list[str], targets: list[Tar
             return {}
     spec = {t.key: (sorted(set(t.tensors)), sorted(set(t.weights))) for t in [Target("base", [], []), *targets]}
     resumed = 0
-    if qdq.path is not None and (fmodel is None or fmodel.path is not None):
+    if qdq.path is not None and (fmodel is None or fmodel.path is not None) and os.path.isfile(str(ref.path)):
         docs, refused, runs, resumed = _as_jobs(qdq, fmodel, ref, rids, spec, runner_factory, executor, shards,
                                                 progress)
     else:

@@ -52,6 +52,9 @@ class MemorySink(RecordBook):
         self._book_init()
         self._rows: list[Entry] = []
         self._arrays: dict[tuple[str, str, str], np.ndarray] = {}
+        #: id(encoding given) -> (that object, its JSON form): a runner hands the same encoding object for a tensor
+        #: in every record; its JSON round trip was 2.1 of a 26 s PP-OCRv4 trial (4,488 tensors)
+        self._encodings: dict[int, tuple[Any, Any]] = {}
 
     # ---------------------------------------------------------------- the RecordSink protocol
     def begin_record(self, sample: int = 0, part: str = "model", step: int = 0, **meta: Any) -> str:
@@ -110,9 +113,18 @@ class MemorySink(RecordBook):
             rid=rid, sample=rec["sample"], part=rec["part"], step=rec["step"], kind=kind, name=name, key=key,
             order=int(order), op_type=fields.get("op_type"), scope=fields.get("scope"), shape=tuple(arr.shape),
             dtype=dtype_name, layout=fields.get("layout"), stored="full", nbytes=int(arr.nbytes),
-            encoding=None if enc is None else _as_json(enc), has_raw=False, stats=dict.fromkeys(STAT_FIELDS),
+            encoding=None if enc is None else self._encoding(enc), has_raw=False, stats=dict.fromkeys(STAT_FIELDS),
             qnn_name=fields.get("qnn_name"), source_file=fields.get("source_file")))
         return arr, dtype_name
+
+    def _encoding(self, enc: Any) -> Any:
+        """``enc`` as a dump reader gets it back, once per encoding object (kept alive here, so its id is its own;
+        an equal copy is what the manifest's JSON gives anyway)."""
+        got = self._encodings.get(id(enc))
+        if got is None or got[0] is not enc:
+            got = (enc, _as_json(enc))
+            self._encodings[id(enc)] = got
+        return got[1]
 
     # ---------------------------------------------------------------- handing over
     def take(self) -> MemoryDump:

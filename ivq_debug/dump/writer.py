@@ -114,12 +114,14 @@ class _AttrWriter:
         return t
 
     def write(self, obj: Any, items: list[tuple[str, Any]]) -> None:
-        """Create the attributes ``items`` on ``obj`` (an h5py object without them)."""
-        oid = obj.id
+        """Create the attributes ``items`` on ``obj`` (an h5py object, or the low-level id of one, without them)."""
+        import h5py
+
+        oid = obj.id if hasattr(obj, "attrs") else obj  # (a high-level object has .attrs; a low-level id not)
         for name, value in items:
             t = self._type(value)
             if t is None:
-                obj.attrs[name] = value
+                h5py.AttributeManager(oid)[name] = value
                 continue
             htype, mtype, dt = t
             attr = self._h5a.create(oid, name.encode(), htype, self._scalar)
@@ -127,6 +129,37 @@ class _AttrWriter:
                 attr.write(np.asarray(value, dtype=dt), mtype=mtype)
             finally:
                 attr.close()
+
+
+class _ContiguousWriter:
+    """Creates an uncompressed (contiguous) dataset of a numeric array as ``group.create_dataset(name, data=arr)``
+    does (the same datatype, dataspace and creation properties: no modification times, no fill value set), through
+    h5py's low-level calls, without its per-call argument checks, property-list building and high-level wrapper.
+    Measured on the 4,164 datasets of a 12-block ViT QDQ capture (956 MiB, load 15): 1.0 s of CPU with
+    ``create_dataset``, 0.6 s here (1.2 s when they were cut into 1 MiB chunks)."""
+
+    def __init__(self) -> None:
+        import h5py
+
+        self._h5d, self._h5s, self._h5t = h5py.h5d, h5py.h5s, h5py.h5t
+        self._dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        self._dcpl.set_obj_track_times(False)
+        self._types: dict[str, Any] = {}
+
+    def create(self, gid: Any, name: str, arr: np.ndarray) -> Any:
+        """The new dataset ``name`` in the group ``gid`` (a low-level id) holding ``arr``; its low-level id."""
+        t = self._types.get(arr.dtype.str)
+        if t is None:
+            t = self._types[arr.dtype.str] = self._h5t.py_create(arr.dtype, logical=True)
+        data = np.ascontiguousarray(arr)
+        space = self._h5s.create_simple(data.shape) if data.ndim else self._h5s.create(self._h5s.SCALAR)
+        try:
+            bname = name.encode("ascii")
+        except UnicodeEncodeError:
+            bname = name.encode("utf8")
+        dsid = self._h5d.create(gid, bname, t, space, dcpl=self._dcpl)
+        dsid.write(self._h5s.ALL, self._h5s.ALL, data)
+        return dsid
 
 
 def table_payload(table: Any) -> dict[str, Any]:
@@ -253,6 +286,7 @@ class DumpWriter(RecordBook):
         self._incomplete: list[str] = []
         self._groups: dict[tuple[str, str], Any] = {}  # (rid, group name) -> h5py group, made on first use
         self._attrs = _AttrWriter()
+        self._contiguous = _ContiguousWriter()
         self._digest = ContentDigest()
         self._closed = False
         try:
@@ -392,7 +426,7 @@ class DumpWriter(RecordBook):
         if encoding is not None:
             attrs.append(("encoding", fmt.to_json(encoding)))
         self._attrs.write(ds, attrs)
-        del ds  # closes the dataset (HDF5 flushes its chunks here)
+        del ds  # closes the dataset
         if raw is not None:
             raw_arr, _ = to_numpy(raw)
             self._create(self._group(rid, fmt.RAW_GROUP), key, raw_arr)
@@ -415,16 +449,20 @@ class DumpWriter(RecordBook):
         return arr
 
     def _create(self, grp: Any, key: str, arr: np.ndarray, quantized: bool = False) -> Any:
-        kw: dict[str, Any] = {}
-        if arr.ndim > 0 and arr.nbytes >= defaults.DUMP_MIN_CHUNKED_BYTES:
-            kw["chunks"] = _chunk_shape(arr.shape, arr.itemsize, defaults.DUMP_CHUNK_BYTES)
-            comp = self.compression
-            if comp == "auto":
-                comp = "lzf" if quantized else None
-            if comp == "gzip":
-                kw.update(compression="gzip", compression_opts=defaults.DUMP_COMPRESSION_LEVEL, shuffle=True)
-            elif comp:
-                kw["compression"] = comp
+        """A new dataset ``key`` in ``grp`` holding ``arr``: the low-level id of a contiguous one, or the h5py
+        dataset of a chunked, compressed one."""
+        comp = self.compression
+        if comp == "auto":
+            comp = "lzf" if quantized else None
+        if not comp or arr.ndim == 0 or arr.nbytes < defaults.DUMP_MIN_CHUNKED_BYTES:
+            if arr.dtype.kind in "biuf":
+                return self._contiguous.create(grp.id, key, arr)
+            return grp.create_dataset(key, data=arr)
+        kw: dict[str, Any] = {"chunks": _chunk_shape(arr.shape, arr.itemsize, defaults.DUMP_CHUNK_BYTES)}
+        if comp == "gzip":
+            kw.update(compression="gzip", compression_opts=defaults.DUMP_COMPRESSION_LEVEL, shuffle=True)
+        else:
+            kw["compression"] = comp
         return grp.create_dataset(key, data=arr, **kw)
 
     # ---------------------------------------------------------------- extras

@@ -253,7 +253,7 @@ def job_meta(tuner: Tuner) -> dict[str, Any]:
                 "runner": _describe(tuner.runner_factory), "task": _describe(tuner.task),
                 "output_metric": _describe(tuner.output_metric), "target": tuner.target,
                 "qnn": tuner.qnn_options() if tuner.backend == "qnn" else None}
-    return {"model_sha256": sha256_file(tuner.source()), "reference_sha256": dump_digest(tuner.reference),
+    return {"model_sha256": sha256_file(tuner.source()), "reference_sha256": tuner.reference_digest(),
             "inputs_sha256": job_key(feeds=[{k: input_digest(v) for k, v in sorted(f.items())}
                                             for f in tuner.feeds]),
             "calibration_sha256": _calibration_digest(tuner.calibration), "settings": settings,

@@ -38,15 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug import comparator, interrupt
+from ivq_debug import comparator, defaults, interrupt
 from ivq_debug.align.matcher import Alignment
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
-from ivq_debug.dump.memory import MemorySink
+from ivq_debug.dump.memory import MemoryDump, MemorySink
+from ivq_debug.dump.stats import tensor_stats
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.executor import versions
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
 from ivq_debug.onnxgraph.load import external_files, load_model, model_file_bytes
@@ -61,6 +63,7 @@ from ivq_debug.qnn.quantize import (
 )
 from ivq_debug.schema import check_schema
 from ivq_debug.tune.legal import forbidden, split_legal, violations
+from ivq_debug.tune.reference import LiveRecord, LiveReference
 from ivq_debug.tune.suggest import (
     EXCLUDE_SUFFIX,
     SUGGESTION_SCHEMA,
@@ -174,6 +177,9 @@ class Trial:
     samples: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the QNN session options of an HTP trial (:meth:`Tuner.qnn_options`; None on CPU-QDQ)
     session: dict[str, Any] | None = None
+    #: ``{"samples": run, "of": given}`` when the trial stopped early (:meth:`Tuner.trial` ``stop``): its figures
+    #: are over the samples run, no task metric
+    stopped: dict[str, int] | None = None
 
     def sqnr(self, name: str) -> float | None:
         """Worst SQNR of a tensor over the records (None when absent or the trial failed)."""
@@ -184,6 +190,17 @@ class Trial:
         t = self.comparison.table
         v = t.loc[(t["ref_name"] == name) | (t["test_name"] == name), "sqnr_db"]
         return float(v.min()) if len(v) else None
+
+    def release(self) -> None:
+        """Let go of the sample the baseline's comparison holds in memory (:meth:`Tuner.trial`) once the diagnosis
+        has read it; the table and the figures stay."""
+        cmp = self.comparison
+        if cmp is None:
+            return
+        if isinstance(cmp.ref, LiveRecord):
+            cmp.ref._owner.release(cmp.ref._sample)
+        if isinstance(cmp.test, MemoryDump):
+            cmp.test.close()
 
 
 @dataclass
@@ -292,7 +309,9 @@ class Tuner:
         float_model: the float ONNX model to quantize.
         calibration: calibration data (see :func:`ivq_debug.qnn.quantize.load_calibration`).
         feeds: evaluation inputs to capture, one dict per sample (records ``(sample, part, 0)``).
-        reference: the float reference dump of the same inputs (path).
+        reference: the float reference dump of the same inputs (path), or None: the float model's tensors made
+            in memory as the comparisons read them (:class:`~ivq_debug.tune.reference.LiveReference`; nothing
+            written, the same figures to the bit).
         workdir: where trial models and dumps go (and ``checkpoint.json``).
         preset: quantization preset (``a8w8``…).
         part: record part name of the captures.
@@ -319,7 +338,7 @@ class Tuner:
     float_model: Path
     calibration: Any
     feeds: Sequence[dict[str, np.ndarray]]
-    reference: Path
+    reference: Path | None
     workdir: Path
     preset: str = "a8w8"
     part: str = "model"
@@ -352,6 +371,42 @@ class Tuner:
     _checkpoint: dict[str, Any] | None = field(default=None, repr=False)
     _source: Path | None = field(default=None, repr=False)
     _outs: list[str] | None = field(default=None, repr=False)
+    _live: LiveReference | None = field(default=None, repr=False)
+    #: the keys of the trials this run finished (shared by the tuner's copies): a trial run again in the same run
+    #: — the HTP baseline of each target check, the chosen lever — reuses its checkpoint entry even without
+    #: :attr:`resume`
+    _ran: set[str] = field(default_factory=set, repr=False)
+    #: where the trials' seconds went, summed over this tuner and its copies (``tune.json`` ``timings``,
+    #: :meth:`timing_summary`): quantize (and how many were served by the run's model cache), run + compare
+    timings: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def _took(self, what: str, seconds: float, n: int = 1) -> None:
+        self.timings[f"{what}_s"] = self.timings.get(f"{what}_s", 0.0) + seconds
+        self.timings[what] = self.timings.get(what, 0) + n
+
+    def timing_summary(self) -> dict[str, Any]:
+        """The trials' split (seconds rounded) and the in-memory reference's forwards and kept bytes."""
+        out: dict[str, Any] = {k: round(v, 1) if k.endswith("_s") else int(v) for k, v in self.timings.items()}
+        if self._live is not None:
+            out |= {"reference_forwards": self._live.forwards, "reference_kept_bytes": self._live.kept_bytes()}
+        return out
+
+    def live(self) -> LiveReference | None:
+        """The in-memory float reference (None with a reference dump), shared by the copies of this tuner."""
+        if self.reference is not None:
+            return None
+        if self._live is None:
+            self._live = LiveReference(self.source(), self.feeds, self.part)
+        return self._live
+
+    def reference_digest(self) -> str:
+        """The reference's identity in keys: the dump's content digest, or what the live one is made of."""
+        live = self.live()
+        if live is not None:
+            return live.digest()
+        from ivq_debug.tune.sweep import dump_digest
+
+        return dump_digest(self.reference)
 
     def source(self) -> Path:
         """The model every trial quantizes: the float model after the quantizer's preprocessing (when it changes
@@ -368,26 +423,30 @@ class Tuner:
 
     # ------------------------------------------------------------------ calibration
     def calibration_ranges(self) -> dict[str, tuple[float, float]]:
-        """``{tensor: (min, max)}`` of the float model over the calibration samples (captured once on the CPU
-        into ``<workdir>/calibration.h5``): the only source of widened ranges."""
+        """``{tensor: (min, max)}`` of the float model over the calibration samples (the finite values' extrema,
+        as a dump's statistics give them: :func:`~ivq_debug.dump.stats.tensor_stats`): the only source of widened
+        ranges. One forward per sample into memory, nothing written (it was a summary-only dump of 107 MB on
+        PP-OCRv4's recognizer over 16 lines: a strided sample of every tensor nobody read)."""
         if self._ranges is None:
-            wd = Path(self.workdir)
-            wd.mkdir(parents=True, exist_ok=True)
-            path = wd / "calibration.h5"
-            if not (self.resume and path.exists()):
-                samples, _ = load_calibration(self.calibration, self.source(),
-                                              **{k: v for k, v in self.quantize_kw.items()
-                                                 if k in CALIBRATION_OPTIONS})
-                capture(make_runner("onnx", self.source(), selection=Selection()), samples, path, part=self.part,
-                        summary_only=True, overwrite=True, progress=None)
+            samples, _ = load_calibration(self.calibration, self.source(),
+                                          **{k: v for k, v in self.quantize_kw.items() if k in CALIBRATION_OPTIONS})
+            runner = make_runner("onnx", self.source(), selection=Selection())
+            sink = MemorySink(runner.backend, runner.info, path="<calibration ranges>")
             out: dict[str, tuple[float, float]] = {}
-            with open_dump(path) as d:
+            for i, feeds in enumerate(samples):
+                interrupt.raise_if_signalled()
+                sink.begin_record(sample=i, part=self.part, step=0)
+                runner.run(feeds, sink)
+                d = sink.take()
                 for e in [*d.tensors(), *d.tensors(kind="input")]:
-                    lo, hi = e.stats.get("min"), e.stats.get("max")
+                    st = tensor_stats(d.read(e))
+                    lo, hi = st.get("min"), st.get("max")
                     if lo is None or hi is None:
                         continue
                     cur = out.get(e.name)
                     out[e.name] = (min(lo, cur[0]), max(hi, cur[1])) if cur else (float(lo), float(hi))
+                d.close()
+            runner.close()
             self._ranges = out
         return self._ranges
 
@@ -425,10 +484,16 @@ class Tuner:
                            "backend": self.backend, "kw": {k: str(v) for k, v in sorted(self.quantize_kw.items())},
                            "base": _jsonable_overrides(self.base_overrides),
                            "model": self._digest("model", Path(self.float_model)),
-                           "ref": self._digest("ref", Path(self.reference)), "target": self.target,
+                           "ref": self._digest("ref", Path(self.reference)) if self.reference is not None
+                           else self._live_key(), "target": self.target,
                            "qnn": self.qnn_options() if self.backend == "qnn" else None},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _live_key(self) -> str:
+        if "ref" not in self._digests:
+            self._digests["ref"] = self.live().digest()  # type: ignore[union-attr]
+        return self._digests["ref"]
 
     def qnn_options(self) -> dict[str, Any]:
         """The QNN session settings of every HTP session of the tune (recorded in each trial)."""
@@ -442,24 +507,32 @@ class Tuner:
         return Path(p) if os.path.isabs(p) else Path(self.workdir) / p
 
     # ------------------------------------------------------------------ a trial
-    def trial(self, label: str, suggestions: list[Suggestion], *, keep_dump: bool | None = None) -> Trial:
+    def trial(self, label: str, suggestions: list[Suggestion], *, keep_dump: bool | None = None,
+              stop: Callable[[Mapping[str, float]], bool] | None = None, whole: bool | None = None) -> Trial:
         """Write, read back and apply ``suggestions``; quantize, check the pairs against the target backend's table
         (:mod:`ivq_debug.tune.legal`), capture, compare (and score the task).
 
         Type conflicts the quantizer raises are resolved in the *suggestions* (:meth:`_quantize`), so the trial's
         :attr:`Trial.suggestions` — what is delivered — hold the type of every tensor the trial changed.
-        ``keep_dump``: capture the trial into a dump and keep it (default: the baseline's, label ``before``,
-        which the diagnosis reads, and every trial's with :attr:`keep_dumps`); the others are *partial
-        captures*: each evaluation sample is run once and compared with the reference in memory
-        (:meth:`compare_in_memory`, the same numbers to the bit), and only the figures stay (``tune.json``,
-        the checkpoint). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
+        ``keep_dump``: capture the trial into a dump and keep it (default: every trial's with
+        :attr:`keep_dumps`; needs a reference dump); the others are *partial captures*: each evaluation sample
+        is run once and compared with the reference in memory (:meth:`compare_in_memory`, the same numbers to
+        the bit), and only the figures stay (``tune.json``, the checkpoint). ``whole`` (default: the baseline,
+        label ``before``): compared on every pair, and its comparison holds the first sample's tensors, test and reference, in
+        memory (``comparison.test`` / ``comparison.ref``: what the diagnosis replays; :meth:`Trial.release`
+        lets them go); a resumed run runs it again unless its dump was kept. ``stop``: called after each sample
+        with the worst SQNR so far of each measured tensor; True ends the trial there (:attr:`Trial.stopped`; the
+        figures of the samples run, no task metric; never reused by another trial). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
         overrides do not enter it), and HTP sessions load their compiled contexts from the QNN context cache
         when the trial's model compiled before.
         """
         t0 = time.perf_counter()
         wd = Path(self.workdir)
         wd.mkdir(parents=True, exist_ok=True)
-        keep = (self.keep_dumps or label == "before") if keep_dump is None else keep_dump
+        keep = self.keep_dumps if keep_dump is None else keep_dump
+        full = label == "before" if whole is None else whole  # a diagnosis and suggestions read every pair
+        if keep and self.reference is None:
+            raise UsageError("a trial that keeps its dump needs a reference dump (Tuner.reference)")
         key = self.key(suggestions)
         qdq = wd / f"{label}.qdq.onnx"
         dump = wd / f"{label}.h5"
@@ -467,10 +540,21 @@ class Tuner:
         covered = done is not None and (done.get("measured") is None or self.measured(
             _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []]), self.outputs())
             <= set(done["measured"]))
-        if self.resume and done is not None and not done.get("error") and self._abs(done["qdq_model"]).exists() \
-                and (self._abs(done["dump"]).exists() or (done.get("sqnr") is not None and not keep and covered)):
-            dpath = self._abs(done["dump"])
-            cmp = compare(self.reference, dpath, progress=False) if dpath.exists() else None
+        dpath = self._abs(done["dump"]) if done is not None else dump
+        if (self.resume or key in self._ran) and done is not None and not done.get("error") \
+                and not done.get("stopped") \
+                and self._abs(done["qdq_model"]).exists() \
+                and ((dpath.exists() and self.reference is not None) or (done.get("sqnr") is not None and not keep
+                                                                         and (full or covered))):
+            if dpath.exists() and self.reference is not None:
+                cmp = compare(self.reference, dpath, progress=False)
+            elif full:  # the baseline's whole comparison again, from its kept model (nothing re-quantized)
+                prof = wd / f"{label}.profile.csv"
+                cmp = self.compare_in_memory(self._runner(self._abs(done["qdq_model"]), prof,
+                                                          bool(done.get("fallback"))), hold=0)[0]
+                _remove_profiles(prof)
+            else:
+                cmp = None
             ov = self._abs(done["overrides"]) if done.get("overrides") else None
             applied = _with_fixes(suggestions, [Suggestion(**f) for f in done.get("fixes") or []])
             return Trial(done["label"], applied, self._abs(done["qdq_model"]), dpath, cmp,
@@ -493,9 +577,10 @@ class Tuner:
                 raise UsageError(f"the quantized model is not run by {self.target.upper()}: "
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
+            t1 = time.perf_counter()
             runner = self._runner(qdq, prof, bool(exclude))
             outs = self.outputs()
-            measure = None if keep else self.measured(applied, outs)
+            measure = None if keep or full else self.measured(applied, outs)
             if keep:
                 capture(runner, self.feeds, dump, part=self.part, model={"path": str(qdq), "label": label},
                         overwrite=True, progress=None)
@@ -504,9 +589,12 @@ class Tuner:
                     per, cycles = _outputs(d, outs) if self.output_metric is not None else [], _cycles(d)
             else:
                 cmp, per, cycles = self.compare_in_memory(runner, outs if self.output_metric is not None else [],
-                                                          measure=measure)
-            task = dict(self.task(qdq)) if self.task else {}
-            if self.output_metric is not None:
+                                                          measure=measure, hold=0 if full else None, stop=stop)
+            self._took(f"run_compare_{self.backend}", time.perf_counter() - t1)
+            ran = int(cmp.table["sample"].nunique()) if len(cmp.table) else len(self.feeds)
+            stopped = {"samples": ran, "of": len(self.feeds)} if stop is not None and ran < len(self.feeds) else None
+            task = dict(self.task(qdq)) if self.task and stopped is None else {}
+            if self.output_metric is not None and stopped is None:
                 task.update(_score(self.output_metric, per))
             if not suggestions:
                 self._calibrated = None  # the baseline's encodings are the calibrated ranges of later fixes
@@ -521,25 +609,27 @@ class Tuner:
                          session=entry["session"])
         tr = Trial(label, applied, qdq, dump, cmp, task, model_file_bytes(qdq), cycles,
                    time.perf_counter() - t0, None, ov_path, fixes=[f.to_dict() for f in fixes],
-                   session=entry["session"])
+                   session=entry["session"], stopped=stopped)
         tr.sqnr_table = worst_sqnr(cmp)
         tr.samples = per_sample(cmp, _default_watch(tr))
         if not keep:
             dump.unlink(missing_ok=True)
-            for extra in (prof, *wd.glob(glob.escape(prof.name[:-len(".csv")]) + ".*.csv")):  # (.plain.csv too)
-                extra.unlink(missing_ok=True)
-        entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task,
+            _remove_profiles(prof)
+        entry |= {"overrides": self._rel(ov_path) if ov_path else None, "task": task, "fallback": bool(exclude),
                   "model_bytes": tr.model_bytes, "cycles": tr.cycles, "seconds": round(tr.seconds, 2),
                   "fixes": tr.fixes, "sqnr": tr.sqnr_table, "samples": tr.samples,
-                  "measured": None if measure is None else sorted(measure)}
+                  "measured": None if measure is None else sorted(measure), "stopped": stopped}
         self._save(key, entry)
+        if stopped is None:
+            self._ran.add(key)
         return tr
 
     def worker(self, workdir: str | os.PathLike) -> Tuner:
         """A copy for a job in its own folder (another process, a Ray worker): absolute paths, the preprocessed
         model as its float model, the calibrated ranges and the calibration cache of this tuner, no checkpoint."""
-        return replace(self, float_model=self.source().resolve(), reference=Path(self.reference).resolve(),
-                       workdir=Path(workdir), resume=False, preprocess=False, _checkpoint=None, _source=None,
+        return replace(self, float_model=self.source().resolve(),
+                       reference=Path(self.reference).resolve() if self.reference is not None else None,
+                       workdir=Path(workdir), resume=False, preprocess=False, _checkpoint=None, _source=None, _ran=set(),
                        _ranges=None, _calibrated=self.calibrated(), _digests={},
                        calibration_cache=Path(self.calibration_cache or Path(self.workdir) / CALIBRATION_CACHE
                                               ).resolve())
@@ -561,7 +651,8 @@ class Tuner:
             return self
         return replace(self, watch=tuple(dict.fromkeys([*self.watch, *watch])), _checkpoint=self._ckpt())
 
-    def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None
+    def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None,
+                          hold: int | None = None, stop: Callable[[Mapping[str, float]], bool] | None = None
                           ) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
         """A partial capture: each evaluation sample run once through ``runner`` into memory
         (:class:`~ivq_debug.dump.memory.MemorySink`) and compared with the reference at once, then dropped.
@@ -572,41 +663,59 @@ class Tuner:
         comparison; at most one sample's tensors are in memory. ``measure``: compute the metrics of the pairs
         naming one of these tensors (reference or test name) and of each record's last tensor (the default
         watch) only; every tensor is still captured and aligned, so each figure is the one a whole comparison
-        gives (None: every pair).
+        gives (None: every pair). ``hold``: the sample whose tensors the returned comparison keeps in memory, its
+        ``test`` and, with the in-memory reference, its ``ref`` (default: none, ``test`` is the last sample's
+        listing). ``stop``: after each sample, given the worst SQNR so far of each measured tensor (reference and
+        test names); True ends the run there (the table holds the samples run).
+
+        The reference is the dump :attr:`reference` or, without one, the float model run on each sample as the
+        comparison reads it (:meth:`live`).
         """
         import pandas as pd
 
-        ref = open_dump(self.reference)
+        live = self.live()
+        ref_file = open_dump(self.reference) if live is None else None
         sink = MemorySink(runner.backend, runner.info, path=f"<trial of {Path(runner.model_path).name}>"
                           if getattr(runner, "model_path", None) else "<trial>")
         memo: dict[Any, Any] = {}
         tables, per, pairs = [], [], []
         un_ref: list[Any] = []
         un_test: list[Any] = []
-        last = None
+        last = held = held_ref = None
+        worst: dict[str, float] = {}
         for i, feeds in enumerate(self.feeds):
             interrupt.raise_if_signalled()
             sink.begin_record(sample=i, part=self.part, step=0)
             runner.run(feeds, sink)
             mem = sink.take()
+            ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i))
             cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
                                      lambda ps: _pairs_naming(ps, measure))
+            if live is not None and i != hold:
+                ref.close()  # the live reference keeps what was read (within its budget)
             tables.append(cmp.table)
             pairs += cmp.alignment.pairs
             un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
             un_test += cmp.alignment.unmatched_test
             if outputs:
                 per += _outputs(mem, outputs)
-            if last is not None:
+            if last is not None and last is not held:
                 last.close()
             last = mem
+            if i == hold:
+                held, held_ref = mem, ref
+            if stop is not None and i + 1 < len(self.feeds) and stop(worst_sqnr(cmp, worst)):
+                break
         assert last is not None, "a tune has at least one evaluation input"
         cycles = _cycles(last)
-        last.close()
+        if last is not held:
+            last.close()
         full = [t for t in tables if len(t)]
         table = pd.concat(full, ignore_index=True) if full else tables[0]
         al = Alignment(pairs, un_ref, un_test, [], [])
-        return comparator.Comparison(ref, last, table, al, cmp.budgets, cmp.rank_by), per, cycles
+        test = held if held is not None else last
+        ref = ref_file if ref_file is not None else (held_ref if held_ref is not None else ref)
+        return comparator.Comparison(ref, test, table, al, cmp.budgets, cmp.rank_by), per, cycles
 
     def _runner(self, qdq: Path, prof: Path, fallback: bool) -> Any:
         if self.runner_factory is not None:
@@ -648,6 +757,24 @@ class Tuner:
         exclude = list(dict.fromkeys([*exclude, *float_producers(floats, load_model(self.source()))]))
         return path, {**self.base_overrides, **to_ort_overrides(ints)}, exclude
 
+    def _quantized(self, overrides: Mapping[str, Any], kw: Mapping[str, Any]) -> Path:
+        """Where the model of one quantization is kept for the run (beside the calibration cache, pruned with it):
+        keyed by everything :func:`~ivq_debug.qnn.quantize.quantize_for_qnn` reads — the model handed to it, the
+        calibration data, the preset, the knobs, the ORT overrides and the nodes left float — so two trials of
+        the same quantization (a lever's job and its re-run in the workdir, a CPU-QDQ trial and its HTP check,
+        two levers that name the same set) quantize once."""
+        if "calibration" not in self._digests:
+            from ivq_debug.tune.sweep import _calibration_digest
+
+            self._digests["calibration"] = _calibration_digest(self.calibration)
+        blob = json.dumps({"source": self._digest("source", self.source()), "cal": self._digests["calibration"],
+                           "preset": self.preset, "overrides": _jsonable_overrides(overrides),
+                           "kw": {k: str(v) for k, v in sorted(kw.items()) if k != "calibration_cache"},
+                           "versions": versions()},
+                          sort_keys=True, default=str)
+        folder = Path(kw["calibration_cache"])
+        return folder / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.qdq.onnx"
+
     def _quantize(self, label: str, suggestions: list[Suggestion], out: Path, max_fixes: int = 16
                   ) -> tuple[Path | None, list[Suggestion], list[Suggestion], list[str]]:
         """Quantize with the suggestions as delivered; each type conflict ORT's mixed-precision fixer raises
@@ -664,12 +791,25 @@ class Tuner:
                                            or Path(self.workdir) / CALIBRATION_CACHE}
             if exclude:
                 kw["nodes_to_exclude"] = [*kw.get("nodes_to_exclude", []), *exclude]
+            cached = self._quantized(overrides, kw)
+            if cached.is_file():  # the same quantization earlier in this run (another label, the HTP check)
+                _link_or_copy(cached, out)
+                os.utime(cached)  # recently used: kept longest
+                self._took("quantize_reused", 0.0)
+                return ov_path, applied, fixes, exclude
+            t0 = time.perf_counter()
             try:
-                quantize_for_qnn(self.source(), out, self.calibration, preset=self.preset,
-                                 overrides=overrides or None, overwrite=True, **kw)
+                res = quantize_for_qnn(self.source(), out, self.calibration, preset=self.preset,
+                                       overrides=overrides or None, overwrite=True, **kw)
+                if not res.external_data:
+                    _link_or_copy(out, cached)
+                    _trim_models(cached.parent, max(defaults.TUNE_MODEL_CACHE_MIN_BYTES, defaults.TUNE_MODEL_CACHE_RATIO
+                                                    * model_file_bytes(self.source())))
+                self._took("quantize", time.perf_counter() - t0)
                 return ov_path, applied, fixes, exclude
             except InputError as e:
                 m = _CONFLICT.search(str(e))
+                self._took("quantize_conflict", time.perf_counter() - t0)
                 if not m or len(fixes) >= max_fixes:
                     raise
                 name = m.group(1)
@@ -693,7 +833,43 @@ def one_trial(tuner: Tuner, label: str, suggestions: Sequence[Suggestion] = ()) 
     of a whole capture compared afterwards, for the tensors it measures (:meth:`Tuner.measured`: the watched
     tensors, the model outputs, the suggestions' tensors; ``Trial.sqnr_table`` holds those). The checkpoint is
     not read: a trial of a configuration already run is run again (``tuner.resume`` is ignored)."""
-    return replace(tuner, resume=False, _checkpoint=tuner._ckpt()).trial(label, list(suggestions), keep_dump=False)
+    return replace(tuner, resume=False, _checkpoint=tuner._ckpt(), _ran=set()).trial(label, list(suggestions),
+                                                                                     keep_dump=False)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as the same file as ``src`` (a hard link; a copy across file systems), replaced atomically."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _trim_models(folder: Path, budget: float) -> None:
+    """The run's model cache within ``budget`` bytes: the least recently used models go first."""
+    models = []
+    for p in folder.glob("*.qdq.onnx"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        models.append((st.st_mtime, st.st_size, p))
+    total = sum(m[1] for m in models)
+    for _, size, p in sorted(models)[:-1]:  # the newest stays
+        if total <= budget:
+            break
+        p.unlink(missing_ok=True)
+        total -= size
+
+
+def _remove_profiles(prof: Path) -> None:
+    """A trial's QNN profile files (``<label>.profile.csv`` and ``.plain.csv``), read into its figures."""
+    for extra in (prof, *prof.parent.glob(glob.escape(prof.name[:-len(".csv")]) + ".*.csv")):
+        extra.unlink(missing_ok=True)
 
 
 def _pairs_naming(pairs: list[Any], names: Collection[str]) -> list[Any]:
@@ -709,16 +885,20 @@ def _with_fixes(suggestions: Sequence[Suggestion], fixes: Sequence[Suggestion]) 
     return [s for s in suggestions if s.tensor not in names] + list(fixes)
 
 
-def worst_sqnr(cmp: Any) -> dict[str, float]:
-    """``{tensor: worst SQNR over the records}`` of a comparison (reference and test names): what a trial keeps."""
+def worst_sqnr(cmp: Any, running: dict[str, float] | None = None) -> dict[str, float]:
+    """``{tensor: worst SQNR over the records}`` of a comparison (reference and test names): what a trial keeps.
+    ``running``: the figures of earlier comparisons, lowered in place where this one is worse (and returned)."""
     t = cmp.table
-    if t.empty:
-        return {}
     out: dict[str, float] = {}
-    for col in ("ref_name", "test_name"):
-        g = t.groupby(col)["sqnr_db"].min()
-        out.update({str(k): float(v) for k, v in g.items() if v == v})
-    return out
+    if not t.empty:
+        for col in ("ref_name", "test_name"):
+            g = t.groupby(col)["sqnr_db"].min()
+            out.update({str(k): float(v) for k, v in g.items() if v == v})
+    if running is None:
+        return out
+    for k, v in out.items():
+        running[k] = min(v, running.get(k, math.inf))
+    return running
 
 
 def per_sample(cmp: Any, watch: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -908,7 +1088,8 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     htp = replace(tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
     htp_after = replace(after_tuner or tuner, backend="qnn", runner_factory=None, _checkpoint=tuner._ckpt())
     b = htp.trial("htp-before", list(before.suggestions), keep_dump=False)
-    a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False)
+    a = htp_after.trial(f"htp-{after.label}", list(after.suggestions), keep_dump=False,
+                        stop=None if b.error else refused_already(before, after, b, watch))
     figs = {w: {"cpu": [before.sqnr(w), after.sqnr(w)], "htp": [b.sqnr(w), a.sqnr(w)]} for w in watch}
     check = {"backend": "qnn", "checked": True, "session": a.session, "watch": figs,
              "samples": {"before": b.samples, "after": a.samples},
@@ -920,11 +1101,41 @@ def confirm_on_target(tuner: Tuner, before: Trial, after: Trial, watch: Sequence
     if a.error:
         check["error"] = a.error
         return f"QNN HTP refuses the set: {a.error}", check
+    if a.stopped:
+        check["stopped"] = a.stopped | {"why": "the samples run refuse it already: a worst SQNR only falls as "
+                                                "samples are added"}
     why = judge(b, a, watch)
     check["not_held"] = not_held(check)
     if why is None and check["not_held"]:  # what CPU-QDQ verified is not what HTP delivers: the next set is tried
-        return held_refusal(check["not_held"]), check
-    return (None if why is None else f"on QNN HTP: {why}"), check
+        why = held_refusal(check["not_held"])
+    elif why is not None:
+        why = f"on QNN HTP: {why}"
+    if a.stopped:  # (never None: the check stops only on a refusal the samples run make certain)
+        why = (why or "refused on QNN HTP") + (f" (on the first {a.stopped['samples']} of {a.stopped['of']} "
+                                               "evaluation samples: the others cannot change it)")
+    return why, check
+
+
+def refused_already(before: Trial, after: Trial, htp_before: Trial, watch: Sequence[str]
+                    ) -> Callable[[Mapping[str, float]], bool]:
+    """The ``stop`` of a set's HTP check (:meth:`Tuner.trial`): True once the samples run on HTP refuse the set
+    whatever the others give — a watched tensor's worst SQNR there below the baseline's on HTP (:func:`judge`), or
+    its gain on HTP short of its CPU-QDQ gain as :func:`not_held` reads it. A worst SQNR only falls as samples are
+    added, so the refusal stands; the HTP check of a set that is recommended always runs every sample (PP-OCRv4's
+    a16w16: refused after its first line instead of 12 lines of 16-bit HTP emulation, 470 s at load 12-16)."""
+    def stop(worst: Mapping[str, float]) -> bool:
+        for w in watch:
+            hb, ha, cb, ca = htp_before.sqnr(w), worst.get(w), before.sqnr(w), after.sqnr(w)
+            if hb is None or ha is None:
+                continue
+            if ha < hb:
+                return True
+            if cb is not None and ca is not None and ca - cb > 0 and ha - hb < HOLD_SHARE * (ca - cb) \
+                    and (ca - cb) - (ha - hb) >= HOLD_MIN_DB:
+                return True
+        return False
+
+    return stop
 
 
 def held_refusal(lines: Sequence[str]) -> str:

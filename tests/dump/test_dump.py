@@ -157,16 +157,31 @@ def test_chunks_split_evenly_so_edge_chunks_store_no_padding(tmp_path: Path) -> 
     # a ViT fc1 output [1, 197, 1536] fp32 (1.16 MiB): 2 chunks of 99 rows, not 170 + a padded edge chunk of 170
     assert _chunk_shape((1, 197, 1536), 4, 1 << 20) == (1, 99, 1536)
     assert _chunk_shape((8, 1025, 1025), 4, 1 << 20) == (1, 205, 1025)
-    a = np.ones((1, 197, 1536), np.float32)
-    with DumpWriter(tmp_path / "c.h5", backend="x", compression=None) as w:
+    a = np.round(np.random.default_rng(0).standard_normal((1, 197, 1536)), 1).astype(np.float32)
+    with DumpWriter(tmp_path / "c.h5", backend="x", compression="lzf") as w:
         w.add_tensor("fc1", a)
     with h5py.File(tmp_path / "c.h5") as f:
         ds = f["records/r000000/t/fc1"]
-        assert ds.chunks == (1, 99, 1536)
-        assert ds.id.get_storage_size() <= a.nbytes * 1.01  # was 2 × 170 rows = 1.73 × the data
+        assert ds.chunks == (1, 99, 1536) and ds.compression == "lzf"
+    np.testing.assert_array_equal(open_dump(tmp_path / "c.h5").read("fc1"), a)
+
+
+def test_uncompressed_tensors_are_contiguous_and_read_as_one_segment(tmp_path: Path) -> None:
+    # chunks only serve compression: an uncompressed tensor of any size is one contiguous run (no edge-chunk
+    # padding, one write, one raw segment for the readers)
+    a = np.arange(197 * 1536, dtype=np.float32).reshape(1, 197, 1536)
+    with DumpWriter(tmp_path / "c.h5", backend="x", compression=None) as w:
+        w.add_tensor("fc1", a)
+        w.add_tensor("flag", np.array([True, False]))
+    with h5py.File(tmp_path / "c.h5") as f:
+        ds = f["records/r000000/t/fc1"]
+        assert ds.chunks is None and ds.compression is None
+        assert ds.id.get_storage_size() == a.nbytes
+        assert f["records/r000000/t/flag"].dtype == np.bool_
     d = open_dump(tmp_path / "c.h5")
     assert d.raw_layout(d.entry("fc1")) is not None
     np.testing.assert_array_equal(d.read("fc1"), a)
+    np.testing.assert_array_equal(d.read("flag"), [True, False])
 
 
 def test_attributes_have_the_types_h5py_gives_them(tmp_path: Path) -> None:
