@@ -42,8 +42,6 @@ HELD_OUT = 48
 COMBINATIONS = 4
 #: issue 29's acceptance: exact match on >= 40 held-out lines on HTP
 ISSUE_GOAL = 0.85
-#: what the global levers' recommendation read on HTP before the combination step (0.667 on 48 lines), a margin
-MEASURED_FLOOR = 0.6
 
 
 @pytest.fixture(scope="module")
@@ -114,5 +112,6 @@ def test_tune_search_on_htp_recommends_what_htp_reads(rec: Path, lines: dict, tm
     print(f"exact match on {len(held)} held-out lines, QNN HTP: {got:.3f} ({search['chosen']})")
     # issue 29 asks >= 0.85 (ISSUE_GOAL). The global levers alone do not reach it (a16w8 + per-channel, the largest
     # gain within the budget, reads 32 of 48: 0.667); the combination step's diagnosis of that lever names the 20
-    # weights whose 8-bit grid is left (16-bit weights there: 9.7 -> 44 dB on CPU-QDQ, 8 of 8 held-out lines on HTP)
-    assert got >= MEASURED_FLOOR, (got, ISSUE_GOAL, search["chosen"])
+    # weights whose 8-bit grid is left (16-bit weights there: 9.7 -> 44 dB on CPU-QDQ, 13.1 -> 21.4 dB on HTP)
+    # (measured: a16w8 + per-channel + remedy all (its diagnosis), 48 of 48 held-out lines on HTP, 1.000)
+    assert got >= ISSUE_GOAL, (got, search["chosen"])
