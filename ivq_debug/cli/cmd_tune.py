@@ -96,8 +96,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="--search: the value to reach, the cheapest lever reaching it wins: the task metric with "
                         "--task-metric, else the worst watched SQNR (dB)")
     p.add_argument("--combinations", type=int, default=None, metavar="N",
-                   help=f"--search: extra trials of the combination step (the best lever grown greedily by the "
-                        f"others, ranked by gain per cost; default {COMBINATIONS}, 0: none)")
+                   help=f"--search: extra trials of the combination step (the best lever within the budget with the "
+                        f"unit levers of its own CPU-QDQ diagnosis, then grown greedily by the other levers, ranked "
+                        f"by gain per cost; default {COMBINATIONS}, 0: none)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")

@@ -10,7 +10,9 @@ end).
 * *pattern* — a pattern group of the introduced-error replay (``diagnose``), its suggestions as one set;
 * *unit* — the per-cause suggestions (:func:`unit_levers`: weights, activations, all of them);
 * *combination* — a16w8 + per-channel (a16w8 with ``per_channel``) among the globals; then the **combination
-  step** (:func:`grow`): from the best lever measured, a greedy search over its combinations with every other
+  step** (:func:`grow`): from the best lever measured (the start), first the unit levers of the start's own
+  diagnosis (``search(diagnosis=…)``: what is left wrong once its knobs are set), then a greedy search over its
+  combinations with every other
   lever that gained alone (global knobs merged — a16w8 + per-channel + a calibration method — and the unit
   levers' overrides added) or that the baseline's precision forbids but a 16-bit-activation set runs (16-bit
   weights), ranked by measured gain per cost, under a budget of extra trials (``--combinations``); each round

@@ -6,11 +6,13 @@ budget of extra trials."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ivq_debug.tune.search import Lever, global_levers, grow, search, unit_levers
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import Tuner
+from tests.support.cli import ivq_cli
 from tests.support.lever_models import two_causes_trial_inputs
 
 #: per-cause unit fixes of the two heads (a 16-bit activation for head B, per-channel weight of head A)
@@ -24,7 +26,9 @@ def two(tmp_path_factory) -> dict:
     u = two_causes_trial_inputs(d, evaluation=4)
     tuner = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / "wd", backend="cpu", target="cpu", resume=False,
                   preprocess=False)
-    return {"tuner": tuner, "before": tuner.trial("before", [])}
+    np.savez(d / "cal.npz", x=np.concatenate([c["x"] for c in u["cal"]]))
+    np.savez(d / "eval.npz", **u["feeds"][0])
+    return {"tuner": tuner, "before": tuner.trial("before", []), "cal": d / "cal.npz", "eval": d / "eval.npz"}
 
 
 def _levers(tuner: Tuner, *names: str) -> list[Lever]:
@@ -95,3 +99,14 @@ def test_grow_skips_what_is_measured_over_budget_or_illegal() -> None:
     grow(levers, rows, lambda b: asked.append([lv.name for lv in b]), budget=6, base_bytes=100.0,
          legal=lambda lv: lv.preset != "a16w16")
     assert asked == []
+
+
+@pytest.mark.parametrize(("extra", "says"), [(["--search", "--combinations", "-1"], "--combinations must be at least 0"),
+                                             (["--combinations", "2"], "are for --search")])
+def test_combinations_flag_is_checked_before_any_work(two, tmp_path, capsys, extra, says) -> None:
+    t = two["tuner"]
+    code = ivq_cli("tune", t.float_model, "--calibration", two["cal"], "--inputs", two["eval"], "-o", tmp_path / "w",
+                   *extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "w").exists()
