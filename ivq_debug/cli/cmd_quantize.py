@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--image-processor", metavar="FOLDER", default=None,
                    help="QDQ: a model folder whose HF image processor (preprocessor_config.json) makes calibration "
                         "images into inputs, as the deployment does")
+    p.add_argument("--unfuse-batchnorm", action="store_true",
+                   help="QDQ: rewrite each BatchNormalization as Mul + Add by constants before quantizing (the "
+                        "emulated QNN HTP computes those closer to float at 16-bit activations; docs/tune.md)")
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic INT8 (onnxruntime quantize_dynamic): weights quantized once, activations at run "
                         "time (DynamicQuantizeLinear + MatMulInteger / ConvInteger); no calibration")
@@ -68,7 +71,8 @@ def execute(args: argparse.Namespace) -> int:
         for flag, given in (("--calibration", args.calibration), ("--overrides", args.overrides),
                             ("--max-samples", args.max_samples), ("--image-resize", args.image_resize),
                             ("--image-processor", args.image_processor),
-                            ("--calibrate-method", None if args.calibrate_method == "minmax" else 1)):
+                            ("--calibrate-method", None if args.calibrate_method == "minmax" else 1),
+                            ("--unfuse-batchnorm", args.unfuse_batchnorm or None)):
             if given is not None:
                 raise UsageError(f"{flag} applies to QDQ quantization, not --dynamic")
         with status(f"quantizing {args.model} (dynamic, {args.weight_type} weights)"):
@@ -95,7 +99,8 @@ def execute(args: argparse.Namespace) -> int:
         r = quantize_for_qnn(args.model, args.output, args.calibration, preset=args.preset,
                              per_channel=args.per_channel, overrides=args.overrides, max_samples=args.max_samples,
                              calibrate_method=args.calibrate_method, image_resize=args.image_resize or "bicubic",
-                             image_processor=args.image_processor, overwrite=args.force)
+                             image_processor=args.image_processor, unfuse_batchnorm=args.unfuse_batchnorm,
+                             overwrite=args.force)
     if args.json:
         write_json(r.to_dict(), args.json, overwrite=args.force)
     con.print(f"wrote {escape(r.model_path)}: {r.preset} ({r.activation_type}/{r.weight_type}), "

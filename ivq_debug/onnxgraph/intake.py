@@ -15,7 +15,9 @@ on ``tests/support/thirdparty_models.py``, tests in ``tests/onnxgraph/test_intak
   a dynamic reshape): QNN HTP refuses ``Shape`` at ORT optimization level "disable" and then every node downstream
   ("Cannot get shape": 144 nodes of the PP-OCRv4 recognizer), so the QDQ model ran on HTP only at "all", where
   ORT folds the chain first -> once the dims are static, folded into initializers
-  (:func:`ivq_debug.onnxgraph.fold.fold_shape_chains`: exact, weights and every other name kept).
+  (:func:`ivq_debug.onnxgraph.fold.fold_shape_chains`: exact, weights and every other name kept);
+* **standalone BatchNormalization** (no pre-processing folded it): the emulated HTP computes its quantized scale
+  less exactly than CPU fake-quant -> opt-in, Mul + Add by constants (:mod:`ivq_debug.onnxgraph.batchnorm`).
 
 Every model a command writes is checked (:func:`check_written_model`: ``onnx.checker`` and an ONNX Runtime CPU
 session) before the command reports success. :func:`effective_quantization` reads back, per tensor, the
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.errors import CheckError, UsageError, one_line
+from ivq_debug.onnxgraph.batchnorm import batchnorm_to_mul_add
 from ivq_debug.onnxgraph.fold import fold_shape_chains
 from ivq_debug.onnxgraph.load import load_model
 
@@ -62,12 +65,14 @@ class IntakeReport:
     opset_to: int | None = None
     #: the shape-arithmetic nodes folded into initializers, ``"name (op_type)"`` in graph order
     folded_shapes: list[str] = field(default_factory=list)
+    #: the BatchNormalization nodes rewritten as Mul + Add (:mod:`ivq_debug.onnxgraph.batchnorm`), by name
+    batchnorms_to_mul_add: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         """True when the model proto was modified."""
         return bool(self.constants_to_initializers or self.metadata or self.fixed_dims or self.opset_to
-                    or self.folded_shapes)
+                    or self.folded_shapes or self.batchnorms_to_mul_add)
 
     def notes(self) -> list[str]:
         """One line per change, for a command's summary."""
@@ -87,6 +92,9 @@ class IntakeReport:
             out.append(f"intake: {len(self.folded_shapes)} shape node(s) folded into initializers "
                        f"({', '.join(f'{op} x{k}' for op, k in ops.most_common())}): QNN HTP runs the model at "
                        "every ORT optimization level")
+        if self.batchnorms_to_mul_add:
+            out.append(f"intake: {len(self.batchnorms_to_mul_add)} BatchNormalization node(s) rewritten as Mul + Add "
+                       "by constants (output names kept)")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -293,14 +301,15 @@ def upgrade_opset(model: Any, target: int, where: str | os.PathLike | None = Non
 
 def prepare(model: Any, *, samples: Sequence[Mapping[str, Any]] | None = None, per_channel: bool = False,
             where: str | os.PathLike | None = None, constants: bool = True,
-            fold_shapes: bool = True) -> tuple[Any, IntakeReport]:
+            fold_shapes: bool = True, batchnorm: bool = False) -> tuple[Any, IntakeReport]:
     """The quantizer's intake of ``model`` (a proto, modified in place unless the opset is upgraded).
 
     Constants become initializers, metadata is set aside (``report.metadata``: restore it with
     :func:`append_metadata`), dims every sample agrees on are fixed, with ``per_channel`` an opset below 13 is
     upgraded, and the shape arithmetic the static dims make constant is folded
     (:func:`~ivq_debug.onnxgraph.fold.fold_shape_chains`; ``fold_shapes=False`` keeps it, ``constants=False``
-    keeps ``Constant`` nodes). Returns the model to quantize and what changed.
+    keeps ``Constant`` nodes); with ``batchnorm`` every inference-form BatchNormalization becomes Mul + Add
+    (:func:`~ivq_debug.onnxgraph.batchnorm.batchnorm_to_mul_add`). Returns the model to quantize and what changed.
     """
     rep = IntakeReport()
     if constants:
@@ -314,6 +323,8 @@ def prepare(model: Any, *, samples: Sequence[Mapping[str, Any]] | None = None, p
     if fold_shapes:
         model, folded = fold_shape_chains(model)
         rep.folded_shapes = [f"{name} ({op})" for name, op in folded]
+    if batchnorm:
+        rep.batchnorms_to_mul_add = batchnorm_to_mul_add(model)
     return model, rep
 
 

@@ -622,6 +622,7 @@ def quantize_for_qnn(
     nodes_to_exclude: Sequence[str] | None = None,
     constants_to_initializers: bool = True,
     fold_shapes: bool = True,
+    unfuse_batchnorm: bool = False,
     overwrite: bool = False,
     calibration_cache: str | os.PathLike | None = None,
     **calibration_options: Any,
@@ -651,6 +652,9 @@ def quantize_for_qnn(
         fold_shapes: fold the shape arithmetic the static dims make constant (``Shape -> Gather -> Concat ->
             Reshape``) into initializers, so that QNN HTP runs the QDQ model at every ORT optimization level
             (``result.intake["folded_shapes"]`` lists the nodes; False writes them as they are).
+        unfuse_batchnorm: rewrite each BatchNormalization as Mul + Add by constants before quantizing
+            (:mod:`ivq_debug.onnxgraph.batchnorm`; ``result.intake["batchnorms_to_mul_add"]``). Off by default:
+            on PP-OCRv4 it gains on HTP at a16w16 and loses a little at a16w8 (docs/tune.md).
         overwrite: replace an existing output.
         calibration_cache: a folder of calibration results (:func:`calibration_cache_key`): a quantization whose
             calibration inputs (model, samples, method, types, options) were calibrated before loads the tensor
@@ -693,7 +697,8 @@ def quantize_for_qnn(
     big = has_external_data(proto) or src.stat().st_size > _MAX_PROTO_BYTES
     late = preprocess and not big
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel and not late, where=src,
-                                       constants=constants_to_initializers, fold_shapes=fold_shapes)
+                                       constants=constants_to_initializers, fold_shapes=fold_shapes,
+                                       batchnorm=unfuse_batchnorm)
     notes: list[str] = []
     floats: list[str] = []  # nodes the overrides leave float
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes,
