@@ -24,7 +24,7 @@ Figures per target (``noise`` = ``Σ (out − ref)²`` over every final output a
   downstream, or lifting made the output worse (errors that cancelled).
 
 Cost: one run of the whole model per distinct target plus the unchanged model. On the CPU they run as one graph
-(:func:`lifted_variants`: the unchanged model once, each target's copy of only the nodes its lift changes and
+(:func:`~ivq_debug.diagnose.graphs.lifted_variants`: the unchanged model once, each target's copy of only the nodes its lift changes and
 what lies downstream of them), one session, one run per record, with every figure what the target's own model
 gives, to the bit; on another backend each target is its own model and session (a backend may refuse one lifted
 model and place another). The runs are jobs on the executor (:mod:`ivq_debug.executor`; a group of targets per
@@ -49,7 +49,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.batch import cpu_runner
-from ivq_debug.diagnose.graphs import typed_inputs
+from ivq_debug.diagnose.graphs import lifted_variants, mergeable, typed_inputs
 from ivq_debug.diagnose.jobs import describe_factory
 from ivq_debug.diagnose.patterns import groups, sortable
 from ivq_debug.diagnose.remedy import unit_evidence
@@ -210,73 +210,6 @@ def lifted_model(model: Any, tensors: set[str], floats: dict[str, np.ndarray], b
     return m
 
 
-def mergeable(model: Any) -> bool:
-    """Whether the lift variants of ``model`` can share one graph (:func:`lifted_variants`): its nodes in
-    topological order and none with a subgraph (whose outer-scope reads the copy could not follow)."""
-    from onnx import AttributeProto
-
-    known = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
-    for n in model.graph.node:
-        if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute):
-            return False
-        if any(x not in known for x in n.input):
-            return False
-        known.update(n.output)
-    return True
-
-
-def lifted_variants(model: Any, plans: list[tuple[dict[int, Any], dict[str, np.ndarray]]]
-                    ) -> tuple[Any, list[dict[str, str]]]:
-    """One model that computes ``model`` and each lift variant of ``plans`` (:func:`_lift_plan`'s) side by side:
-    variant ``v`` copies only the nodes its replacements change and everything downstream of them (names in its
-    own ``v{v}::`` namespace, :func:`~ivq_debug.diagnose.graphs.unit_value`) and reads every other value from the
-    unchanged model's, so the shared part runs once; each node's copy follows its original, so a value is freed
-    as early as in the model alone. Returns the model and, per variant, ``{graph output: the output holding the
-    variant's value}`` for the outputs the variant changes (an output it does not change is the model's own).
-    The model must be :func:`mergeable`; every node computes what it computes in its own variant's model."""
-    import onnx
-    from onnx import numpy_helper
-
-    from ivq_debug.diagnose.graphs import copy_node, unit_value
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = m.graph
-    added: set[str] = set()
-    for _, inits in plans:
-        for k, v in inits.items():
-            if k not in added:
-                g.initializer.append(numpy_helper.from_array(v, k))
-                added.add(k)
-    renamed: list[dict[str, str]] = [{} for _ in plans]
-    nodes = []
-    for i, n in enumerate(model.graph.node):
-        nodes.append(n)
-        for v, (plan, _) in enumerate(plans):
-            ren = renamed[v]
-            src = plan.get(i)
-            if src is None and not any(x in ren for x in n.input):
-                continue
-            src = n if src is None else src
-            pre = f"v{v}::"
-            outs = [unit_value(pre, o) if o else "" for o in src.output]
-            nodes.append(copy_node(src, unit_value(pre, src.name or f"#{i}"), [ren.get(x, x) for x in src.input],
-                                   outs))
-            ren.update({o: r for o, r in zip(src.output, outs, strict=True) if o})
-    del g.node[:]
-    g.node.extend(nodes)
-    outs: list[dict[str, str]] = []
-    for ren in renamed:
-        mine = {}
-        for o in model.graph.output:
-            if o.name in ren:
-                vi = g.output.add()
-                vi.CopyFrom(o)
-                vi.name = mine[o.name] = ren[o.name]
-        outs.append(mine)
-    return m, outs
-
-
 Spec = tuple[list[str], list[str]]  # a target's (tensors, weights), sorted
 
 
@@ -346,9 +279,9 @@ def effect_run(qdq: Model, ref: Any, rids: list[str], tensors: list[str], weight
 def effect_runs(qdq: Model, ref: Any, rids: list[str], specs: list[Spec], fmodel: Model | None,
                 runner_factory: Callable[[Any], Any] | None, merge: bool = True) -> list[dict[str, Any]]:
     """The counterfactual runs of ``specs`` (each a target's ``(tensors, weights)``): with ``merge`` as one graph
-    (:func:`lifted_variants`: the unchanged model and each target's changed part), one session, one run per
+    (:func:`~ivq_debug.diagnose.graphs.lifted_variants`: the unchanged model and each target's changed part), one session, one run per
     record, each target's figures what its own model gives (:func:`lifted_model`, one session each: ``merge``
-    False, or a model that is not :func:`mergeable`), to the bit: every node computes what it computes in the
+    False, or a model that is not :func:`~ivq_debug.diagnose.graphs.mergeable`), to the bit: every node computes what it computes in the
     target's own model. ``seconds``: the whole group's."""
     t0 = time.perf_counter()
     model = qdq.proto

@@ -13,7 +13,7 @@ group's producing nodes left unquantized (float on HTP). Both go through the del
 (:meth:`~ivq_debug.tune.verify.Tuner.trial`).
 
 **Jobs.** Each candidate is one :class:`~ivq_debug.executor.Job` whose key hashes the preprocessed float model,
-the reference dump's content (:func:`dump_digest`), the evaluation inputs, the calibration data, the candidate's overrides, the watched tensors,
+the reference dump's content (:func:`~ivq_debug.tune.verify.dump_digest`), the evaluation inputs, the calibration data, the candidate's overrides, the watched tensors,
 the settings (preset, format, backend, quantizer knobs, base overrides, runner and task metric) and
 :func:`~ivq_debug.executor.versions`. A job runs one trial in its own folder and writes a small JSON shard: the
 watched tensors' SQNR, the task metrics, the model bytes, the HTP cycles (QNN) and its wall time; its model and
@@ -45,7 +45,6 @@ from typing import Any
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.replay import describe_factory
-from ivq_debug.dump import open_dump
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.errors import InputError, UsageError, one_line
 from ivq_debug.executor import (
@@ -70,6 +69,7 @@ from ivq_debug.tune.verify import (
     _default_watch,
     _jsonable_overrides,
     _suggestion_key,
+    calibration_digest,
     confirm_on_target,
     judge,
     load_task_metric,
@@ -226,24 +226,6 @@ def _describe(fn: Any) -> str | None:
     return fn.key() if isinstance(fn, TaskMetric) else describe_factory(fn)
 
 
-def _calibration_digest(cal: Any) -> str:
-    if isinstance(cal, (str, os.PathLike)):
-        p = Path(cal)
-        if p.is_dir():
-            return job_key(files={f.name: sha256_file(f) for f in sorted(p.iterdir()) if f.is_file()})
-        return sha256_file(p)
-    if isinstance(cal, Mapping):
-        cal = [cal]
-    return job_key(samples=[{k: input_digest(v) for k, v in sorted(s.items())} for s in cal])
-
-
-def dump_digest(path: str | os.PathLike) -> str:
-    """The dump's content digest (:meth:`~ivq_debug.dump.reader.Dump.content_digest`, the one the replay's
-    shards use too): two captures of the same data agree; their files do not (provenance, time)."""
-    with open_dump(path) as d:
-        return d.content_digest()
-
-
 def job_meta(tuner: Tuner) -> dict[str, Any]:
     """What every job of a tune shares (the shard ``meta`` a merge checks, :data:`SWEEP_FIELDS`): the model's,
     reference's, inputs' and calibration's hashes, the settings, the versions."""
@@ -256,7 +238,7 @@ def job_meta(tuner: Tuner) -> dict[str, Any]:
     return {"model_sha256": sha256_file(tuner.source()), "reference_sha256": tuner.reference_digest(),
             "inputs_sha256": job_key(feeds=[{k: input_digest(v) for k, v in sorted(f.items())}
                                             for f in tuner.feeds]),
-            "calibration_sha256": _calibration_digest(tuner.calibration), "settings": settings,
+            "calibration_sha256": calibration_digest(tuner.calibration), "settings": settings,
             "versions": versions()}
 
 

@@ -45,10 +45,11 @@ from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
 from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
+from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.dump.stats import tensor_stats
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
-from ivq_debug.executor import versions
+from ivq_debug.executor import job_key, versions
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
 from ivq_debug.onnxgraph.load import external_files, load_model, model_file_bytes
@@ -404,8 +405,6 @@ class Tuner:
         live = self.live()
         if live is not None:
             return live.digest()
-        from ivq_debug.tune.sweep import dump_digest
-
         return dump_digest(self.reference)
 
     def source(self) -> Path:
@@ -764,9 +763,7 @@ class Tuner:
         the same quantization (a lever's job and its re-run in the workdir, a CPU-QDQ trial and its HTP check,
         two levers that name the same set) quantize once."""
         if "calibration" not in self._digests:
-            from ivq_debug.tune.sweep import _calibration_digest
-
-            self._digests["calibration"] = _calibration_digest(self.calibration)
+            self._digests["calibration"] = calibration_digest(self.calibration)
         blob = json.dumps({"source": self._digest("source", self.source()), "cal": self._digests["calibration"],
                            "preset": self.preset, "overrides": _jsonable_overrides(overrides),
                            "kw": {k: str(v) for k, v in sorted(kw.items()) if k != "calibration_cache"},
@@ -1262,3 +1259,22 @@ def prune_workdir(workdir: str | os.PathLike, keep: Sequence[Path | None]) -> in
         if p.suffix in (".h5", ".onnx", ".csv", ".log", ".data"):
             p.unlink(missing_ok=True)
     return sum(f.stat().st_size for f in wd.rglob("*") if f.is_file())
+
+
+def calibration_digest(cal: Any) -> str:
+    """The calibration data's identity in keys: a folder's files, a file, or the samples' digests."""
+    if isinstance(cal, (str, os.PathLike)):
+        p = Path(cal)
+        if p.is_dir():
+            return job_key(files={f.name: sha256_file(f) for f in sorted(p.iterdir()) if f.is_file()})
+        return sha256_file(p)
+    if isinstance(cal, Mapping):
+        cal = [cal]
+    return job_key(samples=[{k: input_digest(v) for k, v in sorted(s.items())} for s in cal])
+
+
+def dump_digest(path: str | os.PathLike) -> str:
+    """The dump's content digest (:meth:`~ivq_debug.dump.reader.Dump.content_digest`, the one the replay's
+    shards use too): two captures of the same data agree; their files do not (provenance, time)."""
+    with open_dump(path) as d:
+        return d.content_digest()

@@ -137,7 +137,7 @@ def test_headline_effect_is_most_of_what_removing_the_fault_gives(m, runs, tag, 
 def test_the_counterfactual_runs_as_one_graph_equal_the_runs_one_by_one_on_the_vit(m, runs) -> None:
     """The effect runs of a real ViT's replay (its targets, the user's float weights, both records) as one graph
     and one session give every target's noise and signal of its own model, to the bit."""
-    from ivq_debug.diagnose.effect import lifted_variants, mergeable
+    from ivq_debug.diagnose.graphs import lifted_variants, mergeable
     from ivq_debug.onnxgraph.load import load
     from tests.diagnose.test_effect import one_graph_equals_one_by_one, specs_of
 
