@@ -151,7 +151,8 @@ class _ContiguousWriter:
         t = self._types.get(arr.dtype.str)
         if t is None:
             t = self._types[arr.dtype.str] = self._h5t.py_create(arr.dtype, logical=True)
-        data = np.ascontiguousarray(arr)
+        # a 0-d array is contiguous already (np.ascontiguousarray would make it 1-d: shape [1])
+        data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         space = self._h5s.create_simple(data.shape) if data.ndim else self._h5s.create(self._h5s.SCALAR)
         try:
             bname = name.encode("ascii")

@@ -32,6 +32,8 @@ def test_round_trip_names_dtypes_and_manifest_stats(tmp_path: Path) -> None:
         w.add_tensor("/a/b.0/C_output_0", a32, op_type="MatMul", layout="NCHW")
         w.add_tensor("model.x[0]", a16)
         w.add_tensor("weird%/./name", bf)
+        w.add_tensor("cache_len", np.array(7, np.int64))  # a 0-d tensor stays 0-d (scalar dataspace)
+        w.add_tensor("strided", a32[:, ::2, 1:])  # a non-contiguous view is written as its values
         w.begin_record(sample=0, part="decode", step=1, token=5)
         w.add_tensor("model.x[0]", a16[:1])
     d = open_dump(p)
@@ -45,6 +47,9 @@ def test_round_trip_names_dtypes_and_manifest_stats(tmp_path: Path) -> None:
     # fp16 stays fp16 on disk
     with h5py.File(p) as f:
         assert f["records"][e16.rid]["t"][e16.key].dtype == np.float16
+    sc = d.read("cache_len")
+    assert sc.shape == () and sc.dtype == np.int64 and int(sc) == 7 and d.entry("cache_len").shape == ()
+    np.testing.assert_array_equal(d.read("strided"), a32[:, ::2, 1:])
     eb = d.entry("weird%/./name")
     assert eb.dtype == "bfloat16"
     np.testing.assert_array_equal(d.read(eb), bf.float().numpy())
