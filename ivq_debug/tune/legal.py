@@ -184,6 +184,15 @@ def forbidden(suggestions: Iterable[Any], float_model: str | os.PathLike | Any, 
     return out
 
 
+def refusal(why: Sequence[str], backend: str = "qnn") -> str:
+    """One line for the reasons :func:`forbidden` gives: each weight once, the backend's rule once at the end (not
+    repeated after every one of PP-OCRv4's 38 weights)."""
+    rule = table(backend).source
+    items = [w.removesuffix(f": {rule}") for w in why]
+    tail = f" ({rule})" if any(i != w for i, w in zip(items, why, strict=True)) else ""
+    return f"not run by {backend.upper()}: " + "; ".join(items) + tail
+
+
 def _weight_bits(s: Any, preset: str) -> int:
     if s.encoding is not None and getattr(s.encoding, "bitwidth", None):
         return int(s.encoding.bitwidth)

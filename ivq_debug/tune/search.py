@@ -41,7 +41,7 @@ from typing import Any
 
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, merge_check
 from ivq_debug.jsonio import json_safe
-from ivq_debug.tune.legal import forbidden
+from ivq_debug.tune.legal import forbidden, refusal
 from ivq_debug.tune.suggest import SUGGESTION_SCHEMA, Suggestion
 from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
 from ivq_debug.tune.sweep import SWEEP_FIELDS, job_meta
@@ -375,7 +375,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                    "eligible": False, "status": "", "frontier": False, "task": {}}
             rows.append(row)
             if why:
-                row["status"] = f"not run by {tuner.target.upper()}: " + "; ".join(why)
+                row["status"] = refusal(why, tuner.target)
                 continue
             if progress:
                 progress(lv.name)

@@ -63,7 +63,7 @@ from ivq_debug.qnn.quantize import (
     quantize_for_qnn,
 )
 from ivq_debug.schema import check_schema
-from ivq_debug.tune.legal import forbidden, split_legal, violations
+from ivq_debug.tune.legal import forbidden, refusal, split_legal, violations
 from ivq_debug.tune.reference import LiveRecord, LiveReference
 from ivq_debug.tune.suggest import (
     EXCLUDE_SUFFIX,
@@ -569,7 +569,7 @@ class Tuner:
         try:
             why = forbidden(suggestions, self.source(), self.preset, self.target)
             if why:
-                raise UsageError(f"not run by {self.target.upper()}: " + "; ".join(why))
+                raise UsageError(refusal(why, self.target))
             ov_path, applied, fixes, exclude = self._quantize(label, suggestions, qdq)
             bad = violations(qdq, self.target)
             if bad:
@@ -1203,7 +1203,7 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
         illegal = forbidden([*active, s], tuner.source(), tuner.preset, tuner.target)
         if illegal:
             refused.append({"candidate": f"+{s.tensor} {s.action}", "label": None,
-                            "reason": f"not run by {tuner.target.upper()}: " + "; ".join(illegal)})
+                            "reason": refusal(illegal, tuner.target)})
             continue
         n += 1
         tr = tuner.trial(f"step{n}", [*active, s])

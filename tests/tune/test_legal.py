@@ -13,7 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from ivq_debug.capture.base import Selection, capture, make_runner
-from ivq_debug.tune.legal import TABLES, forbidden, violations
+from ivq_debug.tune.legal import TABLES, forbidden, refusal, table, violations
 from ivq_debug.tune.search import Lever, search
 from ivq_debug.tune.suggest import Suggestion, legalize
 from ivq_debug.tune.verify import Tuner, greedy, verify
@@ -261,3 +261,14 @@ def test_htp_wants_16_bit_weights_symmetric(tmp_path: Path) -> None:
     assert len(why) == 1 and "asymmetric 16-bit weight encoding" in why[0]
     sym = Encoding(bitwidth=16, dtype="int", symmetric=True, scale=(1e-4,), zero_point=(0,), signed=True)
     assert not forbidden([Suggestion("wd", "w16", "from file", encoding=sym)], fm, "a16w16", "qnn")
+
+
+def test_a_refusal_names_each_weight_once_and_the_rule_once() -> None:
+    """The reasons of many weights on one line: the backend's rule at the end, not after every weight."""
+    rule = table("qnn").source
+    why = [f"w{i}: 16-bit weight of n{i} (Conv) under its 8-bit activation 'x{i}': {rule}" for i in range(38)]
+    line = refusal(why, "qnn")
+    assert line.startswith("not run by QNN: w0: 16-bit weight of n0") and line.count(rule) == 1
+    assert all(f"w{i}: " in line for i in range(38)) and line.endswith(f"({rule})")
+    bias = ["b: a w16 override on the bias of n (Conv); a bias stays int32, derived from its input and weight scales"]
+    assert refusal(bias, "qnn") == "not run by QNN: " + bias[0]  # no rule suffix to factor: the reason as it is
