@@ -17,6 +17,7 @@ on all of them), the same arrays (the forward of the same session; ORT CPU gives
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, make_runner
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.memory import MemoryDump, MemorySink
+from ivq_debug.onnxgraph.load import load_model, model_digest
 
 
 class LiveRecord(MemoryDump):
@@ -89,7 +91,8 @@ class LiveReference:
     def digest(self) -> str:
         """What the reference is made of: the model's bytes, the samples, the part (a checkpoint / job key)."""
         h = hashlib.sha256()
-        h.update(Path(self.model).read_bytes())
+        # the model's bytes and its external-data files' (one definition, memoized per file version)
+        h.update(json.dumps(model_digest(self.model, load_model(self.model)), sort_keys=True).encode())
         for f in self.feeds:
             h.update(repr(sorted((k, input_digest(v)) for k, v in f.items())).encode())
         h.update(self.part.encode())
