@@ -752,7 +752,7 @@ def quantize_for_qnn(
             up.parent.mkdir()
             onnx.save(intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src), str(up))
             source = up
-        storage = htp_storage_overrides(load_model(source), w_name, init_overrides)
+        storage = htp_storage_overrides(source, w_name, init_overrides)
         if storage:
             notes.append(f"{len(storage)} BatchNormalization scale(s) stored as "
                          f"{BN_SCALE_TYPES[_QTYPE_BITS[w_name]]} symmetric: what QNN HTP computes right")
@@ -830,13 +830,17 @@ def quantize_for_qnn(
     )
 
 
-def htp_storage_overrides(model: Any, weight_type: str, overrides: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def htp_storage_overrides(model: str | os.PathLike | Any, weight_type: str,
+                          overrides: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The ORT overrides that store what QNN HTP computes right and the preset would store otherwise: the scale of
     each ``BatchNormalization`` (an initializer no entry of ``overrides`` names) in :data:`BN_SCALE_TYPES` of the
-    weight type's bits, symmetric. ``model`` is the graph the quantizer takes."""
+    weight type's bits, symmetric. ``model`` is the graph the quantizer takes (a path: loaded only when the weight
+    type has such a storage, not for every 8-bit quantization)."""
     qt = BN_SCALE_TYPES.get(_QTYPE_BITS.get(weight_type, 8))
     if qt is None or qt == weight_type:
         return {}
+    if not hasattr(model, "graph"):
+        model = load_model(model)
     inits = {t.name for t in model.graph.initializer}
     return {n.input[1]: [{"quant_type": _qtype(qt), "symmetric": True}] for n in model.graph.node
             if n.op_type == "BatchNormalization" and len(n.input) > 1 and n.input[1] in inits
