@@ -551,7 +551,7 @@ class Tuner:
             elif full:  # the baseline's whole comparison again, from its kept model (nothing re-quantized)
                 prof = wd / f"{label}.profile.csv"
                 cmp = self.compare_in_memory(self._runner(self._abs(done["qdq_model"]), prof,
-                                                          bool(done.get("fallback"))), hold=0)[0]
+                                                          bool(done.get("fallback")), check=False), hold=0)[0]
                 _remove_profiles(prof)
             else:
                 cmp = None
@@ -578,7 +578,7 @@ class Tuner:
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
             t1 = time.perf_counter()
-            runner = self._runner(qdq, prof, bool(exclude))
+            runner = self._runner(qdq, prof, bool(exclude), check=keep)
             outs = self.outputs()
             measure = None if keep or full else self.measured(applied, outs)
             if keep:
@@ -724,18 +724,22 @@ class Tuner:
         ref = ref_file if ref_file is not None else (held_ref if held_ref is not None else ref)
         return comparator.Comparison(ref, test, table, al, cmp.budgets, cmp.rank_by), per, cycles
 
-    def _runner(self, qdq: Path, prof: Path, fallback: bool) -> Any:
+    def _runner(self, qdq: Path, prof: Path, fallback: bool, check: bool = True) -> Any:
+        """The trial's runner: ORT CPU-QDQ or QNN HTP, every tensor exposed. ``check``: an HTP runner makes the
+        capture's exposure check (the outputs with and without the exposed tensors: one more run of the first
+        sample, on a session of its own), recorded in a kept dump; a trial compared in memory keeps no backend
+        information, so it does not pay for it (PP-OCRv4 a16w16: ~10 s of emulation per HTP check)."""
         if self.runner_factory is not None:
             return self.runner_factory(qdq, prof)
         if self.backend == "cpu":
             return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
         return make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
                            overwrite=True, allow_cpu_fallback=fallback, optimization=self.optimization,
-                           **self.qnn_session)
+                           verify=check, **self.qnn_session)
 
     def _second(self, qdq: Path, prof: Path, fallback: bool) -> Callable[[], Any] | None:
         """A factory of a second HTP runner of a trial's model (:data:`~ivq_debug.defaults.TUNE_HTP_RUNNERS`): its
-        profile in ``<label>.profile.b.csv``, no exposure check of its own (the first runner's is the trial's).
+        profile in ``<label>.profile.b.csv``, no exposure check (:meth:`_runner`).
         None on CPU-QDQ (ORT runs a session on every core already), with a runner factory, or for one sample."""
         if self.backend != "qnn" or self.runner_factory is not None or len(self.feeds) < 2 \
                 or defaults.TUNE_HTP_RUNNERS < 2:
@@ -849,7 +853,7 @@ class _Samples:
     the time on two cores; each sample's record is its own run's, the same bits whichever runner made it.
 
     This thread runs ``runner``: it creates its sessions first (``runner.prepare()``: compiled, or loaded from the
-    QNN context cache, and stored there), runs sample 0 (its first capture run makes the exposure check), and
+    QNN context cache, and stored there), runs sample 0 (its profile gives the trial's cycles), and
     takes the awaited sample whenever nobody has; a helper thread makes the second runner (its sessions loaded
     from the cache) and runs the next free samples, at most :attr:`AHEAD` past the awaited one. A second runner
     that cannot be made or exposes other tensors is not used; a sample it fails on is run again here, so a
