@@ -9,13 +9,14 @@ on one evaluation sample when a comparison first reads a value of that sample, i
 budget (:data:`ivq_debug.defaults.TUNE_REFERENCE_KEEP_BYTES`, an equal share per sample); the rest is dropped after
 each comparison and made again by the next forward that needs it. Nothing is written.
 
-What is kept: every tensor a *measured* comparison (a trial's: the watched tensors, the outputs, its suggestions'
-tensors) has read, on any sample, smallest first — the levers of a search measure much the same tensors, and a
-tensor one lever measured is measured again by the combinations that hold it — then, with room left, the other
-arrays the comparison read, smallest first. A *whole* comparison (the baseline's, a diagnosis: every tensor) says
-nothing of what the trials read. It used to keep what the last comparison read, up to the budget over all
-samples: a whole comparison filled the budget with one sample's tensors and each lever's new tensors dropped the
-last one's, so PP-OCRv4's search (12 lines) ran the float model 118 times.
+What is kept, in this order within the sample's share: the tensors the coming trials measure when they are known
+(:meth:`LiveReference.expect`: a search's batch of levers names them all before it runs), what the last *measured*
+comparison (a trial's: the watched tensors, the outputs, its suggestions' tensors, the alignment's value checks)
+read, every tensor a measured comparison read before, then what a whole comparison read; smallest first within
+each. A *whole* comparison (the baseline's, a diagnosis: every tensor) says little of what the trials read. It used
+to keep what the last comparison read, up to the budget over all samples: the baseline's whole read filled it
+with one sample's tensors, and each lever's new tensors then cost a forward of every line (PP-OCRv4's search on 12
+lines: 118 forwards).
 
 What a comparison sees is what the dump held: the same entries (every tensor of the record: the alignment is made
 on all of them), the same arrays (the forward of the same session; ORT CPU gives the same bits run after run,
@@ -35,6 +36,7 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.capture.base import Selection, make_runner
+from ivq_debug.dump import format as fmt
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.onnxgraph.load import load_model, model_digest
@@ -84,14 +86,16 @@ class LiveReference:
         self._runner: Any = None
         self._lock = threading.Lock()
         self._records: dict[int, LiveRecord] = {}
-        #: ``(kind, name)`` of every tensor a measured comparison read (what the next trials read again)
+        #: ``(kind, key)`` of every tensor a measured comparison read (what the next trials read again)
         self._hot: set[tuple[str, str]] = set()
+        #: the keys of the tensors the coming comparisons measure (:meth:`expect`)
+        self._expected: set[str] = set()
         #: forwards run (what the kept arrays save: ``tune.json`` ``reference``)
         self.forwards = 0
 
     def __getstate__(self) -> dict[str, Any]:  # a job sent to another process makes its own
         return {k: v for k, v in self.__dict__.items() if k != "_lock"} | {
-            "_runner": None, "_records": {}, "_hot": set(), "forwards": 0}
+            "_runner": None, "_records": {}, "_hot": set(), "_expected": set(), "forwards": 0}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
@@ -109,6 +113,11 @@ class LiveReference:
             h.update(repr(sorted((k, input_digest(v)) for k, v in f.items())).encode())
         h.update(self.part.encode())
         return "live:" + h.hexdigest()
+
+    def expect(self, names: Iterable[str]) -> None:
+        """The tensors the coming comparisons measure (a search's batch of levers): kept first from the next
+        forward of each sample on."""
+        self._expected = {fmt.escape_name(n) for n in names}
 
     def record(self, i: int, measure: Collection[str] | None = None) -> LiveRecord:
         """Sample ``i``'s reference (its listing made by one forward the first time), read by a comparison that
@@ -155,18 +164,19 @@ class LiveReference:
         return old
 
     def _trim(self, rec: LiveRecord) -> None:
-        """After a comparison: keep, within the sample's share of the budget, the arrays of the tensors measured
-        comparisons read (this one's too), smallest first, then the others this comparison read (module
+        """After a comparison: keep, within the sample's share of the budget, the expected tensors, what this
+        comparison read when it measured, what measured comparisons read before, what this one read (module
         docstring)."""
         read, rec.read_keys = rec.read_keys, set()
-        if rec.measure is not None:
+        measured = rec.measure is not None
+        if measured:
             self._hot |= {(k[1], k[2]) for k in read}
-        hot = [k for k in rec._arrays if (k[1], k[2]) in self._hot]
-        rest = [k for k in read if k in rec._arrays and (k[1], k[2]) not in self._hot]
+        tiers = [[k for k in rec._arrays if k[2] in self._expected], list(read) if measured else [],
+                 [k for k in rec._arrays if (k[1], k[2]) in self._hot], list(read)]
         kept: dict[tuple[str, str, str], np.ndarray] = {}
         room = self.keep_bytes // max(1, len(self.feeds))
-        for keys in (hot, rest):
-            for key in _ordered(keys, rec._arrays):
+        for keys in tiers:
+            for key in _ordered([k for k in keys if k not in kept], rec._arrays):
                 a = rec._arrays[key]
                 if a.nbytes <= room:
                     kept[key] = a

@@ -860,8 +860,9 @@ class _Samples:
     failure is the first runner's, as without it. :meth:`close` (after the last sample read, an early stop or an
     error) lets the helper finish its sample and joins it."""
 
-    #: how many samples the helper runs past the one the comparison awaits (records held in memory)
-    AHEAD = 2
+    #: how many samples the helper runs past the one the comparison awaits (records held in memory; 1 keeps both
+    #: runners busy, and an early stop waits for at most the one sample the helper started with it)
+    AHEAD = 1
 
     def __init__(self, runner: Any, sink: MemorySink, feeds: Sequence[dict[str, np.ndarray]], part: str,
                  second: Callable[[], Any] | None = None) -> None:
