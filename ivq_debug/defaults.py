@@ -193,6 +193,13 @@ REPLAY_BATCH_BYTES = 256 << 20
 #: pieces of at most ``ceil(units / REPLAY_MIN_JOBS)`` units (the demo's prefill, 160 units in one batch, into 8
 #: jobs of 20) so that workers have work to share; a unit's numbers do not depend on its batch's other units
 REPLAY_MIN_JOBS = 8
+#: ONNX Runtime session entries of the replay's own CPU sessions (the shadow model, the CPU replay, the one-graph
+#: effect runs): intra-op threads that sleep instead of spinning between ops. Each of those graphs (thousands of
+#: small nodes side by side) runs once per record, so a spinning thread only burns a core the other thread or
+#: process needs. Measured on bench_loop's 12-block ViT at load 6-9 (2 cores; the numbers are the same to the bit,
+#: a thread's spin changes no kernel): the effect graph's run 1.46-2.98 s wall / 1.2-1.6 s CPU spinning, 0.86-1.52
+#: s / 0.8-0.85 s not; the shadow model's 0.54-2.10 / 0.64-1.08 s against 0.60-1.76 / 0.54-0.67 s (docs/scale.md)
+REPLAY_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 #: replay self-check: a unit whose isolated backend output differs from the full-graph output (fed the same
 #: upstream integers) by more than this many quantization steps is computed differently in the full graph
 REPLAY_SELFCHECK_STEPS = 1.0
