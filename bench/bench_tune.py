@@ -121,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.lines, a.held = 4, 8
-    wd = Path(a.workdir)
+    wd = Path(a.workdir).resolve()
     wd.mkdir(parents=True, exist_ok=True)
+    # the tune runs `python -m ivq_debug`, which imports the package of the working directory first: from a checkout's
+    # root, --baseline-src would run that checkout's code again (PYTHONPATH comes after the working directory)
+    os.chdir(wd)
     say(f"fetching the recognizer ({ppocr.WHEEL})")
     rec = ppocr.fetch(wd / "model")
     data = ppocr.write_dataset(wd / "lines", rec, calibration=a.calibration, evaluation=a.lines, held_out=a.held)
