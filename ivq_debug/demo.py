@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from ivq_debug.comparator import Budgets
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError, require_extra
+from ivq_debug.inputfiles import sha256_file_once
 from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import scope_of
@@ -47,7 +50,7 @@ from ivq_debug.tune.suggest import suggest, write_suggestions
 from ivq_debug.tune.verify import Tuner, verify
 from ivq_debug.vlm import pipeline
 from ivq_debug.vlm.manifest import model_attrs
-from ivq_debug.vlm.task import caption_accuracy, make_samples
+from ivq_debug.vlm.task import CaptionAccuracy, caption_accuracy, make_samples
 
 DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "cpu-qdq-a16w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss",
          "ort-fp32-restart")
@@ -175,7 +178,8 @@ def run_demo(
             out = workdir / f"{part}.{preset}.qdq.onnx"
             quantize_for_qnn(path, out, store[part], preset=preset, overwrite=True)
             qdq[preset][part] = out
-    miss = projector_miss_overrides(prep.paths["vision"], store["vision"], workdir)
+    miss = projector_miss_overrides(prep.paths["vision"], store["vision"], workdir,
+                                    calibrated=qdq["a8w8"]["vision"])
     out = workdir / "vision.a8w8.projector-miss.qdq.onnx"
     quantize_for_qnn(prep.paths["vision"], out, store["vision"], preset="a8w8", overrides=miss, overwrite=True)
     qdq["projector-miss"] = dict(qdq["a16w8"], vision=out)
@@ -183,9 +187,61 @@ def run_demo(
         f"({sum(len(v) for v in store.values())} recorded part feeds)")
     tick("quantize", t0)
 
-    # 4. captures -------------------------------------------------------------------------------------------
+    # 5. task metric, on a second thread while the captures run (its sessions spend their time in ONNX Runtime
+    # and the HTP emulator, which release the GIL; the captures' dump writes hold it) ---------------------------
+    ev = samples[:n_eval]
+    captions = _Captions(prep, ev)
+    plain: dict[str, Callable[[], CaptionAccuracy]] = {
+        "fp32": lambda: captions.of(pipeline.scheduler(prep)),
+        **{f"htp-{tag}": (lambda tag=tag: captions.htp(qdq[tag])) for tag in ("a8w8", "a16w8", "projector-miss")},
+        "fp32-restart": lambda: captions.of(pipeline.scheduler(prep, positions="restart"))}
+
+    def accuracy() -> dict[str, dict[str, float]]:
+        t = time.perf_counter()
+        out = {name: f().as_dict() for name, f in plain.items()}
+        tick("accuracy", t)
+        return out
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ivq-demo")
+    try:
+        accuracy_job = pool.submit(accuracy)
+        res.timings.update(_captures_and_diffs(res, prep, fp32, qdq, samples[:n_capture], dump_paths, model_info,
+                                               workdir, log))
+        t0 = time.perf_counter()
+        res.accuracy = accuracy_job.result()
+        res.timings["accuracy_wait"] = round(time.perf_counter() - t0, 2)
+    except BaseException:
+        captions.stop.set()  # an exception or a signal here: the thread ends at its next image
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    log("caption exact match on " + f"{len(ev)} eval images: "
+        + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
+
+    # 6. tune the projector fault -------------------------------------------------------------------------
     t0 = time.perf_counter()
-    cap = samples[:n_capture]
+    label = next(k for k in res.comparisons if "projector" in k)
+    res.tune = _tune_projector(res.comparisons[label], prep, qdq, miss, store, dump_paths["ort-fp32"],
+                               samples[:n_capture], captions, workdir / "tune", log)
+    tick("tune", t0)
+    t0 = time.perf_counter()
+    main_label = "deployment (fp32 → HTP a8w8)"
+    extra = {k: v for k, v in res.comparisons.items() if k != main_label}
+    res.report = write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
+                                  title=f"ivq demo: {model}, fp32 → QNN HTP a8w8 (emulated)", overwrite=True)
+    tick("report", t0)
+    res.timings["total"] = round(time.perf_counter() - t_all, 2)
+    _write_summary(res, summary_path)
+    res.summary = summary_path
+    return res
+
+
+def _captures_and_diffs(res: DemoResult, prep: Any, fp32: Any, qdq: dict[str, dict[str, Path]], cap: list[Any],
+                        dump_paths: dict[str, Path], model_info: dict[str, Any], workdir: Path,
+                        log: Callable[[str], None]) -> dict[str, float]:
+    """Steps 4 and 6 of the demo: capture every dump, compare the pairs (into ``res``); returns their timings."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
     forced = [fp32.generate(s.image).tokens for s in cap]  # teacher forcing keeps steps comparable
     sel = Selection()
 
@@ -222,27 +278,10 @@ def run_demo(
     faults = {k: v for k, v in MODEL_FAULTS.items() if has[v[1]]}
     for key, (knobs, _, _) in faults.items():
         capture(key, pipeline.scheduler(prep, ort_factory(), **knobs))
-    tick("capture", t0)
+    timings["capture"] = round(time.perf_counter() - t0, 2)
 
-    # 5. task metric ----------------------------------------------------------------------------------------
+    # 6. diffs, findings ------------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    ev = samples[:n_eval]
-    refs = [s.caption for s in ev]
-    plain = {"fp32": pipeline.scheduler(prep),
-             "htp-a8w8": pipeline.scheduler(prep, _plain_htp(qdq["a8w8"])),
-             "htp-a16w8": pipeline.scheduler(prep, _plain_htp(qdq["a16w8"])),
-             "htp-projector-miss": pipeline.scheduler(prep, _plain_htp(qdq["projector-miss"])),
-             "fp32-restart": pipeline.scheduler(prep, positions="restart")}
-    for name, sch in plain.items():
-        acc = caption_accuracy([sch.generate(s.image).text for s in ev], refs)
-        res.accuracy[name] = acc.as_dict()
-    log("caption exact match on " + f"{len(ev)} eval images: "
-        + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
-    tick("accuracy", t0)
-
-    # 6. diffs, findings, report ----------------------------------------------------------------------------
-    t0 = time.perf_counter()
-
     d = dump_paths
     pairs = {
         "export (torch → ORT fp32)": (d["torch"], d["ort-fp32"], Budgets.from_args(preset="export")),
@@ -262,23 +301,8 @@ def run_demo(
         c = compare(a, b, budgets=budgets, progress=False, expected=expected.get(label))
         res.comparisons[label] = c
         res.findings[label] = c.findings
-    tick("diff", t0)
-
-    # 6. tune the projector fault -------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    res.tune = _tune_projector(res.comparisons[next(k for k in pairs if "projector" in k)], prep, qdq, miss,
-                               store, d["ort-fp32"], cap, ev, workdir / "tune", log)
-    tick("tune", t0)
-    t0 = time.perf_counter()
-    main_label = "deployment (fp32 → HTP a8w8)"
-    extra = {k: v for k, v in res.comparisons.items() if k != main_label}
-    res.report = write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
-                                  title=f"ivq demo: {model}, fp32 → QNN HTP a8w8 (emulated)", overwrite=True)
-    tick("report", t0)
-    res.timings["total"] = round(time.perf_counter() - t_all, 2)
-    _write_summary(res, summary_path)
-    res.summary = summary_path
-    return res
+    timings["diff"] = round(time.perf_counter() - t0, 2)
+    return timings
 
 
 def projector_tensors(model_path: Path) -> set[str]:
@@ -300,16 +324,18 @@ def projector_tensors(model_path: Path) -> set[str]:
 PROJECTOR_MISS_RANGE = 0.1
 
 
-def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> dict[str, Any]:
+def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path,
+                             calibrated: Path | None = None) -> dict[str, Any]:
     """ORT overrides that reproduce a projector calibration miss: every projector activation's range is the
     one a normal calibration gives, shrunk to ``PROJECTOR_MISS_RANGE`` (a calibration set that saw only a
-    tenth of the projector's real input range); the rest of the vision tower keeps its calibration."""
-    import numpy as np
+    tenth of the projector's real input range); the rest of the vision tower keeps its calibration.
 
-
-    tmp = workdir / "vision.a8w8.calibrated.qdq.onnx"
-    quantize_for_qnn(vision, tmp, calib, preset="a8w8", overwrite=True)
-    encs = encodings_from_qdq_model(load_model(tmp))
+    ``calibrated``: ``vision`` already quantized a8w8 with ``calib`` (the demo has it: quantizing it again gave
+    the same bytes); without it, it is quantized into ``workdir``."""
+    if calibrated is None:
+        calibrated = workdir / "vision.a8w8.calibrated.qdq.onnx"
+        quantize_for_qnn(vision, calibrated, calib, preset="a8w8", overwrite=True)
+    encs = encodings_from_qdq_model(load_model(calibrated))
     out: dict[str, Any] = {}
     for name in projector_tensors(vision):
         e = encs.activations.get(name)
@@ -321,15 +347,40 @@ def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> d
     return out
 
 
+class _Captions:
+    """Caption accuracy on the eval images; on HTP once per set of QDQ models, by content (the tuner's baseline
+    is the projector-miss models the accuracy step ran, byte for byte: their 16 images are not emulated twice).
+    ``stop`` ends a run at its next image (set when the demo's main thread fails)."""
+
+    def __init__(self, prep: Any, ev: list[Any]) -> None:
+        self.prep, self.ev = prep, ev
+        self.stop = threading.Event()
+        self._htp: dict[tuple[tuple[str, str], ...], CaptionAccuracy] = {}
+
+    def of(self, sched: Any) -> CaptionAccuracy:
+        """Exact match etc. of ``sched``'s captions."""
+        texts = []
+        for s in self.ev:
+            if self.stop.is_set():
+                raise CancelledError()
+            texts.append(sched.generate(s.image).text)
+        return caption_accuracy(texts, [s.caption for s in self.ev])
+
+    def htp(self, paths: dict[str, Path]) -> CaptionAccuracy:
+        """:meth:`of` the HTP scheduler of the QDQ ``paths`` (part -> model)."""
+        key = tuple(sorted((part, sha256_file_once(p)) for part, p in paths.items()))
+        if key not in self._htp:
+            self._htp[key] = self.of(pipeline.scheduler(self.prep, _plain_htp(paths)))
+        return self._htp[key]
+
+
 def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: dict[str, Any], store: Any,
-                    reference: Path, cap: list[Any], ev: list[Any], workdir: Path, log: Callable[[str], None]) -> Any:
+                    reference: Path, cap: list[Any], captions: _Captions, workdir: Path,
+                    log: Callable[[str], None]) -> Any:
     """Suggest overrides for the projector fault, verify them on HTP with the caption accuracy as task metric."""
 
-    refs = [s.caption for s in ev]
-
     def task(vision_qdq: Path) -> dict[str, Any]:
-        sch = pipeline.scheduler(prep, _plain_htp(dict(qdq["a16w8"], vision=vision_qdq)))
-        acc = caption_accuracy([sch.generate(s.image).text for s in ev], refs)
+        acc = captions.htp(dict(qdq["a16w8"], vision=vision_qdq))
         return {f"caption {k}": v for k, v in acc.as_dict().items() if k != "n"}
 
     fp32 = pipeline.scheduler(prep)
