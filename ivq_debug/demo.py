@@ -14,6 +14,12 @@
 5. measure caption accuracy per backend, diff everything and name the faults;
 6. tune the projector fault: suggest overrides, re-quantize, re-capture on HTP, before/after;
 7. write ``golden/demo-*.h5``, ``reports/demo.html`` and ``reports/demo.json`` and print what was found.
+
+The caption accuracy runs on a second thread while the captures run, and the tune there while the diffs after
+the projector's (one job after the other: the tune's baseline reads the accuracy's memo); their time is in ONNX
+Runtime and the HTP emulator, which release the GIL. ``timings_s`` gives each step's own seconds (``accuracy``
+and ``tune`` overlap ``capture`` and ``diff``; ``wait`` is the main thread's wait for them); ``docs/scale.md``
+"The demo (issue 33)" has the profile.
 """
 
 from __future__ import annotations
@@ -187,9 +193,10 @@ def run_demo(
         f"({sum(len(v) for v in store.values())} recorded part feeds)")
     tick("quantize", t0)
 
-    # 5. task metric, on a second thread while the captures run (its sessions spend their time in ONNX Runtime
-    # and the HTP emulator, which release the GIL; the captures' dump writes hold it) ---------------------------
-    ev = samples[:n_eval]
+    # 5. caption accuracy and 6. tune, on a second thread: the caption accuracy while the captures run, the tune while the
+    # diffs after the projector's run (their sessions spend their time in ONNX Runtime and the HTP emulator, which
+    # release the GIL; the captures' dump writes and the diffs' bookkeeping hold it) --------------------------------
+    ev, cap = samples[:n_eval], samples[:n_capture]
     captions = _Captions(prep, ev)
     plain: dict[str, Callable[[], CaptionAccuracy]] = {
         "fp32": lambda: captions.of(pipeline.scheduler(prep)),
@@ -202,28 +209,46 @@ def run_demo(
         tick("accuracy", t)
         return out
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ivq-demo")
+    def tune(cmp: Any) -> Any:
+        t = time.perf_counter()
+        out = _tune_projector(cmp, prep, qdq, miss, store, dump_paths["ort-fp32"], cap, captions, workdir / "tune",
+                              log)
+        tick("tune", t)
+        return out
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ivq-demo")  # one job after the other
     try:
         accuracy_job = pool.submit(accuracy)
-        res.timings.update(_captures_and_diffs(res, prep, fp32, qdq, samples[:n_capture], dump_paths, model_info,
-                                               workdir, log))
+        t0 = time.perf_counter()
+        faults = _capture_all(res, prep, fp32, qdq, cap, dump_paths, model_info, workdir, log)
+        tick("capture", t0)
+
+        # 5. diffs, findings; the projector's first: the tune starts from it --------------------------------------
+        t0 = time.perf_counter()
+        pairs, expected = _pairs(dump_paths, faults)
+        projector = next(k for k in pairs if "projector" in k)
+        cmps: dict[str, Any] = {}
+        for lbl in (projector, *(k for k in pairs if k != projector)):
+            a, b, budgets = pairs[lbl]
+            cmps[lbl] = compare(a, b, budgets=budgets, progress=False, expected=expected.get(lbl))
+            if lbl == projector:
+                tune_job = pool.submit(tune, cmps[lbl])
+        res.comparisons = {k: cmps[k] for k in pairs}
+        res.findings = {k: c.findings for k, c in res.comparisons.items()}
+        tick("diff", t0)
         t0 = time.perf_counter()
         res.accuracy = accuracy_job.result()
-        res.timings["accuracy_wait"] = round(time.perf_counter() - t0, 2)
+        log("caption exact match on " + f"{len(ev)} eval images: "
+            + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
+        res.tune = tune_job.result()
+        tick("wait", t0)  # for the second thread, after the diffs
     except BaseException:
         captions.stop.set()  # an exception or a signal here: the thread ends at its next image
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    log("caption exact match on " + f"{len(ev)} eval images: "
-        + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
 
-    # 6. tune the projector fault -------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    label = next(k for k in res.comparisons if "projector" in k)
-    res.tune = _tune_projector(res.comparisons[label], prep, qdq, miss, store, dump_paths["ort-fp32"],
-                               samples[:n_capture], captions, workdir / "tune", log)
-    tick("tune", t0)
+    # 7. report -----------------------------------------------------------------------------------------------
     t0 = time.perf_counter()
     main_label = "deployment (fp32 → HTP a8w8)"
     extra = {k: v for k, v in res.comparisons.items() if k != main_label}
@@ -236,12 +261,10 @@ def run_demo(
     return res
 
 
-def _captures_and_diffs(res: DemoResult, prep: Any, fp32: Any, qdq: dict[str, dict[str, Path]], cap: list[Any],
-                        dump_paths: dict[str, Path], model_info: dict[str, Any], workdir: Path,
-                        log: Callable[[str], None]) -> dict[str, float]:
-    """Steps 4 and 6 of the demo: capture every dump, compare the pairs (into ``res``); returns their timings."""
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+def _capture_all(res: DemoResult, prep: Any, fp32: Any, qdq: dict[str, dict[str, Path]], cap: list[Any],
+                 dump_paths: dict[str, Path], model_info: dict[str, Any], workdir: Path,
+                 log: Callable[[str], None]) -> dict[str, tuple[dict[str, str], str, str]]:
+    """Step 4 of the demo: capture every dump (into ``res.dumps``); returns the model's own faults it captured."""
     forced = [fp32.generate(s.image).tokens for s in cap]  # teacher forcing keeps steps comparable
     sel = Selection()
 
@@ -278,11 +301,13 @@ def _captures_and_diffs(res: DemoResult, prep: Any, fp32: Any, qdq: dict[str, di
     faults = {k: v for k, v in MODEL_FAULTS.items() if has[v[1]]}
     for key, (knobs, _, _) in faults.items():
         capture(key, pipeline.scheduler(prep, ort_factory(), **knobs))
-    timings["capture"] = round(time.perf_counter() - t0, 2)
+    return faults
 
-    # 6. diffs, findings ------------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    d = dump_paths
+
+def _pairs(d: dict[str, Path], faults: dict[str, tuple[dict[str, str], str, str]]
+           ) -> tuple[dict[str, tuple[Path, Path, Budgets]], dict[str, Path]]:
+    """The demo's comparisons (label -> reference, test, budgets) and, for the three-way verdicts, each HTP run's
+    CPU-QDQ run of the same QDQ models (label -> expected; ``backend_divergence``)."""
     pairs = {
         "export (torch → ORT fp32)": (d["torch"], d["ort-fp32"], Budgets.from_args(preset="export")),
         "quantization (fp32 → CPU-QDQ a8w8)": (d["ort-fp32"], d["cpu-qdq-a8w8"], Budgets.from_args(min_sqnr=20)),
@@ -295,14 +320,8 @@ def _captures_and_diffs(res: DemoResult, prep: Any, fp32: Any, qdq: dict[str, di
             (d["ort-fp32"], d["ort-fp32-restart"], Budgets.from_args(min_sqnr=40)),
         **{label: (d["ort-fp32"], d[key], Budgets.from_args(min_sqnr=40)) for key, (_, _, label) in faults.items()},
     }
-    # the three-way verdicts: each HTP run against the CPU-QDQ run of the same QDQ models (backend_divergence)
     expected = {"deployment (fp32 → HTP a8w8)": d["cpu-qdq-a8w8"], "deployment (fp32 → HTP a16w8)": d["cpu-qdq-a16w8"]}
-    for label, (a, b, budgets) in pairs.items():
-        c = compare(a, b, budgets=budgets, progress=False, expected=expected.get(label))
-        res.comparisons[label] = c
-        res.findings[label] = c.findings
-    timings["diff"] = round(time.perf_counter() - t0, 2)
-    return timings
+    return pairs, expected
 
 
 def projector_tensors(model_path: Path) -> set[str]:
