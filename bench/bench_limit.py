@@ -84,7 +84,8 @@ def step_raw_write(a: dict[str, Any]) -> dict[str, Any]:
     arrays = []
     with open_dump(a["dump"]) as d:
         for e in d.tensors():
-            arrays.append(d.read(e))
+            if not e.derived:  # (a tensor stored as its integers only: the dump holds the integers alone)
+                arrays.append(d.read(e))
             if e.has_raw:
                 arrays.append(d.read_raw(e))
     out = Path(a["out"])

@@ -25,7 +25,9 @@ defaults take about 10 minutes on 2 idle cores; ``--layers 12 --htp-layers 12 --
 issue's full-size setting (tens of minutes).
 
 ``--repeat N`` runs the CPU diagnose row N times interleaved (capture, baseline, this revision) and reports each
-step's fastest round: on a shared machine the load only adds time, so the minimum is the figure to compare.
+step's fastest round: on a shared machine the load only adds time, so the minimum is the figure to compare. The
+capture section takes it too: N rounds of (baseline with ``--baseline-src``, this revision, ``qdq_loss_debug``),
+each tool's fastest round reported, every round listed.
 
     python bench/bench_loop.py [--quick] [--sections capture,diagnose,tune,demo] [--repeat N] [--json OUT]
                                [--workdir DIR]
@@ -199,17 +201,31 @@ def build(work: Path, layers: int, images: int, opts: argparse.Namespace) -> tup
 def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: argparse.Namespace) -> dict[str, Any]:
     """capture ×2 + diff: ivq-debug, qdq_loss_debug, Polygraphy and the machine's limit."""
     rows: list[Row] = []
-    say("ivq-debug: capture ×2 + diff ...")
-    rows.append(ivq := run_ivq(work, "ivq-debug", fm, qm, inputs, opts))
-    say("ORT qdq_loss_debug ...")
-    rows.append(ort := run_ort(work, fm, qm, inputs, opts, external=False))
+    rounds: dict[str, list[Row]] = {"ivq-debug": [], "ORT qdq_loss_debug": []}
+    if opts.baseline_src:
+        rounds["ivq-debug (baseline)"] = []
+    for i in range(opts.repeat):  # interleaved: baseline, this revision, qdq_loss_debug, again
+        say(f"capture ×2 + diff: round {i + 1} of {opts.repeat} (load {load_avg()})")
+        if opts.baseline_src:
+            say("ivq-debug (baseline): capture ×2 + diff ...")
+            rounds["ivq-debug (baseline)"].append(run_ivq(work, "ivq-debug (baseline)", fm, qm, inputs, opts,
+                                                          src=opts.baseline_src, tag="base"))
+        say("ivq-debug: capture ×2 + diff ...")
+        rounds["ivq-debug"].append(run_ivq(work, "ivq-debug", fm, qm, inputs, opts))
+        say("ORT qdq_loss_debug ...")
+        rounds["ORT qdq_loss_debug"].append(run_ort(work, fm, qm, inputs, opts, external=False))
+    # each tool's fastest round (the load only adds time on a shared machine)
+    best = {k: min(v, key=lambda r: r.total if r.total is not None else float("inf")) for k, v in rounds.items()}
+    ivq, ort = best["ivq-debug"], best["ORT qdq_loss_debug"]
+    rows += [ivq, ort] + ([best["ivq-debug (baseline)"]] if opts.baseline_src else [])
     poly = None
     if not opts.no_polygraphy:
         say("Polygraphy ...")
         rows.append(poly := run_polygraphy(work, fm, qm, inputs, opts))
     out: dict[str, Any] = {"rows": {r.tool: {"total_s": r.total, "failed": r.failed,
                                              **{s: r.sec(s) for s in ("capture_ref", "capture_test", "compare")}}
-                                    for r in rows}}
+                                    for r in rows},
+                           "rounds_s": {k: [r.total for r in v] for k, v in rounds.items()}}
     # the machine's limit: forwards with every output + raw write of the dumps' bytes + sequential read
     d = Path(ivq.extra.get("dir", work / "ivq-full"))
     lim: dict[str, Any] = {}
@@ -232,6 +248,12 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
     out["dump_bytes"] = {s: (d / f"{s}.h5").stat().st_size for s in ("ref", "test") if (d / f"{s}.h5").exists()}
     out["ratios"] = {"ivq_vs_ort": _ratio(ivq.total, ort.total), "ivq_vs_poly": _ratio(ivq.total, poly and poly.total),
                      "ivq_vs_limit": _ratio(ivq.total, lim.get("total_s"))}
+    if opts.baseline_src:
+        b = best["ivq-debug (baseline)"]
+        bd = Path(b.extra.get("dir", work / "ivq-base"))
+        out["baseline_dump_bytes"] = {s: (bd / f"{s}.h5").stat().st_size for s in ("ref", "test")
+                                      if (bd / f"{s}.h5").exists()}
+        out["ratios"]["baseline_vs_ort"] = _ratio(b.total, ort.total)
     out["dir"] = str(d)
     return out
 
@@ -395,7 +417,15 @@ def details(res: dict[str, Any]) -> list[str]:
             out.append(f"limit: {lim.get('total_s')} s = forwards with every output {lim['forward_ref'].get('wall_s')} + "
                        f"{lim['forward_test'].get('wall_s')} s, raw write {lim['write_ref'].get('write_s')} + "
                        f"{lim['write_test'].get('write_s')} s, sequential read {lim['read'].get('read_s')} s")
-        out.append("dumps: " + ", ".join(f"{k} {v / (1 << 20):,.0f} MiB" for k, v in cap["dump_bytes"].items()))
+        out.append("dumps: " + ", ".join(f"{k} {v / (1 << 20):,.0f} MiB" for k, v in cap["dump_bytes"].items())
+                   + ("; baseline's: " + ", ".join(f"{k} {v / (1 << 20):,.0f} MiB"
+                                                   for k, v in cap["baseline_dump_bytes"].items())
+                      if cap.get("baseline_dump_bytes") else ""))
+        if any(len(v) > 1 for v in cap.get("rounds_s", {}).values()):
+            out.append("capture rounds (s): " + "; ".join(f"{k} {v}" for k, v in cap["rounds_s"].items()))
+        if cap["ratios"].get("baseline_vs_ort") is not None:
+            out.append(f"baseline revision: capture ×2 + diff / qdq_loss_debug = {cap['ratios']['baseline_vs_ort']} "
+                       f"(this revision: {cap['ratios']['ivq_vs_ort']})")
     for k, v in (res.get("diagnose") or {}).items():
         for rev in ("baseline", "this"):
             if rev not in v:

@@ -364,7 +364,8 @@ def step_compression(a: dict[str, Any]) -> dict[str, Any]:
     for e in src.entries:
         if e.kind != "tensor" or e.stored != "full" or e.rid not in first:
             continue
-        arrays.append(("t", np.asarray(src.dataset(e)[()]), e.encoding is not None, e.has_raw))
+        values = src.read(e) if e.derived else src.dataset(e)[()]  # (integers only: the values rebuilt)
+        arrays.append(("t", np.asarray(values), e.encoding is not None, e.has_raw))
         if e.has_raw:
             arrays.append(("q", np.asarray(src.read_raw(e)), False, False))
     src.close()
@@ -409,7 +410,8 @@ def step_compression(a: dict[str, Any]) -> dict[str, Any]:
 
 def step_replay(a: dict[str, Any]) -> dict[str, Any]:
     """Write a dump again through ``DumpWriter`` from memory (what a capture does after each forward): the
-    writer's cost alone. ``compression``: as ``DumpWriter`` takes it (default: the current default)."""
+    writer's cost alone. ``compression``, ``integers_only``: as ``DumpWriter`` takes them (default: the current
+    defaults; a revision whose writer lacks ``integers_only`` is run without it)."""
     from ivq_debug.dump import DumpWriter, open_dump
 
     src = open_dump(a["dump"])
@@ -420,8 +422,8 @@ def step_replay(a: dict[str, Any]) -> dict[str, Any]:
         data.append((r, ins, ts))
     backend = src.backend
     src.close()
-    kw = {"compression": a["compression"]} if "compression" in a else {}
-    t0 = time.perf_counter()
+    kw = {k: a[k] for k in ("compression", "integers_only") if k in a}
+    t0, c0 = time.perf_counter(), time.process_time()
     with DumpWriter(a["out"], backend=backend, overwrite=True, **kw) as w:
         for r, ins, ts in data:
             w.begin_record(sample=r["sample"], part=r["part"], step=r["step"], **r["meta"])
@@ -430,7 +432,8 @@ def step_replay(a: dict[str, Any]) -> dict[str, Any]:
             for e, v, raw in ts:
                 w.add_tensor(e.name, v, op_type=e.op_type, order=e.order, scope=e.scope, layout=e.layout,
                              encoding=e.encoding, raw=raw)
-    return {"seconds": time.perf_counter() - t0, "tensors": sum(len(t) for _, _, t in data),
+    return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "tensors": sum(len(t) for _, _, t in data),
             "bytes": Path(a["out"]).stat().st_size}
 
 

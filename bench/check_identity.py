@@ -13,7 +13,11 @@ Three modes:
   matched by pair (record, both names) and every common column of every pair in both is compared.
 - ``dumps A.h5 B.h5``: two dumps of the same capture must hold the same manifest rows, record attributes and
   the same bytes in every dataset (provenance attributes such as ``created`` and ``command``, and the QNN
-  profiling timings, are ignored).
+  profiling timings, are ignored). A format-version-1 dump against a version-2 one (quantized tensors stored as
+  their integers only, ``docs/dump-format.md``): a tensor's values (``t/<key>``) in one and its integers alone in
+  the other must agree as the reader returns them (``Dump.read``: the values rebuilt from the integers, bit for
+  bit), the integers' dataset carries the values' attributes (plus ``derived``), and the manifests agree on every
+  column but ``derived``.
 
     python bench/check_identity.py table golden/a.h5 golden/b.h5 -o /tmp/after.json
     python bench/check_identity.py compare /tmp/before.json /tmp/after.json
@@ -67,9 +71,12 @@ def table_mode(ref: str, test: str, out: str) -> int:
 
 def _normalize(doc: dict[str, Any]) -> dict[str, Any]:
     d = doc.get("ivq-diff", doc)
+    ident = d.get("contract", {}).get("identity", {}) if isinstance(d.get("contract"), dict) else {}
     for side in ("ref", "test"):
         if isinstance(d.get(side), dict):
             d[side] = {k: v for k, v in d[side].items() if k not in DUMP_IDENTITY}
+        if isinstance(ident, dict) and isinstance(ident.get(side), dict):  # the contract names the files too
+            ident[side] = {k: v for k, v in ident[side].items() if k != "path"}
     return doc
 
 
@@ -196,30 +203,67 @@ def _attrs(obj: Any) -> dict[str, tuple[str, bytes]]:
     return {k: (str(obj.attrs[k]), obj.attrs.get_id(k).get_type().encode()) for k in obj.attrs}
 
 
+def _manifest_rows(f: Any) -> list[dict[str, Any]]:
+    """The manifest's rows as dicts without the version-2 column ``derived`` (how a tensor is stored)."""
+    doc = json.loads(f["manifest"][()])
+    return [{c: v for c, v in zip(doc["columns"], r, strict=True) if c != "derived"} for r in doc["rows"]]
+
+
+def _derived(f: Any) -> dict[str, str]:
+    """A version-2 dump's tensors stored as integers only: ``records/<rid>/t/<key>`` -> ``records/<rid>/q/<key>``."""
+    doc = json.loads(f["manifest"][()])
+    if "derived" not in doc["columns"]:
+        return {}
+    c = {n: i for i, n in enumerate(doc["columns"])}
+    return {f"records/{r[c['rid']]}/t/{r[c['key']]}": f"records/{r[c['rid']]}/q/{r[c['key']]}"
+            for r in doc["rows"] if r[c["derived"]]}
+
+
 def dumps_mode(a: str, b: str, show: int = 20) -> int:
-    """Two dumps: manifest, record attributes and every dataset's bytes must be equal."""
+    """Two dumps: manifest, record attributes and every dataset's bytes must be equal (a version-1 dump against
+    a version-2 one: the values rebuilt from the integers, see the module docstring)."""
     import h5py
     import numpy as np
 
+    from ivq_debug.dump import open_dump
+
     diffs: list[str] = []
     n = 0
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb, open_dump(a) as da, open_dump(b) as db:
+        derived = {**_derived(fa), **_derived(fb)}  # t/<key> of the values -> q/<key> of the integers alone
         for k in sorted(set(fa.attrs) | set(fb.attrs)):
-            if k in PROVENANCE:
+            if k in PROVENANCE or (k == "format_version" and derived):
                 continue
             if k not in fa.attrs or k not in fb.attrs or _attrs(fa).get(k) != _attrs(fb).get(k):
                 diffs.append(f"root attribute {k}")
-        if fa["manifest"][()] != fb["manifest"][()]:
+        if fa["manifest"][()] != fb["manifest"][()] and (not derived or _manifest_rows(fa) != _manifest_rows(fb)):
             diffs.append("manifest differs")
         names_a: list[str] = []
         names_b: list[str] = []
         fa.visit(names_a.append)
         fb.visit(names_b.append)
-        if sorted(names_a) != sorted(names_b):
-            diffs.append(f"object lists differ ({len(names_a)} vs {len(names_b)})")
+        only = set(names_a) ^ set(names_b)
+        by_path: dict[int, dict[str, Any]] = {}
+        for name in sorted(only):  # a tensor's values in one dump, its integers alone in the other
+            f, d, other = (fa, db, fb) if name in fa else (fb, da, fa)
+            q = derived.get(name)
+            if q is None or q not in other:
+                if not (name.endswith("/t") and any(k.startswith(name + "/") for k in derived)):
+                    diffs.append(f"{name}: only in {a if f is fa else b}")
+                continue
+            n += 1
+            e = by_path.setdefault(id(d), {f"records/{x.rid}/t/{x.key}": x for x in d.entries if x.derived})[name]
+            vals, rebuilt = np.asarray(f[name][()]), d.read(e)
+            if vals.dtype != rebuilt.dtype or vals.shape != rebuilt.shape or vals.tobytes() != rebuilt.tobytes():
+                diffs.append(f"{name}: the values rebuilt from {q} differ")
+            qa = {k: v for k, v in _attrs(other[q]).items() if k != "derived"}
+            if qa != _attrs(f[name]):
+                diffs.append(f"{q}: attributes differ from the values' ({name})")
         for name in sorted(set(names_a) & set(names_b)):
             oa, ob = fa[name], fb[name]
-            if name != "manifest" and _attrs(oa) != _attrs(ob):
+            if name in derived.values() and set(derived) & only:
+                pass  # the integers alone in one dump carry the values' attributes: compared with them above
+            elif name != "manifest" and _attrs(oa) != _attrs(ob):
                 diffs.append(f"{name}: attributes differ")
             if isinstance(oa, h5py.Dataset):
                 n += 1
@@ -229,8 +273,9 @@ def dumps_mode(a: str, b: str, show: int = 20) -> int:
                     diffs.append(f"{name}: {oa.dtype}{oa.shape} vs {ob.dtype}{ob.shape}")
                 elif oa.attrs.get("summary_only", False):
                     continue
-                elif np.asarray(oa[()]).tobytes() != np.asarray(ob[()]).tobytes():
-                    diffs.append(f"{name}: data differs")
+                elif np.asarray(oa[()]).tobytes() != np.asarray(ob[()]).tobytes() and not (
+                        name.startswith("meta/") and json.loads(oa[()]) == json.loads(ob[()])):
+                    diffs.append(f"{name}: data differs")  # (a /meta JSON value: equal as JSON, key order aside)
     verdict = "IDENTICAL" if not diffs else f"{len(diffs)} DIFFERENCES"
     print(f"{a} vs {b}: {n} datasets compared: {verdict}")
     for d in diffs[:show]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 # --- golden dumps -----------------------------------------------------------------------------------
 DUMP_FORMAT = "ivq-dump"
-DUMP_FORMAT_VERSION = 1
+#: the newest dump format version readers read; a writer writes 2 only when it stored a tensor as its integers
+#: only (DUMP_INTEGERS_ONLY), 1 otherwise (docs/dump-format.md, Versioning)
+DUMP_FORMAT_VERSION = 2
 #: HDF5 compression filter for tensor datasets: None (default), "auto", "gzip" or "lzf".
 #: None stores every tensor raw, which keeps captures and diffs fast: readers take uncompressed tensors
 #: straight from their file offsets (``os.pread``, no HDF5 lock), while every compressed one is decoded under
@@ -27,6 +29,26 @@ DUMP_COMPRESSION_LEVEL = 1
 DUMP_CHUNK_BYTES = 1 << 20
 #: tensors smaller than this are stored contiguous and uncompressed, whatever the compression setting.
 DUMP_MIN_CHUNKED_BYTES = 64 << 10
+#: a quantized tensor captured with its raw integers is stored as the integers alone when their dequantization
+#: gives its values bit for bit (format version 2, docs/dump-format.md "Integers only"): the 12-block ViT's a8w8
+#: data drops to 0.20 of its size and its write to about a third (docs/scale.md, "Integers only"). False, or
+#: ``$IVQ_DUMP_INTEGERS_ONLY=0``, stores both as format version 1 does (for readers older than version 2).
+DUMP_INTEGERS_ONLY = True
+DUMP_INTEGERS_ONLY_ENV = "IVQ_DUMP_INTEGERS_ONLY"
+
+
+def dump_integers_only() -> bool:
+    """:data:`DUMP_INTEGERS_ONLY`, unless ``$IVQ_DUMP_INTEGERS_ONLY`` says ``0`` / ``off`` / ``false`` / ``no``
+    (or ``1`` / ``on`` / ``true`` / ``yes``)."""
+    import os
+
+    v = os.environ.get(DUMP_INTEGERS_ONLY_ENV, "").strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return False
+    if v in ("1", "on", "true", "yes"):
+        return True
+    return DUMP_INTEGERS_ONLY
+
 
 #: off a terminal, a long phase (a QNN compile) is announced in the log after this many seconds
 PROGRESS_PHASE_NOTE_S = 10.0
@@ -171,6 +193,13 @@ REPLAY_BATCH_BYTES = 256 << 20
 #: pieces of at most ``ceil(units / REPLAY_MIN_JOBS)`` units (the demo's prefill, 160 units in one batch, into 8
 #: jobs of 20) so that workers have work to share; a unit's numbers do not depend on its batch's other units
 REPLAY_MIN_JOBS = 8
+#: ONNX Runtime session entries of the replay's own CPU sessions (the shadow model, the CPU replay, the one-graph
+#: effect runs): intra-op threads that sleep instead of spinning between ops. Each of those graphs (thousands of
+#: small nodes side by side) runs once per record, so a spinning thread only burns a core the other thread or
+#: process needs. Measured on bench_loop's 12-block ViT at load 6-9 (2 cores; the numbers are the same to the bit,
+#: a thread's spin changes no kernel): the effect graph's run 1.46-2.98 s wall / 1.2-1.6 s CPU spinning, 0.86-1.52
+#: s / 0.8-0.85 s not; the shadow model's 0.54-2.10 / 0.64-1.08 s against 0.60-1.76 / 0.54-0.67 s (docs/scale.md)
+REPLAY_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 #: replay self-check: a unit whose isolated backend output differs from the full-graph output (fed the same
 #: upstream integers) by more than this many quantization steps is computed differently in the full graph
 REPLAY_SELFCHECK_STEPS = 1.0

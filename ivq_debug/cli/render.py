@@ -306,6 +306,8 @@ def _size_facts(dump: Any) -> tuple[str, dict[str, Any]]:
                                                    (("raw integers", sz.raw), ("inputs", sz.inputs)) if v]
     text = f"on disk {fmt_bytes(sz.file)}: {sz.file / sz.data:.2f}× the {fmt_bytes(sz.data)} of values it holds " \
            f"({', '.join(held)})" if sz.data else f"on disk {fmt_bytes(sz.file)}"
+    if sz.derived:
+        text += f"; {fmt_bytes(sz.derived)} of quantized tensors' values rebuilt from their integers"
     if sz.summarized:
         text += f"; {fmt_bytes(sz.summarized)} of tensors kept as statistics and samples"
     return text, {"size": sz.to_json()}
@@ -330,7 +332,8 @@ def entry_panel(dump: Any, e: Any) -> Any:
         enc = e.encoding
         rows.append(("encoding", ", ".join(f"{k}={v}" for k, v in enc.items() if k in
                                             ("bitwidth", "dtype", "scale", "zero_point", "axis"))))
-        rows.append(("raw integers", "stored" if e.has_raw else "no"))
+        rows.append(("raw integers", "stored (the values are rebuilt from them)" if e.derived
+                     else "stored" if e.has_raw else "no"))
     for k, v in rows:
         t.add_row(k, escape(v))
     return t

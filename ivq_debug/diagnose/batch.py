@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug import defaults
 from ivq_debug.capture.base import make_runner
 from ivq_debug.diagnose.graphs import typed_inputs, unit_value
 from ivq_debug.diagnose.refs import RefIndex
@@ -29,8 +30,9 @@ RunnerFactory = Callable[[Any], Any]
 
 
 def cpu_runner(model: Any) -> Any:
-    """The exact fake-quant runner: ORT CPU EP, graph optimizations disabled (the shadow models, the CPU replay)."""
-    return make_runner("onnx", model, optimization="disable")
+    """The exact fake-quant runner: ORT CPU EP, graph optimizations disabled, threads that do not spin
+    (``defaults.REPLAY_SESSION_CONFIG``): the shadow models, the CPU replay, the CPU effect runs."""
+    return make_runner("onnx", model, optimization="disable", session_config=defaults.REPLAY_SESSION_CONFIG)
 
 
 class SessionPool:
@@ -160,16 +162,18 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
     sessions = 0
     keys = list(range(len(batch)))
     on_backend = [] if on_cpu else [k for k, u in zip(keys, batch, strict=True) if not u.moves_integers(arrays)]
-    shadow, s_map = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
-    bmodel, b_map = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
-                     if on_backend else (None, {}))
+    shadow, s_map, s_names = build_replay_model(model, batch, shadow=True, xq=not on_cpu)
+    bmodel, b_map, _ = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
+                        if on_backend else (None, {}, {}))
     pool = SessionPool()
     try:
         for rid in ctx.rids:
             idx = ctx.indexes[rid]
             feeds = {gi: idx.read(x) for gi, (_, x) in s_map.items()}
             s_runner = pool.get("shadow", shadow, feeds, cpu_runner)
-            s_out = s_runner.run(feeds)
+            got = s_runner.run(feeds)
+            s_out = {name: got[v] for name, v in s_names.items()}
+            del got
             if on_cpu:
                 backend, info = s_runner.backend, s_runner.info
             b = _BackendRun()

@@ -10,7 +10,10 @@ import numpy as np
 from ivq_debug.defaults import DUMP_FORMAT, DUMP_FORMAT_VERSION
 
 FORMAT = DUMP_FORMAT
-FORMAT_VERSION = DUMP_FORMAT_VERSION
+FORMAT_VERSION = DUMP_FORMAT_VERSION  # the newest version the readers read
+#: the version a writer writes: 1, or 2 once a tensor is stored as its integers only (manifest column ``derived``)
+FORMAT_VERSION_VALUES = 1
+FORMAT_VERSION_INTEGERS_ONLY = 2
 
 RECORDS = "records"
 MANIFEST = "manifest"
@@ -48,9 +51,11 @@ MANIFEST_COLUMNS = (
     "has_raw",
     "qnn_name",
     "source_file",
+    "derived",
 )
-#: manifest columns added after version 1 was fixed (optional: older dumps lack them, readers give ``None``)
-OPTIONAL_COLUMNS = ("qnn_name", "source_file")
+#: manifest columns added after version 1 was fixed (optional: older dumps lack them, readers give ``None``;
+#: ``derived``: false)
+OPTIONAL_COLUMNS = ("qnn_name", "source_file", "derived")
 
 #: dtypes numpy cannot hold natively: stored as a same-width integer view, named in the ``dtype`` attribute
 #: the order of a record's parts wherever records are listed (a VLM: vision, then the language model's prefill and

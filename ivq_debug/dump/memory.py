@@ -142,7 +142,7 @@ class MemoryDump(Dump):
 
     def __init__(self, sink: MemorySink) -> None:
         self.path = sink.path
-        self.format_version = fmt.FORMAT_VERSION
+        self.format_version = fmt.FORMAT_VERSION_VALUES
         self.backend = sink.backend
         self.backend_info = dict(sink.backend_info)
         self.model: dict[str, Any] = {}
@@ -188,7 +188,7 @@ class MemoryDump(Dump):
             self._manifest = pd.DataFrame(
                 [[e.rid, e.sample, e.part, e.step, e.kind, e.name, e.key, e.order, e.op_type, e.scope, e.shape,
                   e.dtype, e.layout, e.stored, e.nbytes, *(e.stats[k] for k in STAT_FIELDS), e.encoding, e.has_raw,
-                  e.qnn_name, e.source_file] for e in self._entries], columns=list(fmt.MANIFEST_COLUMNS))
+                  e.qnn_name, e.source_file, e.derived] for e in self._entries], columns=list(fmt.MANIFEST_COLUMNS))
         return self._manifest
 
     def _array(self, entry: Entry) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 from ivq_debug.dump import digest
 from ivq_debug.dump import format as fmt
 from ivq_debug.dump import validate as dv
+from ivq_debug.dump.quant import dequantize
 from ivq_debug.dump.stats import STAT_FIELDS, sample_indices
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.schema import check_schema
@@ -45,6 +46,7 @@ class Entry:
     stats: dict[str, Any]
     qnn_name: str | None = None  # ingests: the device's (sanitized QNN) name of the tensor
     source_file: str | None = None  # ingests: the file it was read from
+    derived: bool = False  # stored as its raw integers only: the values are their dequantization (version 2)
 
     @property
     def record(self) -> RecordKey:
@@ -64,8 +66,9 @@ class DumpSize:
     file: int  #: bytes of the file on disk
     tensors: int  #: the tensors' values stored whole (their original dtype)
     inputs: int  #: the records' inputs
-    raw: int  #: the raw integers stored beside quantized tensors
+    raw: int  #: the raw integers of quantized tensors (beside their values, or in their place)
     summarized: int  #: tensors kept as statistics and samples only (summary-only captures), their full size
+    derived: int = 0  #: tensors stored as their integers only (format version 2), their values' size
 
     @property
     def data(self) -> int:
@@ -75,7 +78,7 @@ class DumpSize:
     def to_json(self) -> dict[str, int]:
         """Every field in bytes (``data`` included)."""
         return {"file": self.file, "data": self.data, "tensors": self.tensors, "inputs": self.inputs,
-                "raw": self.raw, "summarized": self.summarized}
+                "raw": self.raw, "summarized": self.summarized, "derived": self.derived}
 
 
 def _raw_itemsize(encoding: Any) -> int:
@@ -209,15 +212,15 @@ class Dump:
 
     def size(self) -> DumpSize:
         """The file's size on disk and the bytes of values it holds, by kind (from the manifest)."""
-        n = {"tensor": 0, "input": 0, "raw": 0, "summarized": 0}
+        n = {"tensor": 0, "input": 0, "raw": 0, "summarized": 0, "derived": 0}
         for e in self.entries:
             if e.stored != "full":
                 n["summarized"] += int(e.nbytes)
                 continue
-            n[e.kind] += int(e.nbytes)
+            n["derived" if e.derived else e.kind] += int(e.nbytes)
             if e.has_raw:
                 n["raw"] += e.size * _raw_itemsize(e.encoding)
-        return DumpSize(os.stat(self.path).st_size, n["tensor"], n["input"], n["raw"], n["summarized"])
+        return DumpSize(os.stat(self.path).st_size, n["tensor"], n["input"], n["raw"], n["summarized"], n["derived"])
 
     @property
     def manifest(self):
@@ -279,10 +282,13 @@ class Dump:
 
     # ---------------------------------------------------------------- data
     def dataset(self, entry: Entry):
-        """The h5py dataset behind an entry (for block-wise reads); opened once, relative to its record's
+        """The h5py dataset behind an entry (for block-wise reads; a tensor stored as its integers only: the
+        dataset of its integers, checked, see :meth:`read_raw`); opened once, relative to its record's
         group (the groups are looked up once per record and kind), without an HDF5 chunk cache: datasets stay
         open for the life of the Dump, and with the default 1 MiB cache each compressed one kept its decoded
         chunks (ivq-diff of an lzf QDQ dump of 2,080 tensors: peak RSS 0.92 GiB; raw reads never use it)."""
+        if entry.derived:
+            return self._raw_dataset(entry)
         k = (entry.rid, entry.kind, entry.key)
         ds = self._datasets.get(k)
         if ds is None:
@@ -312,8 +318,22 @@ class Dump:
                                                self.path)
         return dv.open_dataset(grp, entry.key, repr(entry.name), self.path, dapl)
 
+    def _raw_dataset(self, entry: Entry) -> Any:
+        """The dataset of a tensor's raw integers (``q/<key>``), opened once and checked: the tensor's shape, an
+        integer dtype (one of :data:`~ivq_debug.dump.quant.INTEGER_DTYPES` when the values derive from it)."""
+        k = (entry.rid, fmt.RAW_GROUP, entry.key)
+        ds = self._datasets.get(k)
+        if ds is None:
+            ds = self._open(entry, fmt.RAW_GROUP)
+            dv.check_integers(ds, entry, self.path)
+            self._datasets[k] = ds
+        return ds
+
     def stored_dtype(self, entry: Entry) -> np.dtype:
-        """The numpy dtype the entry's data is stored in (a bfloat16 tensor: ``uint16``); read once."""
+        """The numpy dtype the entry's data is stored in (a bfloat16 tensor: ``uint16``; a tensor stored as its
+        integers only: its values' float32); read once."""
+        if entry.derived:
+            return np.dtype(np.float32)
         k = (entry.rid, entry.kind, entry.key)
         dt = self._dtypes.get(k)
         if dt is None:
@@ -328,6 +348,8 @@ class Dump:
         ds = self.dataset(e)
         with dv.reading(repr(e.name), self.path):
             arr = ds[()]
+        if e.derived:
+            return dequantize(np.asarray(arr), e.encoding)  # type: ignore[arg-type]
         return logical(np.asarray(arr), e.dtype)
 
     def read_sample(self, entry: Entry) -> np.ndarray:
@@ -345,6 +367,8 @@ class Dump:
         idx = sample_indices(entry.size, k)
         with dv.reading(repr(entry.name), self.path):
             flat = np.asarray(ds[()]).reshape(-1)[idx]
+        if entry.derived:
+            return dequantize(flat, entry.encoding, entry.shape, idx)  # type: ignore[arg-type]
         return logical(flat, entry.dtype)
 
     def read_any(self, entry: Entry) -> tuple[np.ndarray, bool]:
@@ -367,24 +391,30 @@ class Dump:
         """The raw quantized integers stored beside a tensor, if any."""
         if not entry.has_raw:
             return None
-        ds = self._open(entry, fmt.RAW_GROUP)
-        if tuple(ds.shape) != tuple(entry.shape) or ds.dtype.kind not in "iu":
-            raise InputError(f"raw integers of {entry.name!r}: shape {list(ds.shape)} {ds.dtype}, expected "
-                             f"{list(entry.shape)} integers", self.path)
+        ds = self._raw_dataset(entry)
         with dv.reading(f"the raw integers of {entry.name!r}", self.path):
             return ds[()]
 
     def iter_blocks(self, entry: Entry, block_bytes: int) -> Iterator[np.ndarray]:
         """Yield the tensor in blocks of about ``block_bytes`` (C order), each in its logical dtype."""
-        ds = self.dataset(entry)
-        for sl in block_slices(entry.shape, ds.dtype.itemsize, block_bytes):
+        if not entry.derived:
+            yield from (logical(b, entry.dtype) for b in self._read_blocks(entry, self.dataset(entry), block_bytes))
+            return
+        at = 0  # the blocks are consecutive runs in C order: each one's first flat index
+        for sl in block_slices(entry.shape, np.dtype(np.float32).itemsize, block_bytes):  # cut as the values' blocks
             with dv.reading(repr(entry.name), self.path):
-                block = np.asarray(ds[sl])
-            yield logical(block, entry.dtype)
+                q = np.asarray(self.dataset(entry)[sl])
+            yield dequantize(q.reshape(-1), entry.encoding, entry.shape, at).reshape(q.shape)  # type: ignore[arg-type]
+            at += q.size
 
     def raw_layout(self, entry: Entry) -> RawLayout | None:
-        """Where an uncompressed tensor lies in the file (None: compressed or not C-contiguous chunks)."""
-        key = (entry.rid, entry.kind, entry.key)
+        """Where an uncompressed tensor lies in the file (None: compressed or not C-contiguous chunks, or a
+        tensor stored as its integers only: its values are not in the file)."""
+        return None if entry.derived else self._stored_layout(entry)
+
+    def _stored_layout(self, entry: Entry) -> RawLayout | None:
+        """The :class:`RawLayout` of what :meth:`dataset` opens (a derived tensor: its integers)."""
+        key = (entry.rid, fmt.RAW_GROUP if entry.derived else entry.kind, entry.key)
         if key not in self._layouts:
             self._layouts[key] = raw_layout(self.dataset(entry), entry.shape)  # (shape checked when opened)
         return self._layouts[key]
@@ -397,9 +427,23 @@ class Dump:
         Compressed datasets go through h5py. Either way one block is in memory at a time; with ``reuse``
         every block is read into the same buffer (valid until the next one is yielded).
         """
+        if entry.derived:  # the integers' blocks, each dequantized (into one reused float32 buffer with ``reuse``)
+            vals = np.empty(min(block_elems, entry.size), np.float32) if reuse else None
+            start = 0
+            for q in self._iter_stored(entry, block_elems, reuse):
+                yield dequantize(q, entry.encoding, entry.shape, start,  # type: ignore[arg-type]
+                                 None if vals is None else vals[:q.size])
+                start += q.size
+            return
+        for block in self._iter_stored(entry, block_elems, reuse):
+            yield logical(block, entry.dtype)
+
+    def _iter_stored(self, entry: Entry, block_elems: int, reuse: bool) -> Iterator[np.ndarray]:
+        """:meth:`iter_flat`'s blocks as stored (a bfloat16 tensor: its integer view; a derived one: its
+        integers)."""
         n = entry.size
-        layout = self.raw_layout(entry)
-        dt = self.stored_dtype(entry)
+        layout = self._stored_layout(entry)
+        dt = np.dtype(self.dataset(entry).dtype) if entry.derived else self.stored_dtype(entry)
         if layout is not None:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
@@ -409,7 +453,7 @@ class Dump:
                 out = buf[:count] if buf is not None else None
                 with dv.reading(repr(entry.name), self.path):  # a short read: the file was cut
                     block = layout.read(self._fd, start, count, dt, out)
-                yield logical(block, entry.dtype)
+                yield block
             return
         if 0 < n <= block_elems and entry.shape:  # one block: one HDF5 read of the whole dataset, no selection
             import h5py
@@ -418,13 +462,21 @@ class Dump:
             out = np.empty(entry.shape, dtype=dt)
             with dv.reading(repr(entry.name), self.path):
                 ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
-            yield logical(out.reshape(-1), entry.dtype)
+            yield out.reshape(-1)
             return
         # compressed: read at least a chunk per HDF5 call (no chunk cache: a smaller block would decompress
         # the same chunk again for every block), then cut into blocks of the size asked
-        chunks = self.dataset(entry).chunks
-        chunk_bytes = math.prod(chunks) * dt.itemsize if chunks else 0
-        yield from rebuffer(self.iter_blocks(entry, max(block_elems * dt.itemsize, chunk_bytes)), block_elems)
+        ds = self.dataset(entry)
+        chunk_bytes = math.prod(ds.chunks) * dt.itemsize if ds.chunks else 0
+        block_bytes = max(block_elems * dt.itemsize, chunk_bytes)
+        yield from rebuffer(self._read_blocks(entry, ds, block_bytes), block_elems)
+
+    def _read_blocks(self, entry: Entry, ds: Any, block_bytes: int) -> Iterator[np.ndarray]:
+        """``ds`` (the entry's dataset as :meth:`dataset` opens it) in blocks of about ``block_bytes``, as stored."""
+        for sl in block_slices(entry.shape, ds.dtype.itemsize, block_bytes):
+            with dv.reading(repr(entry.name), self.path):
+                block = np.asarray(ds[sl])
+            yield block
 
     def table(self, name: str):
         """A stored table (e.g. ``profiling``) as a pandas DataFrame."""

@@ -12,7 +12,11 @@ file and the field, and so that no call reaches the HDF5 paths known to crash or
   :data:`MANIFEST_COLUMN_TYPES` (types per column, non-negative integer shapes, known kinds and storage), with a
   ``key`` that is one HDF5 link name (no ``/``: never a path into another group), a ``rid`` that is a
   record, a dtype the reader knows and ``nbytes = prod(shape) * itemsize``; checked by column
-  (:func:`check_columns`: each column's distinct cells against its JSON Schema, ``jsonschema``);
+  (:func:`check_columns`: each column's distinct cells against its JSON Schema, ``jsonschema``); a tensor stored
+  as its integers only (``derived``, version 2) is a whole float32 tensor with raw integers and an encoding
+  :func:`~ivq_debug.dump.quant.dequantize` can apply to its shape (:func:`~ivq_debug.dump.quant.encoding_problem`),
+  and its integers (:func:`check_integers`) are of its shape and of an integer dtype of
+  :data:`~ivq_debug.dump.quant.INTEGER_DTYPES`;
 * **records**: groups reached by hard links, attributes ``sample`` / ``step`` integers, ``part`` a
   string, ``meta`` a JSON object (:data:`RECORD_SCHEMA`);
 * **every dataset before it is read** (:func:`open_dataset`, :func:`check_data`): reached by a hard link
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ivq_debug.dump import format as fmt
+from ivq_debug.dump.quant import INTEGER_DTYPES, encoding_problem
 from ivq_debug.errors import InputError, one_line
 from ivq_debug.inputfiles import regular_file
 from ivq_debug.jsonio import parse_json
@@ -109,6 +114,7 @@ MANIFEST_COLUMN_TYPES: dict[str, dict[str, Any]] = {
     "has_raw": {"type": "boolean"},
     "qnn_name": _STR_OR_NULL,
     "source_file": _STR_OR_NULL,
+    "derived": {"type": "boolean"},
 }
 
 _NODE = {"type": "object", "properties": {"name": _STR, "op_type": _STR_OR_NULL, "domain": _STR_OR_NULL,
@@ -372,8 +378,11 @@ def manifest(f: Any, records: set[str], path: Path) -> tuple[list[str], list[lis
     check_columns(cols, doc["rows"], path)
     c = {n: i for i, n in enumerate(cols)}
     ci = [c[n] for n in ("rid", "kind", "name", "key", "dtype", "shape", "nbytes", "stored")]
+    di = c.get("derived")
     for i, r in enumerate(doc["rows"]):
         rid, kind, name, k, dtype, shape, nbytes, stored = (r[j] for j in ci)
+        if di is not None and r[di]:
+            derived_row(i, r, c, path)
         if rid not in records:
             raise InputError(f"manifest row {i}: rid {rid!r} is not a record of the dump", path)
         if "/" in k or "\x00" in k or k in ("", ".", ".."):
@@ -385,6 +394,33 @@ def manifest(f: Any, records: set[str], path: Path) -> tuple[list[str], list[lis
         if stored == "summary" and kind != "tensor":
             raise InputError(f"manifest row {i}: only tensors are stored summary-only", path)
     return cols, doc["rows"]
+
+
+def derived_row(i: int, row: list[Any], c: dict[str, int], path: Path) -> None:
+    """A manifest row of a tensor stored as its integers only: a whole float32 tensor with raw integers and an
+    encoding :func:`~ivq_debug.dump.quant.dequantize` can apply to its shape."""
+    name = row[c["name"]]
+    what = f"manifest row {i} ({name!r}), stored as its integers only"
+    if row[c["kind"]] != "tensor" or row[c["stored"]] != "full" or row[c["dtype"]] != "float32":
+        raise InputError(f"{what}: must be a whole float32 tensor, not {row[c['kind']]} {row[c['stored']]} "
+                         f"{row[c['dtype']]}", path)
+    if not row[c["has_raw"]]:
+        raise InputError(f"{what}: has_raw is false", path)
+    problem = encoding_problem(row[c["encoding"]], tuple(row[c["shape"]]))
+    if problem is not None:
+        raise InputError(f"{what}: its encoding cannot rebuild the values ({problem})", path)
+
+
+def check_integers(ds: Any, entry: Any, path: Path) -> None:
+    """The raw integers of a tensor (``q/<key>``): of the tensor's shape and an integer dtype; for a tensor stored
+    as its integers only (``entry.derived``), one of :data:`~ivq_debug.dump.quant.INTEGER_DTYPES`."""
+    what = f"the integers of {entry.name!r}"
+    if tuple(ds.shape) != tuple(entry.shape):
+        raise InputError(f"{what}: shape {list(ds.shape)}, the manifest says {list(entry.shape)}", path)
+    dt = ds.dtype
+    if dt.kind not in "iu" or (entry.derived and dt.name not in INTEGER_DTYPES):
+        allowed = ", ".join(INTEGER_DTYPES) if entry.derived else "integers"
+        raise InputError(f"{what}: dtype {dt}, expected {allowed}", path)
 
 
 def records(f: Any, path: Path) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import getpass
+import json
 import math
 import os
 import socket
@@ -25,6 +26,7 @@ from ivq_debug.dump.contract import INPUTS_META, input_fact
 from ivq_debug.dump.digest import ATTR as DIGEST_ATTR
 from ivq_debug.dump.digest import ContentDigest
 from ivq_debug.dump.guard import WriteGuard, guarded, trim
+from ivq_debug.dump.quant import INTEGER_DTYPES, dequantize, encoding_problem, same_bits
 from ivq_debug.dump.reader import logical
 from ivq_debug.dump.stats import sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
@@ -246,6 +248,10 @@ class DumpWriter(RecordBook):
         overwrite: replace an existing file at ``path``; otherwise an existing file is an error.
         compression: ``"auto"``, ``"lzf"``, ``"gzip"`` or ``None`` (default from :mod:`ivq_debug.defaults`).
         summary_only: store statistics and ``summary_samples`` strided values instead of whole tensors.
+        integers_only: store a quantized tensor given with its raw integers as the integers alone when
+            :func:`~ivq_debug.dump.quant.dequantize` of them gives its values bit for bit (checked here, per
+            tensor; otherwise both are stored); the dump is then format version 2 (``docs/dump-format.md``,
+            "Integers only"). Default from :data:`ivq_debug.defaults.DUMP_INTEGERS_ONLY` (``$IVQ_DUMP_INTEGERS_ONLY``).
     """
 
     def __init__(
@@ -260,6 +266,7 @@ class DumpWriter(RecordBook):
         compression: str | type[Ellipsis] | None = ...,
         summary_only: bool = False,
         summary_samples: int = 4096,
+        integers_only: bool | None = None,
     ) -> None:
         import h5py
 
@@ -272,6 +279,8 @@ class DumpWriter(RecordBook):
         self.compression = defaults.DUMP_COMPRESSION if compression is ... else compression
         self.summary_only = summary_only
         self.summary_samples = summary_samples
+        self.integers_only = defaults.dump_integers_only() if integers_only is None else bool(integers_only)
+        self._derived = 0  # tensors stored as their integers only (the dump is version 2 when any)
         self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
         interrupt.register(self._tmp)  # (removed by the CLI if a signal lands before the try below owns it)
         self._guard = WriteGuard(self._tmp, self.path)  # a full disk: the file is discarded, exit 2 (guard.py)
@@ -301,7 +310,7 @@ class DumpWriter(RecordBook):
         self._guard.reserve(0)
         a = self._f.attrs
         a["format"] = fmt.FORMAT
-        a["format_version"] = fmt.FORMAT_VERSION
+        a["format_version"] = fmt.FORMAT_VERSION_VALUES  # (2 at close when a tensor is stored as integers only)
         a["finalized"] = False
         a["backend"] = backend
         a["backend_info"] = fmt.to_json(backend_info or {})
@@ -380,7 +389,8 @@ class DumpWriter(RecordBook):
             layout: ``"NCHW"``, ``"NHWC"``, … when known.
             encoding: quantization encoding (``bitwidth``, ``scale``, ``zero_point`` in the ONNX
                 convention, ``axis``, ``dtype``, ``symmetric``), see ``docs/dump-format.md``.
-            raw: the raw quantized integers the backend produced, stored beside the float values.
+            raw: the raw quantized integers the backend produced: stored beside the float values, or in their
+                place when ``integers_only`` and ``dequantize(raw, encoding)`` is ``value`` bit for bit.
             qnn_name: the tensor's name on the device (an ingested qnn-net-run file's sanitized QNN name).
             source_file: the file the values were read from (ingests); provenance, never opened again.
         """
@@ -400,13 +410,24 @@ class DumpWriter(RecordBook):
         rid = rec["rid"]
         self._take_name(rid, kind, name)
         arr, dtype_name = to_numpy(value)
-        self._guard.reserve(arr.nbytes * (2 if raw is not None else 1) + 4096)  # before HDF5 writes (guard.py)
+        raw_arr = None if raw is None else to_numpy(raw)[0]
+        enc_text = None if encoding is None else fmt.to_json(encoding)
+        # decided on the encoding as the manifest gives it back to a reader (JSON: numpy values made plain)
+        derived = kind == "tensor" and enc_text is not None and self._derivable(arr, dtype_name, enc_text, raw_arr)
+        # before HDF5 writes (guard.py)
+        self._guard.reserve((0 if derived else arr.nbytes) + (0 if raw_arr is None else raw_arr.nbytes) + 4096)
         stats = tensor_stats(self._logical(arr, dtype_name))
         key = fmt.escape_name(name)
-        grp = self._group(rid, fmt.KIND_GROUPS[kind])
         stored = "full"
         attrs: list[tuple[str, Any]] = []
-        if kind == "tensor" and self.summary_only and arr.size > self.summary_samples:
+        if derived:  # the values are the integers' dequantization: the integers alone, the entry's attributes on them
+            assert raw_arr is not None
+            kept = arr
+            ds = self._create(self._group(rid, fmt.RAW_GROUP), key, raw_arr, quantized=True)  # ("auto": lzf too)
+            attrs.append(("derived", True))
+            self._derived += 1
+        elif kind == "tensor" and self.summary_only and arr.size > self.summary_samples:
+            grp = self._group(rid, fmt.KIND_GROUPS[kind])
             stored = "summary"
             idx = sample_indices(arr.size, self.summary_samples)
             kept = arr.reshape(-1)[idx]
@@ -415,7 +436,7 @@ class DumpWriter(RecordBook):
             attrs.append(("summary_only", True))
         else:
             kept = arr
-            ds = self._create(grp, key, arr, quantized=encoding is not None)
+            ds = self._create(self._group(rid, fmt.KIND_GROUPS[kind]), key, arr, quantized=encoding is not None)
         # one SHA-256 pass over the values kept (dump/digest.py; a thread beside the HDF5 write was slower)
         self._digest.add((rec["sample"], rec["part"], rec["step"]), kind, name, logical(kept, dtype_name), dtype_name)
         order = self._next_order(rid, order)
@@ -423,23 +444,33 @@ class DumpWriter(RecordBook):
         attrs += [(attr, val) for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout),
                                                 ("qnn_name", qnn_name), ("source_file", source_file))
                   if val is not None]
-        has_raw = False
-        if encoding is not None:
-            attrs.append(("encoding", fmt.to_json(encoding)))
+        if enc_text is not None:
+            attrs.append(("encoding", enc_text))
         self._attrs.write(ds, attrs)
         del ds  # closes the dataset
-        if raw is not None:
-            raw_arr, _ = to_numpy(raw)
+        has_raw = raw_arr is not None
+        if has_raw and not derived:
             self._create(self._group(rid, fmt.RAW_GROUP), key, raw_arr)
-            has_raw = True
         self._rows.append(
             [
                 rid, rec["sample"], rec["part"], rec["step"], kind, name, key, order, op_type, scope,
                 list(arr.shape), dtype_name, layout, stored, int(arr.nbytes), stats["min"], stats["max"],
-                stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file,
+                stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file, derived,
             ]
         )
         return arr, dtype_name
+
+    def _derivable(self, arr: np.ndarray, dtype_name: str, enc_text: str, raw: np.ndarray | None) -> bool:
+        """Whether a tensor may be stored as its integers only: asked for, a whole float32 tensor, integers of a
+        dtype the format allows and of its shape, an encoding the reader can apply, and ``dequantize(raw,
+        encoding)`` equal to the values bit for bit (one dequantization and one comparison: a backend whose
+        dequantization differs keeps its values)."""
+        if (not self.integers_only or raw is None or dtype_name != "float32"
+                or raw.dtype.name not in INTEGER_DTYPES or raw.shape != arr.shape
+                or (self.summary_only and arr.size > self.summary_samples)):
+            return False
+        encoding = json.loads(enc_text)
+        return encoding_problem(encoding, arr.shape) is None and same_bits(dequantize(raw, encoding), arr)
 
     @staticmethod
     def _logical(arr: np.ndarray, dtype_name: str) -> np.ndarray:
@@ -515,7 +546,10 @@ class DumpWriter(RecordBook):
             self.abort()
             raise
         f = self._f
-        text = fmt.to_json({"columns": list(fmt.MANIFEST_COLUMNS), "rows": self._rows})
+        cols, rows = list(fmt.MANIFEST_COLUMNS), self._rows
+        if not self._derived:  # a version-1 dump: the manifest of version 1, without the column ``derived``
+            cols, rows = cols[:-1], [r[:-1] for r in rows]
+        text = fmt.to_json({"columns": cols, "rows": rows})
         self._guard.reserve(len(text.encode()) + 4096)
         f.create_dataset(fmt.MANIFEST, data=text)
         f.attrs["n_records"] = len(self._records)
@@ -523,6 +557,8 @@ class DumpWriter(RecordBook):
         f.attrs["complete"] = not self._incomplete
         f.attrs["incomplete_reasons"] = fmt.to_json(self._incomplete)
         f.attrs[DIGEST_ATTR] = self._digest.hexdigest()
+        if self._derived:  # (a dump without tensors stored as integers only stays readable by version-1 readers)
+            f.attrs["format_version"] = fmt.FORMAT_VERSION_INTEGERS_ONLY
         f.attrs["finalized"] = True
         f.flush()
         f.close()

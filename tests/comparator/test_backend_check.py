@@ -51,8 +51,13 @@ def dumps(qnn_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     np.savez(d / "x.npz", **models.block_feeds(FEED_SEED)[0])
     qdq = qnn_models["block.a16w8"]
     for backend, out in (("onnx", "cpu-qdq.h5"), ("qnn", "htp.h5")):
-        assert run("ivq", ivq_main, ["capture", backend, str(qdq), "--inputs", str(d / "x.npz"), "-o",
-                                     str(d / out)]) == 0
+        with pytest.MonkeyPatch.context() as m:  # the HTP dump as format version 1 (its values stored: the fault
+            if backend == "qnn":                 # is injected into them); the CPU one as version 2 (integers only)
+                m.setenv(defaults.DUMP_INTEGERS_ONLY_ENV, "0")
+            assert run("ivq", ivq_main, ["capture", backend, str(qdq), "--inputs", str(d / "x.npz"), "-o",
+                                         str(d / out)]) == 0
+    with open_dump(d / "cpu-qdq.h5") as a, open_dump(d / "htp.h5") as b:
+        assert (a.format_version, b.format_version) == (2, 1)
     return {"dir": d, "cpuqdq": d / "cpu-qdq.h5", "htp": d / "htp.h5",
             "bad": inject_wrong_encoding(d / "htp.h5", d / "htp-bad.h5", FAULT, 0.1)}
 

@@ -304,7 +304,7 @@ def test_size_counts_values_by_kind_against_the_file(tmp_path: Path) -> None:
     sizes = {}
     for comp in (None, "gzip"):
         p = tmp_path / f"{comp}.h5"
-        with DumpWriter(p, backend="onnxruntime-cpu-qdq", compression=comp) as w:
+        with DumpWriter(p, backend="onnxruntime-cpu-qdq", compression=comp, integers_only=False) as w:
             w.begin_record(sample=0, part="model", step=0)
             w.add_input("x", np.ones((1, 3, 8, 8), np.float32))
             w.add_tensor("a", deq, encoding=enc, raw=q)
@@ -317,6 +317,14 @@ def test_size_counts_values_by_kind_against_the_file(tmp_path: Path) -> None:
                                                               q.nbytes + 2 * q[:16].size, 0)
         assert s.to_json()["data"] == s.data == s.tensors + s.inputs + s.raw
     assert sizes[None].file > sizes[None].data  # raw: the values plus HDF5's metadata
+    with DumpWriter(tmp_path / "v2.h5", backend="onnxruntime-cpu-qdq") as w:  # integers only (the default)
+        w.add_tensor("a", deq, encoding=enc, raw=q)
+        w.add_tensor("f", np.zeros(10, np.float64))
+    with open_dump(tmp_path / "v2.h5") as d:
+        s = d.size()
+    assert (s.tensors, s.derived, s.raw, s.data) == (80, deq.nbytes, q.nbytes, 80 + q.nbytes)
+    assert s.to_json()["derived"] == deq.nbytes
+    assert s.data < s.file < s.data + 64 << 10  # the integers (and metadata): not the values
     assert sizes["gzip"].file < 0.5 * sizes["gzip"].data  # 16 levels of 256
     with DumpWriter(tmp_path / "s.h5", backend="x", summary_only=True, summary_samples=8) as w:
         w.add_tensor("big", deq)  # kept as statistics and 8 samples: counted apart, not as values held

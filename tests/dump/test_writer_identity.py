@@ -63,6 +63,8 @@ def _content(path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("compression", [None, "auto"])
 def test_capture_dump_is_the_one_the_previous_writer_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           compression: str | None) -> None:
+    """Raw: the default (quantized tensors as integers only, version 2); "auto": version 1 (values and integers:
+    the dequantized values are what "auto" compresses)."""
     import onnx
 
     from ivq_debug.qnn.quantize import quantize_for_qnn
@@ -74,6 +76,8 @@ def test_capture_dump_is_the_one_the_previous_writer_made(tmp_path: Path, monkey
         np.savez(tmp_path / f"in{i}.npz", **feeds)
     args = ["--inputs", tmp_path / "in0.npz", "--inputs", tmp_path / "in1.npz"]
     monkeypatch.setattr(defaults, "DUMP_COMPRESSION", compression)
+    if compression == "auto":
+        monkeypatch.setenv(defaults.DUMP_INTEGERS_ONLY_ENV, "0")
     # a low threshold: the block's tensors (a few KiB) reach the chunked path of the previous writer
     monkeypatch.setattr(defaults, "DUMP_MIN_CHUNKED_BYTES", 1024)
     monkeypatch.setattr(defaults, "DUMP_CHUNK_BYTES", 2048)
@@ -97,3 +101,83 @@ def test_capture_dump_is_the_one_the_previous_writer_made(tmp_path: Path, monkey
     assert a.content_digest() == b.content_digest()
     for e in a.entries:
         np.testing.assert_array_equal(a.read(e), b.read(b.entry(e.name, e.rid, e.kind)))
+
+
+def _block_models(tmp_path: Path) -> tuple[Path, Path, list[object]]:
+    """The float block, its a8w8 QDQ model and the CLI's ``--inputs`` of two samples."""
+    import onnx
+
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    fm = tmp_path / "block.onnx"
+    onnx.save(qnn_models.build_block(0), str(fm))
+    qm = quantize_for_qnn(fm, tmp_path / "block.a8w8.onnx", qnn_models.block_feeds(1, 4)).model_path
+    for i, feeds in enumerate(qnn_models.block_feeds(7, 2)):
+        np.savez(tmp_path / f"in{i}.npz", **feeds)
+    return fm, qm, ["--inputs", tmp_path / "in0.npz", "--inputs", tmp_path / "in1.npz"]
+
+
+def _same_capture(v1: Path, v2: Path) -> int:
+    """Version 1 against version 2 of one capture: the same manifest but ``derived``, the same digest, every
+    value bit for bit; ``bench/check_identity.py dumps`` agrees. The number of tensors stored as integers only."""
+    import subprocess
+    import sys
+
+    with open_dump(v1) as a, open_dump(v2) as b:
+        assert (a.format_version, b.format_version) == (1, 2)
+        assert a.manifest.equals(b.manifest.drop(columns="derived"))
+        assert a.content_digest() == b.content_digest()
+        derived = [e for e in b.entries if e.derived]
+        assert {e.name for e in derived} == {e.name for e in a.entries if e.has_raw}  # every quantized tensor
+        for e in b.entries:
+            ea = a.entry(e.name, e.rid, e.kind)
+            assert a.read(ea).tobytes() == b.read(e).tobytes(), e.name
+            assert np.concatenate([x.copy() for x in b.iter_flat(e, 1000, reuse=True)]).tobytes() == \
+                a.read(ea).tobytes()
+        assert b.size().file < a.size().file
+    tool = Path(__file__).resolve().parents[2] / "bench" / "check_identity.py"
+    r = subprocess.run([sys.executable, str(tool), "dumps", str(v1), str(v2)], capture_output=True, text=True)
+    assert r.returncode == 0 and "IDENTICAL" in r.stdout, r.stdout + r.stderr
+    return len(derived)
+
+
+@needs_qnn
+def test_integers_only_qdq_capture_reads_back_as_the_values_capture(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real ORT QDQ capture through the CLI as version 1 (``IVQ_DUMP_INTEGERS_ONLY=0``) and as version 2 (the
+    default): the same values, manifest and digest, and the same ``ivq diff --json`` against the float capture."""
+    import json
+    import subprocess
+    import sys
+
+    fm, qm, args = _block_models(tmp_path)
+    assert ivq_cli("capture", "onnx", fm, *args, "-o", tmp_path / "ref.h5") == 0
+    assert ivq_cli("capture", "onnx", qm, *args, "-o", tmp_path / "v2.h5") == 0
+    monkeypatch.setenv(defaults.DUMP_INTEGERS_ONLY_ENV, "0")
+    assert ivq_cli("capture", "onnx", qm, *args, "-o", tmp_path / "v1.h5") == 0
+    assert _same_capture(tmp_path / "v1.h5", tmp_path / "v2.h5") > 20
+    docs = []
+    for v in ("v1", "v2"):
+        code = ivq_cli("diff", tmp_path / "ref.h5", tmp_path / f"{v}.h5", "--json", tmp_path / f"{v}.json", "-q")
+        assert code in (0, 1)
+        docs.append(json.loads((tmp_path / f"{v}.json").read_text()))
+    assert docs[0]["summary"]["pairs"] == docs[1]["summary"]["pairs"] > 20 and len(docs[1]["layers"]) > 20
+    tool = Path(__file__).resolve().parents[2] / "bench" / "check_identity.py"
+    r = subprocess.run([sys.executable, str(tool), "compare", str(tmp_path / "v1.json"), str(tmp_path / "v2.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_qnn
+def test_integers_only_htp_capture_reads_back_as_the_values_capture(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real QNN HTP capture (emulated): the HTP's integers, dequantized by the capture, are rebuilt bit for bit
+    by the reader, so every quantized tensor is stored as its integers only."""
+    _, qm, args = _block_models(tmp_path)
+    cache = ["--qnn-cache", tmp_path / "cache"]  # the second capture loads the contexts the first compiled
+    assert ivq_cli("capture", "qnn", qm, *args, *cache, "-o", tmp_path / "v2.h5") == 0
+    monkeypatch.setenv(defaults.DUMP_INTEGERS_ONLY_ENV, "0")
+    assert ivq_cli("capture", "qnn", qm, *args, *cache, "-o", tmp_path / "v1.h5") == 0
+    with open_dump(tmp_path / "v2.h5") as d:
+        assert d.backend == "qnn-htp"
+    assert _same_capture(tmp_path / "v1.h5", tmp_path / "v2.h5") > 20

@@ -30,6 +30,8 @@ from tests.hostile.harness import Case, Workspace
 #: the tensor the data-level dump mutations break (float.h5: (1, 16, 16) float32)
 T = "/attn/Softmax_output_0"
 T_OTHER = "/relu/Relu_output_0"  # (1, 8, 4, 4)
+#: a tensor qdq.h5 stores as its integers only (format version 2: ``q/<key>``, no ``t/<key>``; uint16)
+TQ = "/attn/kT/Transpose_output_0"
 RID = "r000000"
 
 #: hostile strings used as names (tensor names, file names)
@@ -2068,8 +2070,11 @@ def _expected_cases() -> list[Case]:
         for r in doc["rows"]:
             if r[c["kind"]] != "input":
                 old, new = r[c["name"]], "other_model/" + r[c["name"]]
-                f.move(f"records/{r[c['rid']]}/t/{escape_name(old)}", f"records/{r[c['rid']]}/t/{escape_name(new)}")
-                f[f"records/{r[c['rid']]}/t/{escape_name(new)}"].attrs["name"] = new
+                for g in ("t", "q"):  # (a tensor stored as its integers only has no t/<key>)
+                    src, dst = f"records/{r[c['rid']]}/{g}/{escape_name(old)}", f"records/{r[c['rid']]}/{g}/{escape_name(new)}"
+                    if src in f:
+                        f.move(src, dst)
+                        f[dst].attrs["name"] = new
                 r[c["name"]], r[c["key"]] = new, escape_name(new)
         _set_manifest(f, json.dumps(doc))
 
@@ -2127,6 +2132,29 @@ def _dump_field_cases() -> list[Case]:
     def qdq(fn: Callable[[Any], None]) -> Callable[[Workspace], str]:
         return lambda ws: _h5_then(ws, ws.copy("qdq.h5", "bad.h5"), fn)
 
+    def integers(data: Any = None) -> Callable[[Any], None]:  # TQ's integers (its only data) replaced or removed
+        def edit(f: Any) -> None:
+            from ivq_debug.dump.format import escape_name
+
+            p = f"records/{RID}/q/{escape_name(TQ)}"
+            assert f[p].attrs["derived"], "TQ is not stored as its integers only"
+            shape = f[p].shape
+            del f[p]
+            if data is not None:
+                f[p] = data(shape)
+
+        return edit
+
+    def derived_row(**changes: Any) -> Callable[[Any], None]:
+        def edit(doc: dict) -> None:
+            c = {n: i for i, n in enumerate(doc["columns"])}
+            row = next(r for r in doc["rows"] if r[c["name"]] == TQ)
+            assert row[c["derived"]], "TQ is not stored as its integers only"
+            for k, v in changes.items():
+                row[c[k]] = v(row[c[k]]) if callable(v) else v
+
+        return _edit_manifest(edit)
+
     def flt(fn: Callable[[Any], None]) -> Callable[[Workspace], str]:
         return lambda ws: _h5_then(ws, ws.copy("float.h5", "bad.h5"), fn)
 
@@ -2151,10 +2179,27 @@ def _dump_field_cases() -> list[Case]:
         "meta-cpu-node-name-int": (qdq(meta("partition", {"cpu_nodes": [{"name": 5}]})), ("diff",), 3),
         "object-header-checksum": (ohdr, ("show", "diff", "report"), 3),
         "shape-declared-1tib": (flt(huge), ("show",), 0),
+        # format version 2: a tensor stored as its integers only (TQ), its integers or its encoding broken
+        "integers-missing": (qdq(integers()), ("show-tq", "diff", "report"), 3),
+        "integers-float32": (qdq(integers(lambda s: np.zeros(s, np.float32))), ("show-tq", "diff"), 3),
+        "integers-int64": (qdq(integers(lambda s: np.zeros(s, np.int64))), ("show-tq", "diff"), 3),
+        "integers-shape": (qdq(integers(lambda s: np.zeros(s[:-1], np.uint16))), ("show-tq", "diff"), 3),
+        "integers-soft-link": (qdq(integers(lambda s: h5py.SoftLink("/manifest"))), ("show-tq", "diff"), 3),
+        "integers-encoding-channels": (qdq(derived_row(encoding=lambda e: {**e, "scale": [0.1, 0.2], "zero_point": 0,
+                                                                            "axis": 0})), ("ls", "show-tq", "diff"), 3),
+        "integers-encoding-axis": (qdq(derived_row(encoding=lambda e: {**e, "scale": [0.1, 0.2], "axis": 9})),
+                                   ("ls", "diff"), 3),
+        "integers-encoding-nan-scale": (qdq(derived_row(encoding=lambda e: {**e, "scale": float("nan")})),
+                                        ("ls", "show-tq"), 3),
+        "integers-no-zero-point": (qdq(derived_row(encoding=lambda e: {k: v for k, v in e.items()
+                                                                       if k != "zero_point"})), ("ls", "diff"), 3),
+        "integers-has-raw-false": (qdq(derived_row(has_raw=False)), ("ls", "diff"), 3),
+        "integers-float16": (qdq(derived_row(dtype="float16", nbytes=lambda n: n // 2)), ("ls",), 3),
     }
     argv: dict[str, tuple[str, Callable[[Workspace, str], list[str]]]] = {
         "ls": ("ivq", lambda ws, b: ["ls", b]),
         "show": ("ivq", lambda ws, b: ["show", b, T, "--values", "5"]),
+        "show-tq": ("ivq", lambda ws, b: ["show", b, TQ, "--values", "5"]),
         "diff": ("ivq-diff", lambda ws, b: [ws.copy("float.h5", "ref.h5"), b, "-q"]),
         "report": ("ivq", lambda ws, b: ["report", ws.copy("float.h5", "ref.h5"), b, "-o", "r.html"]),
     }

@@ -67,7 +67,8 @@ DEFAULT_EXTRA = (
     # issue 31: dump fields, option values, the rest of the reproducers
     "dumpfield/encoding-bitwidth-1e9/diff", "dumpfield/encoding-scale-string/ls", "dumpfield/meta-partition-list/diff",
     "dumpfield/meta-cpu-nodes-strings/report", "dumpfield/object-header-checksum/show",
-    "dumpfield/shape-declared-1tib/show", "dump/expected-other-model/diff-expected", "netrun/result-index-huge/ingest",
+    "dumpfield/shape-declared-1tib/show", "dumpfield/integers-float32/show-tq", "dumpfield/integers-missing/diff",
+    "dumpfield/integers-encoding-channels/ls", "dump/expected-other-model/diff-expected", "netrun/result-index-huge/ingest",
     "options/min-sqnr-nan/ivq-diff", "options/min-gain-nan/tune", "options/workers-below-min/calib-stats",
     "options/top-below-min/diagnose", "options/soc-model-abc/capture-qnn", "options/htp-arch-9999/capture-qnn",
     "options/overlay-metric-nosuch/report", "onnx/zero-nodes/diagnose", "onnx/empty/report-replay",
