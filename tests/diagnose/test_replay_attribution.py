@@ -181,3 +181,45 @@ def test_aligning_up_to_the_replayed_record_pairs_it_as_the_whole_alignment(m, t
     cut = compare(ref, t, records=lambda key: key == keys[0], only_records=True, progress=False).table
     whole = compare(ref, t, records=lambda key: key == keys[0], progress=False).table
     assert cut.drop(columns=["violations"]).equals(whole.drop(columns=["violations"])) and len(cut) > 100
+
+
+def test_the_shadow_model_returns_its_own_values_bit_for_bit(m, tmp_path) -> None:
+    """The CPU shadow model returns each result as the value itself (a graph output, no Identity copy per result:
+    1,033 copies on bench_loop's 12-block ViT): every unit's ``out`` / ``fq`` / ``fw`` equals, to the bit, what the
+    same graph with an Identity copy per result returns, on the captured values of the model itself."""
+    from ivq_debug.diagnose.batch import cpu_runner
+    from ivq_debug.diagnose.graphs import typed_inputs, unit_value
+    from ivq_debug.diagnose.units import build_replay_model, model_units
+    from ivq_debug.onnxgraph.load import load
+
+    model = load(m["act"])
+    units = model_units(model)
+    shadow, gmap, names = build_replay_model(model, units, shadow=True, xq=False)
+    results = set(names.values())
+    assert not [n for n in shadow.proto.graph.node if n.op_type == "Identity" and set(n.output) & results]
+    made = {o for n in shadow.proto.graph.node for o in n.output}
+    want = {}  # each result's value, as the units define it (the ReLU an encoding folds applied after fq / fw)
+    for k, u in enumerate(units):
+        pre = f"u{k}::"
+        want[pre + "out"] = unit_value(pre, u.out_value)
+        want[pre + "fq"] = pre + "fq::relu" if pre + "fq::relu" in made else unit_value(pre, u.compute.output[0])
+        if u.weights:
+            want[pre + "fw"] = pre + "fw::relu" if pre + "fw::relu" in made else pre + "fw::0"
+    assert names == want and sum(1 for r in names if r.endswith("::fw")) > 0
+    d = open_dump(capture(make_runner("onnx", m["act"], selection=Selection()), [vit.image(7)], tmp_path / "t.h5",
+                          progress=None))
+    rid = next(iter(d.record_keys().values()))
+    by_name = {e.name: e for e in d.tensors(rid)} | {e.name: e for e in d.tensors(rid, kind="input")}
+    feeds = {gi: d.read(by_name[x]) for gi, (_, x) in gmap.items()}
+    typed_inputs(shadow.proto, feeds)
+    copied = type(shadow.proto)()
+    copied.CopyFrom(shadow.proto)
+    g = copied.graph
+    del g.output[:]
+    for r, v in names.items():  # the graph as it was: one Identity copy per result
+        g.node.add(op_type="Identity", name=r, input=[v], output=[r])
+        g.output.add(name=r)
+    got, before = cpu_runner(shadow).run(feeds), cpu_runner(shadow.derive(copied)).run(feeds)
+    assert len(before) == len(names) > 2 * len(units)
+    for r, v in names.items():
+        assert got[v].dtype == before[r].dtype and np.array_equal(got[v], before[r], equal_nan=True), r

@@ -552,6 +552,13 @@ class QnnHtpRunner(Closing):
         return bisect(group)
 
     # ---------------------------------------------------------------- running
+    def prepare(self) -> None:
+        """Create the capture sessions now (compiled, or loaded from the context cache), as the first capture run
+        does: a second runner of the same model made afterwards loads them from the cache (``ivq tune`` runs the
+        evaluation samples of an HTP trial on two)."""
+        if not self._prepared:
+            self._prepare()
+
     def run(self, feeds: dict[str, Any], writer: Any = None) -> dict[str, Any]:
         """Run on HTP; with ``writer``, stream the selected tensors and record partition / profiling.
 
