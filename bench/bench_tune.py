@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads((run / "tune.json").read_text()) if (run / "tune.json").exists() else {}
         s = doc.get("search") or {}
         trials = _trials(run)
-        r = {"exit": m.returncode, "wall_s": round(m.seconds, 1), "peak_rss_mib": round(m.peak_rss / MiB),
+        r = {"exit": m.returncode, "wall_s": round(m.seconds, 1), "cpu_s": round(m.cpu_seconds, 1),
+             "peak_rss_mib": round(m.peak_rss / MiB),
              "workdir_peak_mib": round(size.peak / MiB, 1), "workdir_kept_mib": round(_du(run) / MiB, 1),
              "chosen": s.get("chosen"), "command": s.get("command"), "frontier": s.get("frontier"),
              "trials": len(trials), "trial_s": {t["label"]: t.get("seconds") for t in trials},
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         cap = r.get("capture") or {}
         vs = (f"; one capture of the same lines {cap['wall_s']} s: ratio {r['ratio_to_capture']}"
               if cap.get("ok") else "")
-        say(f"{b} ({r['revision']}): {r['wall_s']} s (goal {r['goal_s']} s on 2 idle cores: {t_ok}; "
+        say(f"{b} ({r['revision']}): {r['wall_s']} s, CPU {r['cpu_s']} s (goal {r['goal_s']} s on 2 idle cores: {t_ok}; "
             f"{r['load_before']} before, {r['load_after']} after){vs}")
         say(f"{b} ({r['revision']}): workdir peak {r['workdir_peak_mib']} MiB (goal 200 MB: {b_ok}), kept "
             f"{r['workdir_kept_mib']} MiB, peak RSS {r['peak_rss_mib']} MiB; chosen {r['chosen']} ({r['command']}); "

@@ -51,6 +51,7 @@ class Measured:
     killed: str | None = None  # why the guard killed it
     ok_codes: tuple[int, ...] = (0,)  # ivq-diff: (0, 1), 1 = a budget failed, a valid result
     missing: str | None = None  # an output the step must write and did not
+    cpu_seconds: float = 0.0  # user + system CPU of the child (os.wait4): what a loaded machine inflates least
 
     @property
     def ok(self) -> bool:
@@ -117,7 +118,7 @@ def run_measured(cmd: Sequence[str], *, log: Path, limit_as: int | None = None, 
     p.returncode = os.waitstatus_to_exitcode(status)
     missing = str(require) if require is not None and not require.exists() else None
     return Measured(list(cmd), dt, ru.ru_maxrss * 1024, p.returncode, out_p.read_text(errors="replace"),
-                    err_p.read_text(errors="replace"), killed, ok_codes, missing)
+                    err_p.read_text(errors="replace"), killed, ok_codes, missing, ru.ru_utime + ru.ru_stime)
 
 
 def self_cmd(script: str | Path, step: str, args: dict[str, Any]) -> list[str]:

@@ -246,10 +246,15 @@ CALIB_PERCENTILES = (0.1, 1.0, 50.0, 99.0, 99.9)
 CAPTURE_RUN_BYTES = 1 << 30
 
 #: ``ivq tune`` without ``--reference``: the most bytes of float reference arrays kept in memory between trials
-#: (:mod:`ivq_debug.tune.reference`: the tensors the comparisons read, smallest first; a value not kept is made
-#: again by one float forward of its sample). PP-OCRv4's recognizer, 12 lines: the outputs and watched tensor
-#: 12 × 1.0 MB, a lever's suggested tensors up to ~40 MB per sample
-TUNE_REFERENCE_KEEP_BYTES = 256 << 20
+#: (:mod:`ivq_debug.tune.reference`: an equal share per sample, the tensors the trials' comparisons read, smallest
+#: first; a value not kept is made again by one float forward of its sample). PP-OCRv4's recognizer, 12 lines:
+#: every tensor a search's trials measure, 22.5 MiB per line (of 192 MiB), and the alignment's value checks: 384 MiB
+#: keeps them (32 MiB a line; 256 MiB, 21 MiB a line, left the largest out: a forward of every line per lever)
+TUNE_REFERENCE_KEEP_BYTES = 384 << 20
+#: ``ivq tune``: the QNN HTP runners of one HTP trial, each running evaluation samples in its own thread (the x86 HTP
+#: emulation runs a session on one core: PP-OCRv4's a16w16 recognizer takes ~10 s of one core per line, the same
+#: with two sessions at once, bit for bit; 1: one after the other)
+TUNE_HTP_RUNNERS = 2
 #: ``ivq tune``: the run's cache of quantized models (one quantization per distinct setting: a lever's job and its
 #: re-run, a CPU-QDQ trial and its HTP check) holds at most this many times the float model's bytes, the least
 #: recently used going first (PP-OCRv4's recognizer, 10.8 MB: 21 levers' models of 3.1-5.8 MB, 80 MB, all kept)

@@ -730,6 +730,9 @@ def quantize_for_qnn(
     intake_file: Path | None = None
     try:
         source = src
+        # the graph of ``source`` once loaded (the opset upgrade, the BatchNormalization storage and the calibration
+        # key read it): ``proto`` is the source file's graph unless the preprocessing wrote another file
+        source_proto: Any = proto
         if intake_rep.changed:  # the model as the quantizer takes it; its external data stays beside the source
             source = intake_file = _write_intake(proto, src, work)
         preprocessed = False
@@ -744,15 +747,18 @@ def quantize_for_qnn(
             except Exception as e:
                 raise InputError(f"qnn_preprocess_model failed: {one_line(e, 300)}", src) from None
             if preprocessed:
-                source = pre
+                source, source_proto = pre, None
         if upgrade and late:
             import onnx
 
             up = work / "upgraded" / src.name
             up.parent.mkdir()
-            onnx.save(intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src), str(up))
+            source_proto = intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src)
+            onnx.save(source_proto, str(up))
             source = up
-        storage = htp_storage_overrides(source, w_name, init_overrides)
+        if source_proto is None and (calibration_cache is not None or _stores_scales(w_name)):
+            source_proto = load_model(source)  # once: the storage below and the calibration key read it
+        storage = htp_storage_overrides(source if source_proto is None else source_proto, w_name, init_overrides)
         if storage:
             notes.append(f"{len(storage)} BatchNormalization scale(s) stored as "
                          f"{BN_SCALE_TYPES[_QTYPE_BITS[w_name]]} symmetric: what QNN HTP computes right")
@@ -776,7 +782,7 @@ def quantize_for_qnn(
                 if calibration_cache is None:
                     quantize(source, staged, cfg)
                 else:
-                    _quantize_cached(source, staged, cfg, Path(calibration_cache), samples)
+                    _quantize_cached(source, staged, cfg, Path(calibration_cache), samples, source_proto)
         except IvqError:
             raise
         except OSError as e:
@@ -830,15 +836,21 @@ def quantize_for_qnn(
     )
 
 
+def _stores_scales(weight_type: str) -> bool:
+    """Whether :func:`htp_storage_overrides` stores the BatchNormalization scales of this weight type otherwise."""
+    qt = BN_SCALE_TYPES.get(_QTYPE_BITS.get(weight_type, 8))
+    return qt is not None and qt != weight_type
+
+
 def htp_storage_overrides(model: str | os.PathLike | Any, weight_type: str,
                           overrides: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The ORT overrides that store what QNN HTP computes right and the preset would store otherwise: the scale of
     each ``BatchNormalization`` (an initializer no entry of ``overrides`` names) in :data:`BN_SCALE_TYPES` of the
     weight type's bits, symmetric. ``model`` is the graph the quantizer takes (a path: loaded only when the weight
     type has such a storage, not for every 8-bit quantization)."""
-    qt = BN_SCALE_TYPES.get(_QTYPE_BITS.get(weight_type, 8))
-    if qt is None or qt == weight_type:
+    if not _stores_scales(weight_type):
         return {}
+    qt = BN_SCALE_TYPES[_QTYPE_BITS.get(weight_type, 8)]
     if not hasattr(model, "graph"):
         model = load_model(model)
     inits = {t.name for t in model.graph.initializer}
@@ -847,41 +859,84 @@ def htp_storage_overrides(model: str | os.PathLike | Any, weight_type: str,
             and n.input[1] not in overrides}
 
 
-def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[str, Any]], cfg: Any) -> str:
-    """The key of one calibration: SHA-256 over everything ORT's calibration reads — the model file handed to the
-    quantizer (its bytes and its external-data files'), the calibration samples (their input digests), the method, the op types calibrated,
-    the calibration options, the activation / weight types and the 16-bit types the overrides ask for (they
-    move the calibrated model to opset 21) — and the onnxruntime version. The overrides' ranges and the excluded
-    nodes are not calibration inputs."""
+#: ORT's 16-bit integer quantization types (``QuantType`` names): a quantization that uses one anywhere calibrates
+#: the model raised to opset 21 (:func:`calibrated_opset`)
+_Q16 = frozenset({"QInt16", "QUInt16"})
+
+
+def _qt_name(qt: Any) -> str:
+    """A ``QuantType`` (or its name) as its name: ``QuantType.QUInt16`` -> ``"QUInt16"``."""
+    return getattr(qt, "name", str(qt).rsplit(".", 1)[-1])
+
+
+def calibrated_opset(opset: int, cfg: Any) -> int:
+    """The opset of the model ORT's ``quantize_static`` *calibrates* for a config on a model of ``opset``: what the
+    types of ``cfg`` change in the calibration, and nothing else. ``quantize_static`` calls
+    ``quant_utils.update_opset_version`` before it calibrates and calibrates the converted model when that bumps
+    the opset (``onnx.version_converter`` to 21 for a 16-bit type anywhere — the activation or weight type, an
+    override's ``quant_type`` or its ``convert.quant_type`` — or a block size, 19 for float-8 weights, 11 below
+    opset 10); the branches here are that function's (onnxruntime 1.32, ``quantization/quant_utils.py``)."""
+    ex = dict(cfg.extra_options or {})
+    over = [e for v in (ex.get("TensorQuantOverrides") or {}).values() for e in v if isinstance(e, Mapping)]
+    types = {_qt_name(cfg.activation_type), _qt_name(cfg.weight_type)}
+    types |= {_qt_name(e["quant_type"]) for e in over if e.get("quant_type") is not None}
+    types |= {_qt_name((e.get("convert") or {})["quant_type"]) for e in over
+              if (e.get("convert") or {}).get("quant_type") is not None}
+    if opset < 21 and int(ex.get("BlockSize", 0) or 0) > 0:
+        return 21
+    if opset < 19 and _qt_name(cfg.weight_type) == "QFLOAT8E4M3FN":
+        return 19
+    if opset < 21 and types & _Q16:
+        return 21
+    return 11 if opset < 10 else opset
+
+
+def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[str, Any]], cfg: Any,
+                          proto: Any = None) -> str:
+    """The key of one calibration: SHA-256 over what ORT's calibration reads, and only that (two quantizations that
+    calibrate the same share one calibration).
+
+    ``quantize_static`` (onnxruntime 1.32, ``quantization/quantize.py`` and ``calibrate.py``) calibrates with
+    ``create_calibrator(model, op_types_to_quantize, calibrate_method, providers=calibration_providers,
+    extra_options=<the Calib* options>)`` then ``collect_data(reader)`` (strided by ``CalibStridedMinMax``),
+    after ``SmoothQuant`` when asked; the calibrator picks the float tensors of the nodes of those op types. So the
+    key holds: the model file handed to the quantizer (its bytes and its external-data files'; ``proto``: that file
+    already loaded, not read again), the calibration samples (their input digests), the method, the op types, the
+    ``Calib*`` and ``SmoothQuant*`` options, the calibration providers, the opset of the model calibrated
+    (:func:`calibrated_opset`: the only thing the activation / weight types and the overrides' 16-bit types change
+    there) and the onnxruntime version. Not in the key, as not read by the calibration: the types themselves
+    (a16w8, a16w16 and a8w8 with 16-bit overrides calibrate the same opset-21 model), ``per_channel`` (the
+    calibrator is not given it; the per-channel opset upgrade is in the model file), the overrides' ranges, the
+    excluded nodes (beyond the op types they leave) and ``use_external_data_format`` (how the augmented model is
+    saved). ``tests/qnn/test_quantize.py`` shows a16w8 and a16w16 sharing one calibration and giving the bytes of
+    uncached runs."""
     import hashlib
     import json
 
     import onnxruntime
 
+    proto = proto if proto is not None else load_model(source)
     ex = dict(cfg.extra_options or {})
-    types = sorted({str(e.get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values() for e in v
-                    if e.get("quant_type") is not None}
-                   | {str((e.get("convert") or {}).get("quant_type")) for v in (ex.get("TensorQuantOverrides") or {}).values()
-                      for e in v if (e.get("convert") or {}).get("quant_type") is not None})
     material = {
-        "model": model_digest(source, load_model(source)),  # its bytes and its external-data files' (not loaded)
+        "model": model_digest(source, proto),  # its bytes and its external-data files' (not loaded)
         "samples": [{k: input_digest(v) for k, v in sorted(s.items())} for s in samples],
         "method": str(cfg.calibrate_method), "op_types": sorted(cfg.op_types_to_quantize or []),
-        "options": {k: str(v) for k, v in sorted(ex.items()) if k.startswith("Calib") or k == "SmoothQuant"},
-        "types": [str(cfg.activation_type), str(cfg.weight_type), *types], "per_channel": bool(cfg.per_channel),
-        "external_format": bool(cfg.use_external_data_format), "onnxruntime": onnxruntime.__version__,
+        "options": {k: str(v) for k, v in sorted(ex.items()) if k.startswith(("Calib", "SmoothQuant"))},
+        "providers": [str(p) for p in cfg.calibration_providers or []],
+        "opset": calibrated_opset(intake.opset_of(proto), cfg), "onnxruntime": onnxruntime.__version__,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples: Sequence[Mapping[str, Any]]) -> None:
+def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples: Sequence[Mapping[str, Any]],
+                     proto: Any = None) -> None:
     """ORT's ``quantize`` of a static config with its calibration kept in ``folder`` under
     :func:`calibration_cache_key` (ORT writes the cache atomically; a file another process wrote half is never
-    seen under the key)."""
+    seen under the key). ``proto``: ``source`` already loaded."""
     from onnxruntime.quantization import quantize_static
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{calibration_cache_key(source, samples, cfg)}.json"
+    path = folder / f"{calibration_cache_key(source, samples, cfg, proto)}.json"
     quantize_static(source, staged, cfg.calibration_data_reader, calibrate_method=cfg.calibrate_method,
                     quant_format=cfg.quant_format, activation_type=cfg.activation_type, weight_type=cfg.weight_type,
                     op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_quantize=cfg.nodes_to_quantize,

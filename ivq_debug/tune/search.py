@@ -389,6 +389,9 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             todo.append((lv, row, key))
         if not jobs:
             return
+        live = tuner.live()
+        if live is not None:  # the batch's measured tensors: the float reference keeps them from the first forward
+            live.expect({t for lv, _, _ in todo for t in tuner.measured(lv.suggestions, tuner.outputs())})
         report = executor.run(list(jobs.values()), shards, "search", progress=False)
         if report.failures:
             names = {k: lv.name for lv, _, k in todo}

@@ -30,8 +30,9 @@ import math
 import os
 import re
 import shutil
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -550,7 +551,7 @@ class Tuner:
             elif full:  # the baseline's whole comparison again, from its kept model (nothing re-quantized)
                 prof = wd / f"{label}.profile.csv"
                 cmp = self.compare_in_memory(self._runner(self._abs(done["qdq_model"]), prof,
-                                                          bool(done.get("fallback"))), hold=0)[0]
+                                                          bool(done.get("fallback")), check=False), hold=0)[0]
                 _remove_profiles(prof)
             else:
                 cmp = None
@@ -577,7 +578,7 @@ class Tuner:
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
             t1 = time.perf_counter()
-            runner = self._runner(qdq, prof, bool(exclude))
+            runner = self._runner(qdq, prof, bool(exclude), check=keep)
             outs = self.outputs()
             measure = None if keep or full else self.measured(applied, outs)
             if keep:
@@ -588,7 +589,8 @@ class Tuner:
                     per, cycles = _outputs(d, outs) if self.output_metric is not None else [], _cycles(d)
             else:
                 cmp, per, cycles = self.compare_in_memory(runner, outs if self.output_metric is not None else [],
-                                                          measure=measure, hold=0 if full else None, stop=stop)
+                                                          measure=measure, hold=0 if full else None, stop=stop,
+                                                          second=self._second(qdq, prof, bool(exclude)))
             self._took(f"run_compare_{self.backend}", time.perf_counter() - t1)
             ran = int(cmp.table["sample"].nunique()) if len(cmp.table) else len(self.feeds)
             stopped = {"samples": ran, "of": len(self.feeds)} if stop is not None and ran < len(self.feeds) else None
@@ -651,7 +653,8 @@ class Tuner:
         return replace(self, watch=tuple(dict.fromkeys([*self.watch, *watch])), _checkpoint=self._ckpt())
 
     def compare_in_memory(self, runner: Any, outputs: Sequence[str] = (), measure: Collection[str] | None = None,
-                          hold: int | None = None, stop: Callable[[Mapping[str, float]], bool] | None = None
+                          hold: int | None = None, stop: Callable[[Mapping[str, float]], bool] | None = None,
+                          second: Callable[[], Any] | None = None
                           ) -> tuple[Any, list[dict[str, np.ndarray]], float | None]:
         """A partial capture: each evaluation sample run once through ``runner`` into memory
         (:class:`~ivq_debug.dump.memory.MemorySink`) and compared with the reference at once, then dropped.
@@ -668,7 +671,8 @@ class Tuner:
         test names); True ends the run there (the table holds the samples run).
 
         The reference is the dump :attr:`reference` or, without one, the float model run on each sample as the
-        comparison reads it (:meth:`live`).
+        comparison reads it (:meth:`live`). ``second``: makes a second runner of the same model; the samples then
+        run on both at once, in two threads (:class:`_Samples`: the same records, compared in order).
         """
         import pandas as pd
 
@@ -681,32 +685,36 @@ class Tuner:
         un_ref: list[Any] = []
         un_test: list[Any] = []
         last = held = held_ref = None
+        cycles: float | None = None
         worst: dict[str, float] = {}
-        for i, feeds in enumerate(self.feeds):
-            interrupt.raise_if_signalled()
-            sink.begin_record(sample=i, part=self.part, step=0)
-            runner.run(feeds, sink)
-            mem = sink.take()
-            ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i))
-            cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
-                                     lambda ps: _pairs_naming(ps, measure))
-            if live is not None and i != hold:
-                ref.close()  # the live reference keeps what was read (within its budget)
-            tables.append(cmp.table)
-            pairs += cmp.alignment.pairs
-            un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
-            un_test += cmp.alignment.unmatched_test
-            if outputs:
-                per += _outputs(mem, outputs)
-            if last is not None and last is not held:
-                last.close()
-            last = mem
-            if i == hold:
-                held, held_ref = mem, ref
-            if stop is not None and i + 1 < len(self.feeds) and stop(worst_sqnr(cmp, worst)):
-                break
+        samples = _Samples(runner, sink, self.feeds, self.part, second)
+        try:
+            for i, mem in samples:
+                if i == 0:  # the first run of the first session: the cycles of its profile
+                    cycles = _cycles(mem)
+                ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i, measure))
+                cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
+                                         lambda ps: _pairs_naming(ps, measure))
+                if live is not None and i != hold:
+                    ref.close()  # the live reference keeps what was read (within its budget)
+                tables.append(cmp.table)
+                pairs += cmp.alignment.pairs
+                un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
+                un_test += cmp.alignment.unmatched_test
+                if outputs:
+                    per += _outputs(mem, outputs)
+                if last is not None and last is not held:
+                    last.close()
+                last = mem
+                if i == hold:
+                    held, held_ref = mem, ref
+                if stop is not None and i + 1 < len(self.feeds) and stop(worst_sqnr(cmp, worst)):
+                    break
+        finally:
+            samples.close()  # (an early stop: the second runner finishes its sample and goes)
+            if second is not None:
+                self._took("second_runner", samples.helped_s, len(samples.helped))
         assert last is not None, "a tune has at least one evaluation input"
-        cycles = _cycles(last)
         if last is not held:
             last.close()
         full = [t for t in tables if len(t)]
@@ -716,14 +724,29 @@ class Tuner:
         ref = ref_file if ref_file is not None else (held_ref if held_ref is not None else ref)
         return comparator.Comparison(ref, test, table, al, cmp.budgets, cmp.rank_by), per, cycles
 
-    def _runner(self, qdq: Path, prof: Path, fallback: bool) -> Any:
+    def _runner(self, qdq: Path, prof: Path, fallback: bool, check: bool = True) -> Any:
+        """The trial's runner: ORT CPU-QDQ or QNN HTP, every tensor exposed. ``check``: an HTP runner makes the
+        capture's exposure check (the outputs with and without the exposed tensors: one more run of the first
+        sample, on a session of its own), recorded in a kept dump; a trial compared in memory keeps no backend
+        information, so it does not pay for it (PP-OCRv4 a16w16: ~10 s of emulation per HTP check)."""
         if self.runner_factory is not None:
             return self.runner_factory(qdq, prof)
         if self.backend == "cpu":
             return make_runner("onnx", qdq, selection=Selection(), optimization="disable")
         return make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed", profiling_path=prof,
                            overwrite=True, allow_cpu_fallback=fallback, optimization=self.optimization,
-                           **self.qnn_session)
+                           verify=check, **self.qnn_session)
+
+    def _second(self, qdq: Path, prof: Path, fallback: bool) -> Callable[[], Any] | None:
+        """A factory of a second HTP runner of a trial's model (:data:`~ivq_debug.defaults.TUNE_HTP_RUNNERS`): its
+        profile in ``<label>.profile.b.csv``, no exposure check (:meth:`_runner`).
+        None on CPU-QDQ (ORT runs a session on every core already), with a runner factory, or for one sample."""
+        if self.backend != "qnn" or self.runner_factory is not None or len(self.feeds) < 2 \
+                or defaults.TUNE_HTP_RUNNERS < 2:
+            return None
+        return lambda: make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed",
+                                   profiling_path=prof.with_name(prof.stem + ".b.csv"), overwrite=True, verify=False,
+                                   allow_cpu_fallback=fallback, optimization=self.optimization, **self.qnn_session)
 
     def calibrated(self) -> dict[str, tuple[float, float]]:
         """``{tensor: (min, max)}`` the calibration gave (the baseline's activation encodings, grid ranges): the
@@ -820,6 +843,158 @@ class Tuner:
                                         f"neighbours imply ({8 if is16 else 16}-bit), on its calibrated range",
                                         float(rng[0]), float(rng[1]), node=cur.node if cur else None,
                                         group=cur.group if cur else None))
+
+
+class _Samples:
+    """The evaluation samples of a trial run into memory, yielded in order as ``(i, record)`` (one
+    :class:`~ivq_debug.dump.memory.MemoryDump` each): on ``runner`` one after the other, or, given ``second`` (a
+    factory of a second runner of the same model), on both at once. The x86 HTP emulation runs a session on one
+    core (PP-OCRv4's a16w16 recognizer: ~10 s of one core per line), so two runners in two threads take about half
+    the time on two cores; each sample's record is its own run's, the same bits whichever runner made it.
+
+    This thread runs ``runner``: it creates its sessions first (``runner.prepare()``: compiled, or loaded from the
+    QNN context cache, and stored there), runs sample 0 (its profile gives the trial's cycles), and
+    takes the awaited sample whenever nobody has; a helper thread makes the second runner (its sessions loaded
+    from the cache) and runs the next free samples, at most :attr:`AHEAD` past the awaited one. A second runner
+    that cannot be made or exposes other tensors is not used; a sample it fails on is run again here, so a
+    failure is the first runner's, as without it. :meth:`close` (after the last sample read, an early stop or an
+    error) lets the helper finish its sample and joins it."""
+
+    #: how many samples the helper runs past the one the comparison awaits (records held in memory; 1 keeps both
+    #: runners busy, and an early stop waits for at most the one sample the helper started with it)
+    AHEAD = 1
+
+    def __init__(self, runner: Any, sink: MemorySink, feeds: Sequence[dict[str, np.ndarray]], part: str,
+                 second: Callable[[], Any] | None = None) -> None:
+        self.runner, self.sink, self.feeds, self.part, self.second = runner, sink, list(feeds), part, second
+        self._cv = threading.Condition()
+        self._next = 0  # the next sample nobody has taken
+        self._want = 0  # the sample the comparison awaits
+        self._done: dict[int, Any] = {}  # sample -> the helper's record
+        self._failed: set[int] = set()  # samples the helper could not run (run again here)
+        self._busy: int | None = None  # the sample the helper runs now
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        #: the samples the second runner ran, and its seconds running them
+        self.helped: list[int] = []
+        self.helped_s = 0.0
+
+    def _run(self, runner: Any, sink: MemorySink, i: int) -> Any:
+        sink.begin_record(sample=i, part=self.part, step=0)
+        runner.run(self.feeds[i], sink)
+        return sink.take()
+
+    def _mine(self, i: int) -> Any:
+        """Sample ``i`` on this thread's runner: its record, or its exception (raised when ``i`` is awaited: a
+        sample run ahead fails where one after the other would, after the samples before it)."""
+        try:
+            return self._run(self.runner, self.sink, i)
+        except Exception as e:
+            return e
+
+    def _take(self) -> int | None:
+        """The next sample for this thread: the awaited one when nobody took it (or the helper failed it), else the
+        next free one within reach; None: the awaited one is the helper's."""
+        with self._cv:
+            if self._want in self._failed:
+                self._failed.discard(self._want)
+                return self._want
+            if self._next <= self._want or (self._next < len(self.feeds) and self._next <= self._want + self.AHEAD):
+                self._next += 1
+                return self._next - 1
+            return None
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        n, mine = len(self.feeds), {}
+        try:
+            if self.second is not None and n > 1:
+                self._next = 1  # sample 0 is this runner's
+                self.runner.prepare()  # its sessions, compiled or loaded (and cached for the second runner)
+                self._thread = threading.Thread(target=self._help, name="ivq-tune-second-runner", daemon=True)
+                self._thread.start()
+                mine[0] = self._mine(0)
+            while self._want < n:
+                interrupt.raise_if_signalled()
+                i = self._want
+                if i not in mine:
+                    with self._cv:
+                        got = self._done.pop(i, None)
+                    if got is None:
+                        j = self._take()
+                        if j is not None:
+                            mine[j] = self._mine(j)
+                            continue
+                        with self._cv:  # the awaited sample is the helper's
+                            while i not in self._done and i not in self._failed and self._busy == i:
+                                self._cv.wait(1.0)
+                        continue
+                    mine[i] = got
+                rec = mine.pop(i)
+                if isinstance(rec, Exception):
+                    raise rec
+                with self._cv:
+                    self._want = i + 1
+                    self._cv.notify_all()
+                yield i, rec
+        finally:
+            for rec in mine.values():
+                if not isinstance(rec, Exception):
+                    rec.close()
+            self.close()
+
+    def _help(self) -> None:
+        try:
+            other = self.second()  # type: ignore[misc]
+        except Exception:  # (this thread runs every sample then)
+            return
+        sink = MemorySink(other.backend, other.info, path=self.sink.path)
+        try:
+            other.prepare()
+            if [s.output for s in other.sites] != [s.output for s in self.runner.sites]:
+                return
+            while True:
+                with self._cv:
+                    while not self._closed and self._next < len(self.feeds) and self._next > self._want + self.AHEAD:
+                        self._cv.wait(1.0)
+                    if self._closed or self._next >= len(self.feeds):
+                        return
+                    i = self._busy = self._next
+                    self._next += 1
+                t0 = time.perf_counter()
+                try:
+                    rec = self._run(other, sink, i)
+                except Exception:
+                    with self._cv:
+                        self._failed.add(i)
+                        self._busy = None
+                        self._cv.notify_all()
+                    return
+                with self._cv:
+                    self._busy = None
+                    self.helped.append(i)
+                    self.helped_s += time.perf_counter() - t0
+                    if self._closed:
+                        rec.close()
+                        return
+                    self._done[i] = rec
+                    self._cv.notify_all()
+        except Exception:  # preparing the second runner failed: this thread runs every sample
+            return
+        finally:
+            other.close()
+
+    def close(self) -> None:
+        """Stop the helper (it finishes the sample it runs), join it, drop the records nobody read."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._cv:
+            for rec in self._done.values():
+                rec.close()
+            self._done.clear()
 
 
 def one_trial(tuner: Tuner, label: str, suggestions: Sequence[Suggestion] = ()) -> Trial:

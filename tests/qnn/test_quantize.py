@@ -69,6 +69,36 @@ def test_per_channel_weights(block: Path, tmp_path: Path) -> None:
     assert _inits(r.model_path)["W1_scale"].size == 1
 
 
+def test_quantizations_that_calibrate_alike_share_one_calibration_and_give_the_uncached_bytes(
+        block: Path, tmp_path: Path) -> None:
+    """The calibration key holds what ORT's calibration reads (``calibration_cache_key``): the types enter only as
+    the opset of the model calibrated (a 16-bit type anywhere raises it to 21), per-channel not at all (the block
+    is opset 20: no upgrade). So a16w8, a16w16 and a8w8 with a 16-bit override calibrate once, a8w8 and a8w8 per
+    channel once more, and each model is the bytes of a quantization without the cache."""
+    import hashlib
+
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    feeds, cache = models.block_feeds(1, 4), tmp_path / "cache"
+    runs = [("a16w8", {}), ("a16w16", {}), ("a8w8", {"overrides": {"p": [{"quant_type": "QUInt16"}]}}),
+            ("a8w8", {}), ("a8w8", {"per_channel": True})]
+    files, digest = [], lambda f: hashlib.sha256(Path(f).read_bytes()).hexdigest()
+    for i, (preset, kw) in enumerate(runs):
+        cached = quantize_for_qnn(block, tmp_path / f"c{i}.onnx", feeds, preset=preset, calibration_cache=cache, **kw)
+        fresh = quantize_for_qnn(block, tmp_path / f"f{i}.onnx", feeds, preset=preset, **kw)
+        assert digest(cached.model_path) == digest(fresh.model_path), (preset, kw)
+        files.append(sorted(cache.glob("*.json")))
+    assert [len(f) for f in files] == [1, 1, 1, 2, 2]  # one calibration per opset calibrated: 21, then 20
+    # what a hit reads is that file: its ranges widened, the next a16w16 model is no longer the uncached one
+    (q16,) = files[0]
+    doc = json.loads(q16.read_text())
+    for t in doc["data"].values():
+        t["highest"]["data"] = [2 * v + 1 for v in t["highest"]["data"]]
+    q16.write_text(json.dumps(doc))
+    again = quantize_for_qnn(block, tmp_path / "again.onnx", feeds, preset="a16w16", calibration_cache=cache)
+    assert digest(again.model_path) != digest(tmp_path / "f1.onnx") and len(list(cache.glob("*.json"))) == 2
+
+
 def test_calibration_sources(block: Path, tmp_path: Path) -> None:
     from ivq_debug.qnn.quantize import load_calibration
 

@@ -159,3 +159,19 @@ def test_a_check_stops_at_the_sample_that_makes_its_refusal_certain(lever, tmp_p
     # HTP is below 3.88 + 50% of the 17.67 dB gain; a set that holds is measured on every sample
     stop = refused_already(_figures(2.73), _figures(20.40), _figures(3.88), ["y"])
     assert stop({"y": 12.0}) and stop({"y": 3.0}) and not stop({"y": 13.0}) and not stop({})
+
+
+def test_a_whole_comparison_does_not_push_out_what_the_trials_measure(lever, tmp_path: Path) -> None:
+    """Each sample keeps its share: first the tensors the trials measure (``expect``, then what they read), not what
+    a whole comparison read (it used to keep the smallest tensors of the first sample it trimmed, and the trials
+    after it ran the float model again on every other sample)."""
+    live = LiveReference(lever["model"], lever["feeds"], keep_bytes=3 * (2048 + 512 + 64))  # y + rb per sample
+    tuner = replace(_tuner(lever, tmp_path, None), _live=live)
+    live.expect(tuner.measured(SUGGESTIONS, tuner.outputs()))
+    a = one_trial(tuner, "a", SUGGESTIONS)
+    assert live.forwards == 3 and live.kept_bytes() == 3 * (2048 + 512)  # y and rb of each sample
+    before = tuner.trial("before", [])  # every pair of every sample, the first sample held for a diagnosis
+    before.release()
+    forwards = live.forwards
+    b = one_trial(tuner, "b", SUGGESTIONS)
+    assert live.forwards == forwards and b.sqnr_table == a.sqnr_table and b.samples == a.samples

@@ -123,7 +123,7 @@ def test_the_calibration_key_covers_the_weights_in_external_data(tmp_path: Path)
     """Two models of the same graph whose weights differ only in their external-data files: two calibrations."""
     cfg = SimpleNamespace(extra_options={}, calibrate_method="MinMax", op_types_to_quantize=["Conv"],
                           activation_type="QUInt8", weight_type="QUInt8", per_channel=False,
-                          use_external_data_format=True)
+                          use_external_data_format=True, calibration_providers=None)
     keys = []
     for i, outlier in enumerate((40.0, 41.0)):
         d = tmp_path / f"m{i}"
@@ -162,3 +162,61 @@ def test_a_sweep_job_keeps_its_trial_files_only_with_keep_dumps(lever, tmp_path:
         assert any(n.endswith(".h5") for n in kept) and any(n.endswith(".qdq.onnx") for n in kept), kept
     else:
         assert kept == []
+
+
+@pytest.fixture(scope="module")
+def five(tmp_path_factory) -> dict:
+    return two_causes_trial_inputs(tmp_path_factory.mktemp("five"), evaluation=5)
+
+
+@needs_qnn
+def test_an_htp_trial_runs_its_samples_on_two_runners_with_the_figures_of_one(five, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    """The emulated HTP runs a session on one core: a trial's samples run on two runners at once (two threads),
+    and every figure is the one of a single runner, to the bit (the live reference, the task metric too)."""
+    import threading
+
+    from ivq_debug import defaults
+
+    def tuner(wd: Path) -> Tuner:
+        return Tuner(five["model"], five["cal"], five["feeds"], None, wd, backend="qnn", resume=False,
+                     output_metric=mean_abs, preprocess=False)
+
+    two = tuner(tmp_path / "two")
+    a = one_trial(two, "two", SUGGESTIONS)
+    monkeypatch.setattr(defaults, "TUNE_HTP_RUNNERS", 1)
+    one = tuner(tmp_path / "one")
+    b = one_trial(one, "one", SUGGESTIONS)
+    assert a.error is None and b.error is None, (a.error, b.error)
+    assert two.timings["second_runner"] >= 1 and "second_runner" not in one.timings  # the second runner ran some
+    assert a.sqnr_table == b.sqnr_table and {"y", "rb"} <= set(a.sqnr_table) and a.samples == b.samples
+    assert a.samples["y"]["n"] == 5 and a.task == b.task and a.model_bytes == b.model_bytes
+    cols = ["sample", "ref_name", "test_name", "sqnr_db"]
+    assert a.comparison.table[cols].equals(b.comparison.table[cols])
+    assert not list((tmp_path / "two").glob("*.csv"))  # both runners' profiles read and removed
+    # an early stop: the figures of the samples run, the second runner joined
+    monkeypatch.setattr(defaults, "TUNE_HTP_RUNNERS", 2)
+    stopped = replace(two, resume=False, _checkpoint=two._ckpt(), _ran=set()).trial(
+        "stop", list(SUGGESTIONS), keep_dump=False, stop=lambda worst: True)
+    assert stopped.stopped == {"samples": 1, "of": 5} and stopped.samples["y"]["n"] == 1
+    assert stopped.sqnr_table["y"] == min(v for k, v in b.comparison.table.query("sample == 0")
+                                          .groupby("ref_name")["sqnr_db"].min().items() if k == "y")
+    assert not [t for t in threading.enumerate() if t.name == "ivq-tune-second-runner"]
+
+
+@needs_qnn
+def test_a_second_runner_that_cannot_be_made_leaves_every_sample_to_the_first(five) -> None:
+    from ivq_debug.tune.verify import _Samples
+
+    qdq = five["model"].with_name("two.qdq.onnx")
+    quantize_for_qnn(five["model"], qdq, five["cal"], preprocess=False)
+    runner = make_runner("qnn", qdq, selection=Selection())
+    sink = MemorySink(runner.backend, runner.info)
+
+    def broken() -> None:
+        raise RuntimeError("no second session")
+
+    samples = _Samples(runner, sink, five["feeds"], "model", broken)
+    got = [(i, len(rec.tensors())) for i, rec in samples]
+    assert [i for i, _ in got] == list(range(5)) and len({n for _, n in got}) == 1 and got[0][1] > 3
+    assert samples.helped == []
