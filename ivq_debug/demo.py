@@ -14,14 +14,22 @@
 5. measure caption accuracy per backend, diff everything and name the faults;
 6. tune the projector fault: suggest overrides, re-quantize, re-capture on HTP, before/after;
 7. write ``golden/demo-*.h5``, ``reports/demo.html`` and ``reports/demo.json`` and print what was found.
+
+The caption accuracy runs on a second thread while the captures run, and the tune there while the diffs after
+the projector's (one job after the other: the tune's baseline reads the accuracy's memo); their time is in ONNX
+Runtime and the HTP emulator, which release the GIL. ``timings_s`` gives each step's own seconds (``accuracy``
+and ``tune`` overlap ``capture`` and ``diff``; ``wait`` is the main thread's wait for them); ``docs/scale.md``
+"The demo (issue 33)" has the profile.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,7 @@ from ivq_debug.comparator import Budgets
 from ivq_debug.diagnose.projector import PROJECTOR_TOKENS, _has
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import UsageError, require_extra
+from ivq_debug.inputfiles import sha256_file_once
 from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import load_model
 from ivq_debug.onnxgraph.sites import scope_of
@@ -47,7 +56,7 @@ from ivq_debug.tune.suggest import suggest, write_suggestions
 from ivq_debug.tune.verify import Tuner, verify
 from ivq_debug.vlm import pipeline
 from ivq_debug.vlm.manifest import model_attrs
-from ivq_debug.vlm.task import caption_accuracy, make_samples
+from ivq_debug.vlm.task import CaptionAccuracy, caption_accuracy, make_samples
 
 DUMPS = ("torch", "ort-fp32", "cpu-qdq-a8w8", "cpu-qdq-a16w8", "htp-a8w8", "htp-a16w8", "htp-projector-miss",
          "ort-fp32-restart")
@@ -175,7 +184,8 @@ def run_demo(
             out = workdir / f"{part}.{preset}.qdq.onnx"
             quantize_for_qnn(path, out, store[part], preset=preset, overwrite=True)
             qdq[preset][part] = out
-    miss = projector_miss_overrides(prep.paths["vision"], store["vision"], workdir)
+    miss = projector_miss_overrides(prep.paths["vision"], store["vision"], workdir,
+                                    calibrated=qdq["a8w8"]["vision"])
     out = workdir / "vision.a8w8.projector-miss.qdq.onnx"
     quantize_for_qnn(prep.paths["vision"], out, store["vision"], preset="a8w8", overrides=miss, overwrite=True)
     qdq["projector-miss"] = dict(qdq["a16w8"], vision=out)
@@ -183,9 +193,78 @@ def run_demo(
         f"({sum(len(v) for v in store.values())} recorded part feeds)")
     tick("quantize", t0)
 
-    # 4. captures -------------------------------------------------------------------------------------------
+    # 5. caption accuracy and 6. tune, on a second thread: the caption accuracy while the captures run, the tune while the
+    # diffs after the projector's run (their sessions spend their time in ONNX Runtime and the HTP emulator, which
+    # release the GIL; the captures' dump writes and the diffs' bookkeeping hold it) --------------------------------
+    ev, cap = samples[:n_eval], samples[:n_capture]
+    captions = _Captions(prep, ev)
+    plain: dict[str, Callable[[], CaptionAccuracy]] = {
+        "fp32": lambda: captions.of(pipeline.scheduler(prep)),
+        **{f"htp-{tag}": (lambda tag=tag: captions.htp(qdq[tag])) for tag in ("a8w8", "a16w8", "projector-miss")},
+        "fp32-restart": lambda: captions.of(pipeline.scheduler(prep, positions="restart"))}
+
+    def accuracy() -> dict[str, dict[str, float]]:
+        t = time.perf_counter()
+        out = {name: f().as_dict() for name, f in plain.items()}
+        tick("accuracy", t)
+        return out
+
+    def tune(cmp: Any) -> Any:
+        t = time.perf_counter()
+        out = _tune_projector(cmp, prep, qdq, miss, store, dump_paths["ort-fp32"], cap, captions, workdir / "tune",
+                              log)
+        tick("tune", t)
+        return out
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ivq-demo")  # one job after the other
+    try:
+        accuracy_job = pool.submit(accuracy)
+        t0 = time.perf_counter()
+        faults = _capture_all(res, prep, fp32, qdq, cap, dump_paths, model_info, workdir, log)
+        tick("capture", t0)
+
+        # 5. diffs, findings; the projector's first: the tune starts from it --------------------------------------
+        t0 = time.perf_counter()
+        pairs, expected = _pairs(dump_paths, faults)
+        projector = next(k for k in pairs if "projector" in k)
+        cmps: dict[str, Any] = {}
+        for lbl in (projector, *(k for k in pairs if k != projector)):
+            a, b, budgets = pairs[lbl]
+            cmps[lbl] = compare(a, b, budgets=budgets, progress=False, expected=expected.get(lbl))
+            if lbl == projector:
+                tune_job = pool.submit(tune, cmps[lbl])
+        res.comparisons = {k: cmps[k] for k in pairs}
+        res.findings = {k: c.findings for k, c in res.comparisons.items()}
+        tick("diff", t0)
+        t0 = time.perf_counter()
+        res.accuracy = accuracy_job.result()
+        log("caption exact match on " + f"{len(ev)} eval images: "
+            + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
+        res.tune = tune_job.result()
+        tick("wait", t0)  # for the second thread, after the diffs
+    except BaseException:
+        captions.stop.set()  # an exception or a signal here: the thread ends at its next image
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    # 7. report -----------------------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    cap = samples[:n_capture]
+    main_label = "deployment (fp32 → HTP a8w8)"
+    extra = {k: v for k, v in res.comparisons.items() if k != main_label}
+    res.report = write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
+                                  title=f"ivq demo: {model}, fp32 → QNN HTP a8w8 (emulated)", overwrite=True)
+    tick("report", t0)
+    res.timings["total"] = round(time.perf_counter() - t_all, 2)
+    _write_summary(res, summary_path)
+    res.summary = summary_path
+    return res
+
+
+def _capture_all(res: DemoResult, prep: Any, fp32: Any, qdq: dict[str, dict[str, Path]], cap: list[Any],
+                 dump_paths: dict[str, Path], model_info: dict[str, Any], workdir: Path,
+                 log: Callable[[str], None]) -> dict[str, tuple[dict[str, str], str, str]]:
+    """Step 4 of the demo: capture every dump (into ``res.dumps``); returns the model's own faults it captured."""
     forced = [fp32.generate(s.image).tokens for s in cap]  # teacher forcing keeps steps comparable
     sel = Selection()
 
@@ -222,28 +301,13 @@ def run_demo(
     faults = {k: v for k, v in MODEL_FAULTS.items() if has[v[1]]}
     for key, (knobs, _, _) in faults.items():
         capture(key, pipeline.scheduler(prep, ort_factory(), **knobs))
-    tick("capture", t0)
+    return faults
 
-    # 5. task metric ----------------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    ev = samples[:n_eval]
-    refs = [s.caption for s in ev]
-    plain = {"fp32": pipeline.scheduler(prep),
-             "htp-a8w8": pipeline.scheduler(prep, _plain_htp(qdq["a8w8"])),
-             "htp-a16w8": pipeline.scheduler(prep, _plain_htp(qdq["a16w8"])),
-             "htp-projector-miss": pipeline.scheduler(prep, _plain_htp(qdq["projector-miss"])),
-             "fp32-restart": pipeline.scheduler(prep, positions="restart")}
-    for name, sch in plain.items():
-        acc = caption_accuracy([sch.generate(s.image).text for s in ev], refs)
-        res.accuracy[name] = acc.as_dict()
-    log("caption exact match on " + f"{len(ev)} eval images: "
-        + ", ".join(f"{k} {v['exact_match']:.2f}" for k, v in res.accuracy.items()))
-    tick("accuracy", t0)
 
-    # 6. diffs, findings, report ----------------------------------------------------------------------------
-    t0 = time.perf_counter()
-
-    d = dump_paths
+def _pairs(d: dict[str, Path], faults: dict[str, tuple[dict[str, str], str, str]]
+           ) -> tuple[dict[str, tuple[Path, Path, Budgets]], dict[str, Path]]:
+    """The demo's comparisons (label -> reference, test, budgets) and, for the three-way verdicts, each HTP run's
+    CPU-QDQ run of the same QDQ models (label -> expected; ``backend_divergence``)."""
     pairs = {
         "export (torch → ORT fp32)": (d["torch"], d["ort-fp32"], Budgets.from_args(preset="export")),
         "quantization (fp32 → CPU-QDQ a8w8)": (d["ort-fp32"], d["cpu-qdq-a8w8"], Budgets.from_args(min_sqnr=20)),
@@ -256,29 +320,8 @@ def run_demo(
             (d["ort-fp32"], d["ort-fp32-restart"], Budgets.from_args(min_sqnr=40)),
         **{label: (d["ort-fp32"], d[key], Budgets.from_args(min_sqnr=40)) for key, (_, _, label) in faults.items()},
     }
-    # the three-way verdicts: each HTP run against the CPU-QDQ run of the same QDQ models (backend_divergence)
     expected = {"deployment (fp32 → HTP a8w8)": d["cpu-qdq-a8w8"], "deployment (fp32 → HTP a16w8)": d["cpu-qdq-a16w8"]}
-    for label, (a, b, budgets) in pairs.items():
-        c = compare(a, b, budgets=budgets, progress=False, expected=expected.get(label))
-        res.comparisons[label] = c
-        res.findings[label] = c.findings
-    tick("diff", t0)
-
-    # 6. tune the projector fault -------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    res.tune = _tune_projector(res.comparisons[next(k for k in pairs if "projector" in k)], prep, qdq, miss,
-                               store, d["ort-fp32"], cap, ev, workdir / "tune", log)
-    tick("tune", t0)
-    t0 = time.perf_counter()
-    main_label = "deployment (fp32 → HTP a8w8)"
-    extra = {k: v for k, v in res.comparisons.items() if k != main_label}
-    res.report = write_report(res.comparisons[main_label], report_path, extra_comparisons=extra,
-                                  title=f"ivq demo: {model}, fp32 → QNN HTP a8w8 (emulated)", overwrite=True)
-    tick("report", t0)
-    res.timings["total"] = round(time.perf_counter() - t_all, 2)
-    _write_summary(res, summary_path)
-    res.summary = summary_path
-    return res
+    return pairs, expected
 
 
 def projector_tensors(model_path: Path) -> set[str]:
@@ -300,16 +343,18 @@ def projector_tensors(model_path: Path) -> set[str]:
 PROJECTOR_MISS_RANGE = 0.1
 
 
-def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> dict[str, Any]:
+def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path,
+                             calibrated: Path | None = None) -> dict[str, Any]:
     """ORT overrides that reproduce a projector calibration miss: every projector activation's range is the
     one a normal calibration gives, shrunk to ``PROJECTOR_MISS_RANGE`` (a calibration set that saw only a
-    tenth of the projector's real input range); the rest of the vision tower keeps its calibration."""
-    import numpy as np
+    tenth of the projector's real input range); the rest of the vision tower keeps its calibration.
 
-
-    tmp = workdir / "vision.a8w8.calibrated.qdq.onnx"
-    quantize_for_qnn(vision, tmp, calib, preset="a8w8", overwrite=True)
-    encs = encodings_from_qdq_model(load_model(tmp))
+    ``calibrated``: ``vision`` already quantized a8w8 with ``calib`` (the demo has it: quantizing it again gave
+    the same bytes); without it, it is quantized into ``workdir``."""
+    if calibrated is None:
+        calibrated = workdir / "vision.a8w8.calibrated.qdq.onnx"
+        quantize_for_qnn(vision, calibrated, calib, preset="a8w8", overwrite=True)
+    encs = encodings_from_qdq_model(load_model(calibrated))
     out: dict[str, Any] = {}
     for name in projector_tensors(vision):
         e = encs.activations.get(name)
@@ -321,15 +366,40 @@ def projector_miss_overrides(vision: Path, calib: list[Any], workdir: Path) -> d
     return out
 
 
+class _Captions:
+    """Caption accuracy on the eval images; on HTP once per set of QDQ models, by content (the tuner's baseline
+    is the projector-miss models the accuracy step ran, byte for byte: their 16 images are not emulated twice).
+    ``stop`` ends a run at its next image (set when the demo's main thread fails)."""
+
+    def __init__(self, prep: Any, ev: list[Any]) -> None:
+        self.prep, self.ev = prep, ev
+        self.stop = threading.Event()
+        self._htp: dict[tuple[tuple[str, str], ...], CaptionAccuracy] = {}
+
+    def of(self, sched: Any) -> CaptionAccuracy:
+        """Exact match etc. of ``sched``'s captions."""
+        texts = []
+        for s in self.ev:
+            if self.stop.is_set():
+                raise CancelledError()
+            texts.append(sched.generate(s.image).text)
+        return caption_accuracy(texts, [s.caption for s in self.ev])
+
+    def htp(self, paths: dict[str, Path]) -> CaptionAccuracy:
+        """:meth:`of` the HTP scheduler of the QDQ ``paths`` (part -> model)."""
+        key = tuple(sorted((part, sha256_file_once(p)) for part, p in paths.items()))
+        if key not in self._htp:
+            self._htp[key] = self.of(pipeline.scheduler(self.prep, _plain_htp(paths)))
+        return self._htp[key]
+
+
 def _tune_projector(cmp: Any, prep: Any, qdq: dict[str, dict[str, Path]], miss: dict[str, Any], store: Any,
-                    reference: Path, cap: list[Any], ev: list[Any], workdir: Path, log: Callable[[str], None]) -> Any:
+                    reference: Path, cap: list[Any], captions: _Captions, workdir: Path,
+                    log: Callable[[str], None]) -> Any:
     """Suggest overrides for the projector fault, verify them on HTP with the caption accuracy as task metric."""
 
-    refs = [s.caption for s in ev]
-
     def task(vision_qdq: Path) -> dict[str, Any]:
-        sch = pipeline.scheduler(prep, _plain_htp(dict(qdq["a16w8"], vision=vision_qdq)))
-        acc = caption_accuracy([sch.generate(s.image).text for s in ev], refs)
+        acc = captions.htp(dict(qdq["a16w8"], vision=vision_qdq))
         return {f"caption {k}": v for k, v in acc.as_dict().items() if k != "n"}
 
     fp32 = pipeline.scheduler(prep)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -17,27 +18,21 @@ from ivq_debug.inputfiles import read_input_text
 MAX_JSON_DEPTH = 200
 
 
+#: a JSON string, or an unterminated one running to the end of the text (never fails, so no rescans)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
 def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when ``text`` opens more than ``limit`` nested arrays / objects (strings are skipped)."""
-    depth = 0
-    in_str = esc = False
-    for c in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
+    """True when ``text`` opens more than ``limit`` nested arrays / objects (strings are skipped).
+
+    The strings go by one regular-expression pass, the brackets left are summed by numpy: the character loop
+    it replaces took 70 ms on a QNN context cache entry's 0.7 MB ``meta.json``, read at every cache hit."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if len(brackets) <= limit:
+        return False
+    b = np.frombuffer(brackets.encode("ascii"), np.uint8)
+    return bool(np.cumsum(np.where((b == 91) | (b == 123), 1, -1)).max() > limit)
 
 
 def parse_json(text: str, source: str | os.PathLike | None = None, what: str = "JSON", *,

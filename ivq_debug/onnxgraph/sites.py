@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from ivq_debug.dump.quant import dequantize  # noqa: F401  (the one definition; captures import it from here)
 from ivq_debug.errors import UsageError
 from ivq_debug.onnxgraph.fold import constant_nodes
 
@@ -111,7 +110,7 @@ class QuantParams:
         return self.dtype.kind in "iu"
 
     def encoding(self) -> dict[str, Any]:
-        """The dump's encoding dict (``docs/dump-format.md``): what :func:`dequantize` reads."""
+        """The dump's encoding dict (``docs/dump-format.md``): what :func:`ivq_debug.dump.quant.dequantize` reads."""
         zp = self.zero_point
         return {
             "bitwidth": self.dtype.itemsize * 8,

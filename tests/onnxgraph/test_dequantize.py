@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ivq_debug.onnxgraph.sites import dequantize
+from ivq_debug.dump.quant import dequantize
 
 
 def _int64_formula(q: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:

@@ -35,11 +35,12 @@ from ivq_debug.capture.base import Closing, Selection
 from ivq_debug.capture.onnxrt.optimized import graph_kernels, optimized_model
 from ivq_debug.capture.onnxrt.partition import piece_model, plan_partitions
 from ivq_debug.capture.onnxrt.platform import platform_info
+from ivq_debug.dump.quant import dequantize
 from ivq_debug.errors import CaptureError, InputError, UsageError, one_line
 from ivq_debug.onnxgraph import intake
 from ivq_debug.onnxgraph.fold import static_shapes
 from ivq_debug.onnxgraph.load import Model, has_external_data, load
-from ivq_debug.onnxgraph.sites import TensorSite, dequantize, is_qdq_model, list_sites, scope_of
+from ivq_debug.onnxgraph.sites import TensorSite, is_qdq_model, list_sites, scope_of
 
 OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
               "all": "ORT_ENABLE_ALL"}

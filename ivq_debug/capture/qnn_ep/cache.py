@@ -127,11 +127,10 @@ class ContextCache:
         folder = self.root / key
         if not folder.is_dir():
             return None
-        problem = self._check(folder, key, material)
+        problem, meta = self._checked(folder, key, material)
         if problem is not None:
             self._warn(f"ignoring QNN context cache entry {folder}: {problem}; compiling afresh")
             return None
-        meta = load_json(folder / META_FILE, META_FILE)
         try:
             os.utime(folder / META_FILE)  # least recently used goes first when pruning
         except OSError:
@@ -141,12 +140,21 @@ class ContextCache:
     def _check(self, folder: Path, key: str, material: dict[str, Any]) -> str | None:
         """Why an entry may not be loaded (None when it is intact). Entries and their files are never symlinks
         (a cache entry is what this code wrote), nor FIFOs or folders; ``meta.json`` is bounded JSON."""
+        return self._checked(folder, key, material)[0]
+
+    def _checked(self, folder: Path, key: str, material: dict[str, Any]) -> tuple[str | None, Any]:
+        """:meth:`_check`'s answer and the ``meta.json`` it read (one read per lookup: the file is ~0.7 MB)."""
         if folder.is_symlink():
-            return "it is a symlink (cache entries are never followed)"
+            return "it is a symlink (cache entries are never followed)", None
         try:
             meta = load_json(folder / META_FILE, META_FILE)
         except InputError as e:
-            return f"unreadable {META_FILE} ({e.message})"
+            return f"unreadable {META_FILE} ({e.message})", None
+        return self._meta_problem(folder, key, material, meta), meta
+
+    @staticmethod
+    def _meta_problem(folder: Path, key: str, material: dict[str, Any], meta: Any) -> str | None:
+        """What is wrong with an entry whose ``meta.json`` reads as ``meta`` (None when it is intact)."""
         if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
             return "written by another cache format"
         if meta.get("key") != key or meta.get("material") != material:

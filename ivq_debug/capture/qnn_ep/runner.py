@@ -48,7 +48,7 @@ from ivq_debug.console import note, warn
 from ivq_debug.errors import CaptureError, one_line
 from ivq_debug.onnxgraph.load import Model
 from ivq_debug.onnxgraph.sites import TensorSite
-from ivq_debug.qnn.profiling import join_tensors, profiling_table, read_qnn_ep_csv
+from ivq_debug.qnn.profiling import TensorJoin, profiling_table, read_qnn_ep_csv
 
 UPSTREAM_HOPS = 7
 
@@ -184,6 +184,7 @@ class QnnHtpRunner(Closing):
         self.qnn.main_profile = "capture" if self.ort.sites else "plain"
         self._cache_said = False
         self._parts: dict[str, None] = {}  # the parts of the records this runner captured (profiling table name)
+        self._join: TensorJoin | None = None  # the profile's join to this model, built at the first capture run
         if fast_compile:
             self.ort.info["fast_compile"] = {**defaults.QNN_FAST_COMPILE_OPTIONS, "note": (
                 "QNN's faster, less optimized finalization: the model's output can differ by a quantization "
@@ -632,7 +633,9 @@ class QnnHtpRunner(Closing):
         if key is not None:
             self._parts.setdefault(key[1])
         part = next(iter(self._parts)) if len(self._parts) == 1 else None
-        writer.add_table(profiling_table(part), join_tensors(table, self.model))
+        if self._join is None:
+            self._join = TensorJoin(self.model)
+        writer.add_table(profiling_table(part), self._join(table))
 
     def close(self) -> None:
         """Release the sessions."""

@@ -9,8 +9,8 @@ import pytest
 
 from ivq_debug.capture.qnn_net_run.ingest import capture_net_run
 from ivq_debug.dump import open_dump
+from ivq_debug.dump.quant import dequantize
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.onnxgraph.sites import dequantize
 from tests.support.qnn_fixtures import MODEL, MULTI, PROF, SINGLE
 
 

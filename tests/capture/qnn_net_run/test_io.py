@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ivq_debug.capture.qnn_net_run.outputs import ingest_output
+from ivq_debug.dump.quant import dequantize
 from ivq_debug.errors import InputError
-from ivq_debug.onnxgraph.sites import dequantize
 from ivq_debug.qnn.netjson import read_net_json
 from tests.support.qnn_fixtures import FIX, MODEL, MULTI, SINGLE, one_line
 

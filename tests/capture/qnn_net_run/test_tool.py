@@ -48,7 +48,7 @@ def test_write_inputs_float_nhwc(tmp_path: Path, ref) -> None:  # type: ignore[n
 def test_write_inputs_native_round_trips_the_integers(tmp_path: Path, ref, sites) -> None:  # type: ignore[no-untyped-def]
     """The text graph's input is quantized (uint16): writing the vision graph's float output natively gives
     back exactly the integers that graph produced (SDK floatToTfN ∘ tfNToFloat = identity)."""
-    from ivq_debug.onnxgraph.sites import dequantize
+    from ivq_debug.dump.quant import dequantize
 
     g = read_net_json(MULTI / "text_net.json")
     name = "/tok/Transpose_output_0_QuantizeLinear_Output"
