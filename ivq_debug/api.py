@@ -13,10 +13,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from threading import Event
-from types import SimpleNamespace
 from typing import Any
 
 from ivq_debug import comparator, defaults
@@ -184,25 +181,11 @@ def diagnose(
     only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
-        # the comparison's metrics are computed in a thread while the replay runs: the replay reads its alignment
-        # first (the references of renamed tensors) and its table only once its own sessions have run
-        with ThreadPoolExecutor(1, thread_name_prefix="ivq-compare") as pool:
-            aligned = Event()
-            pairs: list[Any] = []
-
-            def select(p: list[Any]) -> list[Any]:
-                pairs.extend(p)
-                aligned.set()
-                return p
-
-            fut = pool.submit(compare, reference, test_d, records=only, only_records=True,
-                              allow_input_mismatch=allow, diagnose=False, select=select, progress=False)
-            while not aligned.wait(0.05) and not fut.done():
-                pass
-            cmp = _PendingComparison(fut, pairs, reference, test_d) if aligned.is_set() else fut.result()
-            return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
-                          budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
-                          lift=lift, executor=executor, shards=shards, progress=progress)
+        cmp = compare(reference, test_d, records=only, only_records=True, allow_input_mismatch=allow,
+                      diagnose=False)
+        return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
+                      budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
+                      lift=lift, executor=executor, shards=shards, progress=progress)
 
     r = run(ref_d, allow_input_mismatch)
     if r.skipped and fmodel is not None:  # tensors neither the reference nor the lineage name: the preprocessing
@@ -215,21 +198,6 @@ def diagnose(
             shutil.rmtree(tmp, ignore_errors=True)
         r.note = note
     return r
-
-
-class _PendingComparison:
-    """A comparison whose metrics a thread is still computing (:func:`diagnose`): its aligned pairs, reference and
-    test dumps at once, every other attribute (``table``, ...) from the finished comparison, waiting for it (and
-    raising what it raised). Measured on bench_loop's 12-block ViT: the 485 pairs' metrics (1.0-1.6 s of CPU)
-    overlap the replay's shadow session and run."""
-
-    def __init__(self, future: Any, pairs: list[Any], ref: Dump, test: Dump) -> None:
-        self._future = future
-        self.alignment = SimpleNamespace(pairs=pairs)
-        self.ref, self.test = ref, test
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._future.result(), name)
 
 
 def replay_factory(backend: str, **options: Any) -> Any:
