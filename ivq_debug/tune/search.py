@@ -417,8 +417,13 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         lim, why = s0, ""
         if elig and not target_task and tuner.backend == tuner.target:
             best = max(elig, key=lambda r: r["sqnr_db"])
-            lim = min(best["sqnr_db"], math.inf if target is None else target,
-                      math.inf if cur is None or cur["sqnr_db"] is None else cur["sqnr_db"] + min_gain_db)
+            grows = math.inf
+            if cur is not None and cur["sqnr_db"] is not None:  # to grow the set: the best of its round, + min gain
+                grows = max([cur["sqnr_db"] + min_gain_db] + [
+                    r["sqnr_db"] for r in rows if r["lever"] in state.get("round", ()) and r["status"] == "ok"
+                    and r["sqnr_db"] >= cur["sqnr_db"] + min_gain_db
+                    and all(r["task"].get(k, v) >= v for k, v in cur["task"].items())])
+            lim = min(best["sqnr_db"], math.inf if target is None else target, grows)
             why = (f"neither chosen over {best['lever']} ({best['sqnr_db']:.2f} dB)"
                    + (f" nor reaching the target {target:g} dB" if target is not None else "")
                    + (f" nor growing {cur['lever']} by {min_gain_db:g} dB" if cur is not None else ""))
@@ -426,6 +431,15 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         return Below(tuple(watch), s0, max(lim, s0), rivals), why
 
     def run(batch: Sequence[Lever]) -> None:
+        """``batch`` in rounds of as many levers as the executor runs at once (:func:`run_jobs`), each round's
+        early stop from what the rounds before measured."""
+        step = max(1, int(getattr(executor, "workers", 0) or len(batch) or 1))
+        state["round"] = []
+        for i in range(0, len(batch), step):
+            run_jobs(batch[i:i + step])
+            state["round"] += [lv.name for lv in batch[i:i + step]]
+
+    def run_jobs(batch: Sequence[Lever]) -> None:
         """The legal levers of ``batch`` as jobs on the executor (a rerun skips the shards there), each row
         filled from its shard; a job stops early when its worst watched SQNR so far is below :func:`floor`."""
         stop = floor()
