@@ -415,7 +415,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         elig = [r for r in rows if eligible(r)]
         cur = next((r for r in rows if r["lever"] == state.get("current")), None)
         lim, why = s0, ""
-        if elig and not target_task and tuner.backend == tuner.target:
+        if elig and not (target is not None and target_task) and tuner.backend == tuner.target:
             best = max(elig, key=lambda r: r["sqnr_db"])
             grows = math.inf
             if cur is not None and cur["sqnr_db"] is not None:  # to grow the set: the best of its round, + min gain
