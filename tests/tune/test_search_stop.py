@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from ivq_debug.inputfiles import sha256_file
 from ivq_debug.tune.search import global_levers, lever_label, search, unit_levers
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import CHECKPOINT, Tuner, one_trial
-from tests.support.lever_models import two_causes_trial_inputs
+from tests.support.cli import ivq_cli
+from tests.support.lever_models import build_two_causes, two_causes_sample, two_causes_trial_inputs
 
 #: per-cause unit fixes of the two heads (a 16-bit activation for head B, per-channel weight of head A)
 UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_per_channel", "weight spread", axis=0)]
@@ -91,3 +93,33 @@ def test_the_chosen_lever_is_delivered_with_its_jobs_figures_not_run_again(runs)
     assert again.sqnr("y") == after.sqnr("y") and again.samples == after.samples and again.task == after.task
     assert again.model_bytes == after.model_bytes
     assert {s.tensor for s in again.suggestions} == {s.tensor for s in after.suggestions}
+
+
+def test_the_cli_stops_a_lever_that_lowers_the_output_and_no_early_stop_runs_it_whole(tmp_path) -> None:
+    """``ivq tune --search`` (CPU-QDQ trials for an HTP target: only the refusal a stop makes certain applies) and
+    the same command with ``--no-early-stop``: the same choice and overrides; the stopped lever's full figure lowers
+    the output below its bound."""
+    model = build_two_causes(tmp_path / "two.onnx")
+    (tmp_path / "cal").mkdir()
+    for i in range(8):
+        np.savez(tmp_path / "cal" / f"{i:02d}.npz", **two_causes_sample(i))
+    evals = []
+    for i in range(6):
+        np.savez(tmp_path / f"eval{i}.npz", **two_causes_sample(100 + i))
+        evals += ["--inputs", tmp_path / f"eval{i}.npz"]
+    docs = {}
+    for flag in ([], ["--no-early-stop"]):
+        wd = tmp_path / ("full" if flag else "fast")
+        code = ivq_cli("tune", model, "--calibration", tmp_path / "cal", *evals, "-o", wd, "--backend", "cpu",
+                       "--search", "--no-diagnose", "--combinations", "0", *flag)
+        assert code == 0
+        docs[bool(flag)] = json.loads((wd / "tune.json").read_text())
+    fast, full = ({r["lever"]: r for r in docs[k]["search"]["table"]} for k in (False, True))
+    stopped = [n for n, r in fast.items() if r.get("stopped")]
+    assert stopped and not any(r.get("stopped") for r in full.values())
+    for n in stopped:
+        assert fast[n]["status"].startswith("lowers y: at most") and not fast[n]["stopped"]["dominated"]
+        assert full[n]["sqnr_db"] <= fast[n]["stopped"]["at_most_db"] and full[n]["status"].startswith("lowers y")
+    assert docs[False]["search"]["chosen"] == docs[True]["search"]["chosen"]
+    assert docs[False]["overrides"] == docs[True]["overrides"]
+    assert docs[False]["end_to_end"] == docs[True]["end_to_end"]
