@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from ivq_debug.inputfiles import sha256_file
@@ -16,7 +15,7 @@ from ivq_debug.tune.search import global_levers, lever_label, search, unit_lever
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import CHECKPOINT, Tuner, one_trial
 from tests.support.cli import ivq_cli
-from tests.support.lever_models import build_two_causes, two_causes_sample, two_causes_trial_inputs
+from tests.support.lever_models import two_causes_files, two_causes_trial_inputs
 
 #: per-cause unit fixes of the two heads (a 16-bit activation for head B, per-channel weight of head A)
 UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_per_channel", "weight spread", axis=0)]
@@ -99,18 +98,11 @@ def test_the_cli_stops_a_lever_that_lowers_the_output_and_no_early_stop_runs_it_
     """``ivq tune --search`` (CPU-QDQ trials for an HTP target: only the refusal a stop makes certain applies) and
     the same command with ``--no-early-stop``: the same choice and overrides; the stopped lever's full figure lowers
     the output below its bound."""
-    model = build_two_causes(tmp_path / "two.onnx")
-    (tmp_path / "cal").mkdir()
-    for i in range(8):
-        np.savez(tmp_path / "cal" / f"{i:02d}.npz", **two_causes_sample(i))
-    evals = []
-    for i in range(6):
-        np.savez(tmp_path / f"eval{i}.npz", **two_causes_sample(100 + i))
-        evals += ["--inputs", tmp_path / f"eval{i}.npz"]
+    u = two_causes_files(tmp_path, evaluation=6)
     docs = {}
     for flag in ([], ["--no-early-stop"]):
         wd = tmp_path / ("full" if flag else "fast")
-        code = ivq_cli("tune", model, "--calibration", tmp_path / "cal", *evals, "-o", wd, "--backend", "cpu",
+        code = ivq_cli("tune", u["model"], "--calibration", u["cal"], *u["evals"], "-o", wd, "--backend", "cpu",
                        "--search", "--no-diagnose", "--combinations", "0", *flag)
         assert code == 0
         docs[bool(flag)] = json.loads((wd / "tune.json").read_text())
