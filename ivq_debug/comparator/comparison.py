@@ -26,6 +26,7 @@ from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.errors import UsageError
+from ivq_debug.executor import size_runs
 from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.metrics import (
     HIGHER_IS_BETTER,
@@ -399,19 +400,7 @@ def _batches(pairs: list[Pair], block_bytes: int, most: int = 32) -> list[list[P
     pairs; a larger pair alone), the comparator's tasks. A ViT of 12 blocks has 1,936 pairs of 0.1-1.2 MB: one
     task per pair cost a future, a queue hand-off and a wake-up of the main thread each, and left a worker idle
     whenever the oldest pair was the slow one; each pair's metrics are computed as before, one pair at a time."""
-    out: list[list[Pair]] = []
-    cur: list[Pair] = []
-    size = 0
-    for p in pairs:
-        n = p.ref.nbytes
-        if cur and (size + n > block_bytes or len(cur) >= most):
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(p)
-        size += n
-    if cur:
-        out.append(cur)
-    return out
+    return size_runs(pairs, lambda p: p.ref.nbytes, block_bytes, most)
 
 
 def _ordered_map(pool: Any, fn: Callable[[Any], Any], items: list[Any], window: int):

@@ -26,17 +26,8 @@ def _bits(v: object) -> object:
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    import onnx
-
-    from ivq_debug.qnn.quantize import quantize_for_qnn
-
     d = tmp_path_factory.mktemp("tasks")
-    fm = d / "block.onnx"
-    onnx.save(qnn_models.build_block(0), str(fm))
-    qm = quantize_for_qnn(fm, d / "block.a8w8.onnx", qnn_models.block_feeds(1, 4)).model_path
-    for i, feeds in enumerate(qnn_models.block_feeds(7, 3)):
-        np.savez(d / f"in{i}.npz", **feeds)
-    args = [x for i in range(3) for x in ("--inputs", d / f"in{i}.npz")]
+    fm, qm, args = qnn_models.block_files(d, 3)
     assert ivq_cli("capture", "onnx", fm, *args, "-o", d / "ref.h5") == 0
     assert ivq_cli("capture", "onnx", qm, *args, "-o", d / "test.h5") == 0
     return d / "ref.h5", d / "test.h5"

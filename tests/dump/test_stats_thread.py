@@ -34,16 +34,7 @@ def _identical(a: Path, b: Path) -> None:
 @needs_qnn
 def test_a_capture_with_the_stats_thread_is_the_capture_without_it(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import onnx
-
-    from ivq_debug.qnn.quantize import quantize_for_qnn
-
-    fm = tmp_path / "block.onnx"
-    onnx.save(qnn_models.build_block(0), str(fm))
-    qm = quantize_for_qnn(fm, tmp_path / "block.a8w8.onnx", qnn_models.block_feeds(1, 4)).model_path
-    for i, feeds in enumerate(qnn_models.block_feeds(7, 3)):
-        np.savez(tmp_path / f"in{i}.npz", **feeds)
-    args = [x for i in range(3) for x in ("--inputs", tmp_path / f"in{i}.npz")]
+    fm, qm, args = qnn_models.block_files(tmp_path, 3)
     handed: list[bool] = []
     add = writer_mod.DumpWriter.add_tensor
 
