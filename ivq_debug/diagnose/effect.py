@@ -57,16 +57,7 @@ from ivq_debug.diagnose.remedy import unit_evidence
 from ivq_debug.diagnose.units import activation_bits
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
-from ivq_debug.executor import (
-    Executor,
-    Job,
-    JobFailure,
-    JobsFailedError,
-    LocalExecutor,
-    ThreadExecutor,
-    job_key,
-    versions,
-)
+from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
 from ivq_debug.inputfiles import file_version, sha256_file
 from ivq_debug.metrics import dot
 from ivq_debug.onnxgraph.intake import load_float_model
@@ -473,7 +464,7 @@ def _in_process(runner_factory: Callable[[Any], Any] | None, kept: bool) -> Exec
     (at most one per core), a group of targets each (:func:`_grouped`); else one job at a time in this process (kept
     shards are keyed by their group: a rerun with or without ``LocalExecutor(1)`` resumes them)."""
     if runner_factory is None and not kept:
-        return ThreadExecutor(max(1, min(defaults.EFFECT_THREADS, os.cpu_count() or 1)))
+        return LocalExecutor(max(1, min(defaults.EFFECT_THREADS, os.cpu_count() or 1)), threads=True)
     return LocalExecutor(1)
 
 
