@@ -254,7 +254,30 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
         out["baseline_dump_bytes"] = {s: (bd / f"{s}.h5").stat().st_size for s in ("ref", "test")
                                       if (bd / f"{s}.h5").exists()}
         out["ratios"]["baseline_vs_ort"] = _ratio(b.total, ort.total)
+        out["identity"] = identity(bd, d, work / "identity")
     out["dir"] = str(d)
+    return out
+
+
+def identity(base: Path, this: Path, logs: Path) -> dict[str, str]:
+    """The baseline's and this revision's last captures and diffs against each other (``check_identity.py``:
+    ``dumps`` on both captures, ``compare`` on the two ``ivq-diff --json`` documents): its last output line each."""
+    import subprocess
+
+    logs.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    for what, args in (("ref dumps", ["dumps", "ref.h5", "ref.h5"]), ("test dumps", ["dumps", "test.h5", "test.h5"]),
+                       ("ivq-diff --json", ["compare", "diff.json", "diff.json"])):
+        say(f"identity: {what}")
+        if not ((base / args[1]).is_file() and (this / args[2]).is_file()):
+            out[what] = "missing"
+            continue
+        r = subprocess.run([sys.executable, str(HERE / "check_identity.py"), args[0], str(base / args[1]),
+                            str(this / args[2])], capture_output=True, text=True, env=ivq_env())
+        (logs / f"{args[0]}-{args[1]}.log").write_text(r.stdout + r.stderr)
+        lines = (r.stdout or r.stderr).strip().splitlines()
+        out[what] = (lines[-1] if lines else f"exit {r.returncode}").split(": ", 1)[-1] if r.returncode == 0 else \
+            f"DIFFERENT (exit {r.returncode}; {logs / f'{args[0]}-{args[1]}.log'})"
     return out
 
 
@@ -426,6 +449,9 @@ def details(res: dict[str, Any]) -> list[str]:
         if cap["ratios"].get("baseline_vs_ort") is not None:
             out.append(f"baseline revision: capture ×2 + diff / qdq_loss_debug = {cap['ratios']['baseline_vs_ort']} "
                        f"(this revision: {cap['ratios']['ivq_vs_ort']})")
+        if cap.get("identity"):
+            out.append("baseline vs this revision (check_identity.py): "
+                       + "; ".join(f"{k} {v}" for k, v in cap["identity"].items()))
     for k, v in (res.get("diagnose") or {}).items():
         for rev in ("baseline", "this"):
             if rev not in v:
@@ -477,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds of the CPU diagnose row (capture, baseline, this revision, interleaved); each "
                          "step's fastest round is reported, every round listed (default 1)")
     ap.add_argument("--demo-runs", type=int, default=1, help="ivq demo runs (the last is reported; default 1)")
+    ap.add_argument("--bytecode-cache", action="store_true",
+                    help="let every step's Python cache its compiled modules (under WORKDIR/pycache), as a pip-installed "
+                         "ivq-debug has them; without it an environment with PYTHONDONTWRITEBYTECODE=1 compiles ivq_debug's "
+                         "modules in every command (docs/scale.md, capture x2 + diff against the limit)")
     ap.add_argument("--workdir", default="/tmp/ivq-bench-loop", help="models, dumps, logs")
     ap.add_argument("--guard-gib", type=float, default=None, help="kill a step past this RSS (default 80%% available)")
     ap.add_argument("--json", default=None, help="every figure as JSON")
@@ -489,9 +519,14 @@ def main(argv: list[str] | None = None) -> int:
     sections = [s for s in opts.sections.split(",") if s]
     work = Path(opts.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    if opts.bytecode_cache:  # (every step inherits this environment: both revisions and the peers alike)
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(work.resolve() / "pycache")
     started = time.time()
     head = (f"# bench_loop — {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; ViT {opts.layers} blocks, "
-            f"{opts.images} images; HTP ViT {opts.htp_layers} blocks; tune on {opts.tune_backend}; {load_avg()} before")
+            f"{opts.images} images; HTP ViT {opts.htp_layers} blocks; tune on {opts.tune_backend}; {load_avg()} before"
+            + ("; bytecode cached" if opts.bytecode_cache else
+               "; modules compiled per command" if os.environ.get("PYTHONDONTWRITEBYTECODE") else ""))
     print(head, flush=True)
     res: dict[str, Any] = {"settings": {k: v if not isinstance(v, set) else sorted(v) for k, v in vars(opts).items()},
                            "load_before": load_avg()}

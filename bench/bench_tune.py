@@ -211,8 +211,9 @@ def _capture(model: Path, files: list[Path], wd: Path) -> dict:
 
 
 def _table(rows: list[dict] | None) -> list[dict]:
-    """The search table's figures a before / after comparison reads (lever, SQNR, bytes, task, status)."""
-    keys = ("lever", "sqnr_db", "gain_db", "model_bytes", "task", "status", "frontier")
+    """The search table's figures a before / after comparison reads (lever, SQNR, bytes, task, status, and how far
+    a lever stopped early got)."""
+    keys = ("lever", "sqnr_db", "gain_db", "model_bytes", "task", "status", "frontier", "stopped")
     return [{k: r.get(k) for k in keys} for r in rows or []]
 
 

@@ -50,6 +50,15 @@ def dump_integers_only() -> bool:
     return DUMP_INTEGERS_ONLY
 
 
+#: a tensor a capture hands over to the dump writer (``DumpWriter.add_tensor(..., owned=True)``: the runner's own
+#: outputs) gets its statistics and content digest in the writer's thread while the capture goes on (HDF5 writes,
+#: the next forward): SHA-256 and the float64 sums release the GIL (docs/scale.md, "Capture ×2 + diff against the
+#: machine's limit"). ``False``: computed in the caller's thread, as before; the dump is the same either way.
+DUMP_STATS_THREAD = True
+#: bytes of handed-over tensors whose statistics may wait for the writer's thread; past it the writer waits for
+#: the oldest (the arrays stay alive until their statistics are made)
+DUMP_STATS_PENDING_BYTES = 256 << 20
+
 #: off a terminal, a long phase (a QNN compile) is announced in the log after this many seconds
 PROGRESS_PHASE_NOTE_S = 10.0
 

@@ -84,7 +84,8 @@ class EncodingAccumulator:
         bit, with fewer passes: the finiteness filter runs only when ``Σ x²`` is not finite; the range
         mask only when the block's extremes leave the range; the bins are computed for the whole block
         in one reused buffer, and the two masks combine into one selection (the order of the elements is
-        kept, so selecting once equals selecting twice); no selection at all when every value is kept.
+        kept, so selecting once equals selecting twice); no selection at all when every value is kept, and then
+        ``Σ x²`` of the kept values is the one already summed (the same ``einsum`` over the same array).
         """
         x = np.asarray(r, dtype=np.float64).reshape(-1)
         sig = _sum_sq(x)
@@ -116,16 +117,17 @@ class EncodingAccumulator:
         kept = int(np.count_nonzero(keep))
         if not kept:
             return
-        if kept == n:
-            inf, fq = x, q
+        if kept == n:  # every value kept: Σ x² of the kept values is the block's, summed above
+            inf, fq, s2 = x, q, sig
         else:
             inf, fq = x[keep], q[keep]
+            s2 = _sum_sq(inf)
         np.subtract(fq, self.zp, out=fq)
         np.multiply(fq, self.step, out=fq)
         d = np.subtract(fq, inf, out=fq)
         self.n_inf += kept
         self.s1 += float(inf.sum())
-        self.s2 += _sum_sq(inf)
+        self.s2 += s2
         self.noise += _sum_sq(d)
 
     #: the sums and counts :meth:`merge` adds (the encoding fields must agree)

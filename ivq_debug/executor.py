@@ -62,6 +62,25 @@ ATTEMPTS = 2
 SHARD_SCHEMA = "ivq-shard/1"
 
 
+def size_runs(items: Iterable[Any], size: Callable[[Any], int], limit: int, most: int | None = None) -> list[list[Any]]:
+    """``items`` cut into runs of consecutive items whose ``size`` adds up to at most ``limit`` (an item larger than
+    ``limit`` alone), of at most ``most`` items each: the batches the replay's jobs are made of, the comparator's
+    tasks."""
+    runs: list[list[Any]] = []
+    cur: list[Any] = []
+    total = 0
+    for x in items:
+        n = size(x)
+        if cur and (total + n > limit or (most is not None and len(cur) >= most)):
+            runs.append(cur)
+            cur, total = [], 0
+        cur.append(x)
+        total += n
+    if cur:
+        runs.append(cur)
+    return runs
+
+
 def versions() -> dict[str, str]:
     """The versions that change a job's numbers: ivq-debug, numpy, onnx, onnxruntime (and onnxruntime-qnn)."""
     from importlib.metadata import PackageNotFoundError, version

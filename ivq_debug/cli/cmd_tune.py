@@ -99,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help=f"--search: extra trials of the combination step (the best lever within the budget with the "
                         f"unit levers of its own CPU-QDQ diagnosis, then grown greedily by the other levers, ranked "
                         f"by gain per cost; default {COMBINATIONS}, 0: none)")
+    p.add_argument("--no-early-stop", action="store_true",
+                   help="--search: run every lever on every evaluation sample (by default a lever stops at the sample "
+                        "that proves it lowers the output or cannot be chosen; the choice is the same)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -133,9 +136,10 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("--max-candidates must be >= 1")
     if sum(map(bool, (args.sweep, args.greedy, args.search))) > 1:
         raise UsageError("--sweep, --greedy and --search are three searches: choose one")
-    if not args.search and any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric,
-                                                        args.combinations)):
-        raise UsageError("--max-size, --max-cycles, --target-metric and --combinations are for --search")
+    if not args.search and (any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric,
+                                                         args.combinations)) or args.no_early_stop):
+        raise UsageError("--max-size, --max-cycles, --target-metric, --combinations and --no-early-stop are for "
+                         "--search")
     for flag, v in (("--max-size", args.max_size), ("--max-cycles", args.max_cycles)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag} must be a positive ratio, got {v}")
@@ -342,7 +346,8 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
         res = search(tuner, before, levers, watch=args.watch, max_size=args.max_size, max_cycles=args.max_cycles,
                      target=args.target_metric, target_task=task, executor=executor,
                      combinations=COMBINATIONS if args.combinations is None else args.combinations,
-                     diagnosis=None if args.overrides else _start_diagnosis(args))
+                     diagnosis=None if args.overrides else _start_diagnosis(args),
+                     early_stop=not args.no_early_stop)
     rep = res.report
     path = None
     if rep.recommended and rep.after.suggestions:

@@ -26,6 +26,7 @@ from ivq_debug.console import track
 from ivq_debug.dump.reader import Dump, open_dump
 from ivq_debug.encoding_fit import EncodingAccumulator
 from ivq_debug.errors import UsageError
+from ivq_debug.executor import size_runs
 from ivq_debug.jsonio import as_float, json_safe
 from ivq_debug.metrics import (
     HIGHER_IS_BETTER,
@@ -364,8 +365,12 @@ def compare(
     workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
     # BLAS held at one thread for the whole comparison (the pinned sums; entered once, not per dot)
     with one_blas_thread, ThreadPoolExecutor(max_workers=workers) as pool:
-        # bounded look-ahead keeps at most 2 x workers pairs in flight (memory stays per-block)
-        results = _ordered_map(pool, lambda p: pair_metrics(ref_d, test_d, p, block_bytes), pairs, 2 * workers)
+        # runs of consecutive pairs, one task each, at most 4 x workers in flight: each worker holds one block of
+        # each side at a time, and only the small metric dicts wait for the ones before them
+        def run(batch: list[Pair]) -> list[dict[str, Any]]:
+            return [pair_metrics(ref_d, test_d, p, block_bytes) for p in batch]
+
+        results = (m for ms in _ordered_map(pool, run, _batches(pairs, block_bytes), 4 * workers) for m in ms)
         it = track(zip(pairs, results, strict=True), "comparing", total=len(pairs)) if progress else zip(
             pairs, results, strict=True)
         for p, m in it:
@@ -388,6 +393,14 @@ def _row(p: Pair, m: dict[str, Any], budgets: Budgets) -> dict[str, Any]:
         "numel": p.ref.size, "ref_dtype": p.ref.dtype, "test_dtype": p.test.dtype,
         **m, "passed": not viol, "violations": [b.describe() for b in viol],
     }
+
+
+def _batches(pairs: list[Pair], block_bytes: int, most: int = 32) -> list[list[Pair]]:
+    """The pairs cut into runs of consecutive pairs of about ``block_bytes`` of reference values (at most ``most``
+    pairs; a larger pair alone), the comparator's tasks. A ViT of 12 blocks has 1,936 pairs of 0.1-1.2 MB: one
+    task per pair cost a future, a queue hand-off and a wake-up of the main thread each, and left a worker idle
+    whenever the oldest pair was the slow one; each pair's metrics are computed as before, one pair at a time."""
+    return size_runs(pairs, lambda p: p.ref.nbytes, block_bytes, most)
 
 
 def _ordered_map(pool: Any, fn: Callable[[Any], Any], items: list[Any], window: int):

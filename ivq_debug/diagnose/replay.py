@@ -76,7 +76,7 @@ from ivq_debug.diagnose.units import (
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, UsageError
-from ivq_debug.executor import Executor
+from ivq_debug.executor import Executor, size_runs
 from ivq_debug.jsonio import json_safe
 from ivq_debug.metrics import MetricAccumulator
 from ivq_debug.onnxgraph.load import Model, load
@@ -401,18 +401,7 @@ def _runnable(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[st
 
 def _batches(runnable: list[Unit], idx0: RefIndex, batch_bytes: int, as_jobs: bool) -> list[list[Unit]]:
     """Batches bounded by reference-input bytes; as jobs, cut into at least ``defaults.REPLAY_MIN_JOBS``."""
-    batches: list[list[Unit]] = []
-    cur: list[Unit] = []
-    size = 0
-    for u in runnable:
-        b = sum(idx0.source(x).entry.nbytes for x in u.inputs)
-        if cur and size + b > batch_bytes:
-            batches.append(cur)
-            cur, size = [], 0
-        cur.append(u)
-        size += b
-    if cur:
-        batches.append(cur)
+    batches = size_runs(runnable, lambda u: sum(idx0.source(x).entry.nbytes for x in u.inputs), batch_bytes)
     if as_jobs and runnable:  # jobs for the workers to share (defaults.REPLAY_MIN_JOBS)
         per = math.ceil(len(runnable) / defaults.REPLAY_MIN_JOBS)
         batches = [b[i:i + per] for b in batches for i in range(0, len(b), per)]

@@ -36,7 +36,12 @@ class ContentDigest:
     def add(self, record: tuple[int, str, int], kind: str, name: str, values: np.ndarray,
             dtype_name: str | None = None) -> None:
         """One entry: its record ``(sample, part, step)``, kind, name and values (as the reader returns them)."""
-        self._parts.append(((*record, kind, name), f"{record}|{kind}|{name}|", input_digest(values, dtype_name)))
+        self.add_digest(record, kind, name, input_digest(values, dtype_name))
+
+    def add_digest(self, record: tuple[int, str, int], kind: str, name: str, values_digest: str) -> None:
+        """One entry whose values' :func:`~ivq_debug.dump.contract.input_digest` is already made (in another
+        thread: the order entries arrive in does not matter)."""
+        self._parts.append(((*record, kind, name), f"{record}|{kind}|{name}|", values_digest))
 
     def hexdigest(self) -> str:
         """The digest of the entries added so far."""

@@ -162,6 +162,7 @@ class Dump:
         self._fd: int | None = None
         self._layouts: dict[tuple[str, str, str], RawLayout | None] = {}
         self._datasets: dict[tuple[str, str, str], Any] = {}
+        self._ids: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._dtypes: dict[tuple[str, str, str], np.dtype] = {}
         self._groups: dict[tuple[str, str], Any] = {}
         self._dapl: Any = None
@@ -289,23 +290,55 @@ class Dump:
         chunks (ivq-diff of an lzf QDQ dump of 2,080 tensors: peak RSS 0.92 GiB; raw reads never use it)."""
         if entry.derived:
             return self._raw_dataset(entry)
-        k = (entry.rid, entry.kind, entry.key)
+        return self._high((entry.rid, entry.kind, entry.key), self._value_id(entry)[0])
+
+    def _high(self, k: tuple[str, str, str], dsid: Any) -> Any:
+        """The high-level h5py dataset of the low-level ``dsid`` (opened and checked), made once per key."""
         ds = self._datasets.get(k)
         if ds is None:
+            import h5py
+
+            ds = self._datasets[k] = h5py.Dataset(dsid, readonly=True)
+        return ds
+
+    def _value_id(self, entry: Entry) -> tuple[Any, Any]:
+        """The low-level ``(DatasetID, creation property list)`` of an entry's values (``t/`` or ``in/``), opened
+        once and checked (dump/validate.py: a hard link to a numeric dataset, neither virtual nor external; a
+        whole tensor's shape and dtype as the manifest says). The streaming reads need only its dtype, shape and
+        file offset, so no high-level dataset is made for them (:meth:`dataset` makes one on demand)."""
+        k = (entry.rid, entry.kind, entry.key)
+        got = self._ids.get(k)
+        if got is None:
             import h5py
 
             if self._dapl is None:  # no HDF5 chunk cache: an open dataset holds no decoded chunks
                 self._dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
                 self._dapl.set_chunk_cache(521, 0, 1.0)
-            ds = self._open(entry, fmt.KIND_GROUPS[entry.kind], self._dapl)
+            got = self._open_id(entry, fmt.KIND_GROUPS[entry.kind], self._dapl)
             if entry.stored == "full":
-                dv.check_data(ds, entry.shape, entry.dtype, repr(entry.name), self.path)
-            self._datasets[k] = ds
-        return ds
+                dv.check_data(got[0], entry.shape, entry.dtype, repr(entry.name), self.path)
+            self._ids[k] = got
+        return got
 
-    def _open(self, entry: Entry, group: str, dapl: Any = None) -> Any:
-        """A dataset of ``entry`` in its record's ``group`` (``t``, ``in``, ``q``, ``s``), checked before any
-        read (dump/validate.py: a hard link to a numeric dataset, neither virtual nor external)."""
+    def _raw_id(self, entry: Entry) -> tuple[Any, Any]:
+        """The low-level ``(DatasetID, creation property list)`` of a tensor's raw integers (``q/<key>``), opened
+        once and checked: the tensor's shape, an integer dtype (one of :data:`~ivq_debug.dump.quant.INTEGER_DTYPES`
+        when the values derive from it)."""
+        k = (entry.rid, fmt.RAW_GROUP, entry.key)
+        got = self._ids.get(k)
+        if got is None:
+            got = self._open_id(entry, fmt.RAW_GROUP)
+            dv.check_integers(got[0], entry, self.path)
+            self._ids[k] = got
+        return got
+
+    def _stored_id(self, entry: Entry) -> tuple[Any, Any]:
+        """The low-level dataset :meth:`dataset` wraps (a tensor stored as its integers only: its integers')."""
+        return self._raw_id(entry) if entry.derived else self._value_id(entry)
+
+    def _group_id(self, entry: Entry, group: str) -> Any:
+        """The low-level id of ``entry``'s record's ``group`` (``t``, ``in``, ``q``, ``s``), looked up and checked
+        once per record and group."""
         gk = (entry.rid, group)
         grp = self._groups.get(gk)
         if grp is None:
@@ -316,18 +349,22 @@ class Dump:
                                                                 self.path)
             grp = self._groups[gk] = dv.member(rec, group, "group", f"record {entry.rid!r} group {group!r}",
                                                self.path)
-        return dv.open_dataset(grp, entry.key, repr(entry.name), self.path, dapl)
+        return grp.id
+
+    def _open_id(self, entry: Entry, group: str, dapl: Any = None) -> tuple[Any, Any]:
+        """A dataset of ``entry`` in its record's ``group``, checked before any read
+        (:func:`~ivq_debug.dump.validate.open_dataset_id`): low-level ``(DatasetID, creation property list)``."""
+        return dv.open_dataset_id(self._group_id(entry, group), entry.key, repr(entry.name), self.path, dapl)
+
+    def _open(self, entry: Entry, group: str, dapl: Any = None) -> Any:
+        """:meth:`_open_id` as an h5py dataset."""
+        import h5py
+
+        return h5py.Dataset(self._open_id(entry, group, dapl)[0], readonly=True)
 
     def _raw_dataset(self, entry: Entry) -> Any:
-        """The dataset of a tensor's raw integers (``q/<key>``), opened once and checked: the tensor's shape, an
-        integer dtype (one of :data:`~ivq_debug.dump.quant.INTEGER_DTYPES` when the values derive from it)."""
-        k = (entry.rid, fmt.RAW_GROUP, entry.key)
-        ds = self._datasets.get(k)
-        if ds is None:
-            ds = self._open(entry, fmt.RAW_GROUP)
-            dv.check_integers(ds, entry, self.path)
-            self._datasets[k] = ds
-        return ds
+        """The h5py dataset of a tensor's raw integers (:meth:`_raw_id`)."""
+        return self._high((entry.rid, fmt.RAW_GROUP, entry.key), self._raw_id(entry)[0])
 
     def stored_dtype(self, entry: Entry) -> np.dtype:
         """The numpy dtype the entry's data is stored in (a bfloat16 tensor: ``uint16``; a tensor stored as its
@@ -337,7 +374,7 @@ class Dump:
         k = (entry.rid, entry.kind, entry.key)
         dt = self._dtypes.get(k)
         if dt is None:
-            dt = self._dtypes[k] = np.dtype(self.dataset(entry).dtype)
+            dt = self._dtypes[k] = np.dtype(self._value_id(entry)[0].dtype)
         return dt
 
     def read(self, name: str | Entry, record: Any = None, kind: str = "tensor") -> np.ndarray:
@@ -416,7 +453,8 @@ class Dump:
         """The :class:`RawLayout` of what :meth:`dataset` opens (a derived tensor: its integers)."""
         key = (entry.rid, fmt.RAW_GROUP if entry.derived else entry.kind, entry.key)
         if key not in self._layouts:
-            self._layouts[key] = raw_layout(self.dataset(entry), entry.shape)  # (shape checked when opened)
+            dsid, dcpl = self._stored_id(entry)
+            self._layouts[key] = id_layout(dsid, dcpl, entry.shape)  # (shape checked when opened)
         return self._layouts[key]
 
     def iter_flat(self, entry: Entry, block_elems: int, reuse: bool = False) -> Iterator[np.ndarray]:
@@ -443,7 +481,7 @@ class Dump:
         integers)."""
         n = entry.size
         layout = self._stored_layout(entry)
-        dt = np.dtype(self.dataset(entry).dtype) if entry.derived else self.stored_dtype(entry)
+        dt = np.dtype(self._raw_id(entry)[0].dtype) if entry.derived else self.stored_dtype(entry)
         if layout is not None:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
@@ -592,19 +630,27 @@ class RawLayout:
 
 
 def raw_layout(ds: Any, shape: tuple[int, ...]) -> RawLayout | None:
-    """The :class:`RawLayout` of an h5py dataset, or None when it must be read through HDF5.
+    """The :class:`RawLayout` of an h5py dataset, or None when it must be read through HDF5 (:func:`id_layout`)."""
+    return id_layout(ds.id, ds.id.get_create_plist(), shape)
+
+
+def id_layout(dsid: Any, dcpl: Any, shape: tuple[int, ...]) -> RawLayout | None:
+    """The :class:`RawLayout` of a low-level dataset (its ``DatasetID`` and creation property list), or None when
+    it must be read through HDF5.
 
     Contiguous datasets are one segment. Chunked ones qualify when unfiltered and each chunk is a C-order
     run of the array (leading chunk dims 1, one cut axis, trailing dims whole), as the writer makes them.
     """
+    import h5py
+
     try:
-        if ds.id.get_create_plist().get_nfilters() != 0 or not shape or math.prod(shape) == 0:
+        if dcpl.get_nfilters() != 0 or not shape or math.prod(shape) == 0:
             return None
-        itemsize = ds.dtype.itemsize
-        if ds.chunks is None:
-            off = ds.id.get_offset()
+        itemsize = dsid.dtype.itemsize
+        if dcpl.get_layout() != h5py.h5d.CHUNKED:
+            off = dsid.get_offset()
             return None if off is None else RawLayout([0], [math.prod(shape)], [off], itemsize)
-        ch = ds.chunks
+        ch = dcpl.get_chunk()
         k = next((i for i, c in enumerate(ch) if c != 1), len(ch) - 1)
         if any(c != s for c, s in zip(ch[k + 1 :], shape[k + 1 :], strict=True)):
             return None
@@ -617,7 +663,7 @@ def raw_layout(ds: Any, shape: tuple[int, ...]) -> RawLayout | None:
             flat = sum(ci * st for ci, st in zip(c, strides, strict=True))
             segs.append((flat, min(ch[k], shape[k] - c[k]) * inner, si.byte_offset))
 
-        ds.id.chunk_iter(visit)
+        dsid.chunk_iter(visit)
         segs.sort()
         if sum(s[1] for s in segs) != math.prod(shape):
             return None  # unwritten chunks: let HDF5 supply fill values

@@ -15,6 +15,8 @@ import math
 import os
 import socket
 import sys
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,13 @@ import numpy as np
 
 from ivq_debug import __version__, defaults, interrupt
 from ivq_debug.dump import format as fmt
-from ivq_debug.dump.contract import INPUTS_META, input_fact
+from ivq_debug.dump.contract import INPUTS_META, input_digest, input_fact
 from ivq_debug.dump.digest import ATTR as DIGEST_ATTR
 from ivq_debug.dump.digest import ContentDigest
 from ivq_debug.dump.guard import WriteGuard, guarded, trim
 from ivq_debug.dump.quant import INTEGER_DTYPES, dequantize, encoding_problem, same_bits
 from ivq_debug.dump.reader import logical
-from ivq_debug.dump.stats import sample_indices, tensor_stats
+from ivq_debug.dump.stats import STAT_FIELDS, sample_indices, tensor_stats
 from ivq_debug.errors import InputError, UsageError
 from ivq_debug.outputs import current_umask
 
@@ -65,7 +67,14 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
 
 
 #: the keywords of :meth:`DumpWriter.add_tensor` beside the name and the value
-_ENTRY_FIELDS = ("op_type", "order", "scope", "layout", "encoding", "raw", "qnn_name", "source_file")
+_ENTRY_FIELDS = ("op_type", "order", "scope", "layout", "encoding", "raw", "qnn_name", "source_file", "owned")
+#: where a manifest row holds its statistics (:data:`~ivq_debug.dump.stats.STAT_FIELDS`, in that order)
+_STATS_AT = fmt.MANIFEST_COLUMNS.index(STAT_FIELDS[0])
+
+
+def _stats_and_digest(values: np.ndarray, kept: np.ndarray, dtype_name: str) -> tuple[dict[str, Any], str]:
+    """A tensor's statistics (of its values) and the content digest of what is kept (the writer's thread)."""
+    return tensor_stats(values), input_digest(kept, dtype_name)
 
 
 def _chunk_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
@@ -252,6 +261,10 @@ class DumpWriter(RecordBook):
             :func:`~ivq_debug.dump.quant.dequantize` of them gives its values bit for bit (checked here, per
             tensor; otherwise both are stored); the dump is then format version 2 (``docs/dump-format.md``,
             "Integers only"). Default from :data:`ivq_debug.defaults.DUMP_INTEGERS_ONLY` (``$IVQ_DUMP_INTEGERS_ONLY``).
+        stats_thread: make the statistics and content digest of a tensor the caller hands over
+            (``add_tensor(..., owned=True)``) in one thread of the writer while the caller goes on; they are
+            collected in the order the tensors came, before the manifest is written (the same figures as in the
+            caller's thread). Default :data:`ivq_debug.defaults.DUMP_STATS_THREAD`.
     """
 
     def __init__(
@@ -267,6 +280,7 @@ class DumpWriter(RecordBook):
         summary_only: bool = False,
         summary_samples: int = 4096,
         integers_only: bool | None = None,
+        stats_thread: bool | None = None,
     ) -> None:
         import h5py
 
@@ -281,6 +295,11 @@ class DumpWriter(RecordBook):
         self.summary_samples = summary_samples
         self.integers_only = defaults.dump_integers_only() if integers_only is None else bool(integers_only)
         self._derived = 0  # tensors stored as their integers only (the dump is version 2 when any)
+        self.stats_thread = defaults.DUMP_STATS_THREAD if stats_thread is None else bool(stats_thread)
+        self._pool: ThreadPoolExecutor | None = None
+        #: handed-over tensors whose statistics are being made: (future, manifest row, record, name, bytes held)
+        self._pending: deque[tuple[Future, list[Any], tuple[int, str, int], str, int]] = deque()
+        self._pending_bytes = 0
         self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
         interrupt.register(self._tmp)  # (removed by the CLI if a signal lands before the try below owns it)
         self._guard = WriteGuard(self._tmp, self.path)  # a full disk: the file is discarded, exit 2 (guard.py)
@@ -377,6 +396,7 @@ class DumpWriter(RecordBook):
         raw: Any | None = None,
         qnn_name: str | None = None,
         source_file: str | None = None,
+        owned: bool = False,
     ) -> None:
         """Store one captured tensor of the current record.
 
@@ -393,10 +413,14 @@ class DumpWriter(RecordBook):
                 place when ``integers_only`` and ``dequantize(raw, encoding)`` is ``value`` bit for bit.
             qnn_name: the tensor's name on the device (an ingested qnn-net-run file's sanitized QNN name).
             source_file: the file the values were read from (ingests); provenance, never opened again.
+            owned: the caller hands ``value`` and ``raw`` over: nothing changes them after this call (a runner's
+                own outputs), so their statistics and digest may be made in the writer's thread
+                (``stats_thread``) after it returns. A caller whose arrays are views of live buffers (a torch
+                hook's activations) leaves it False.
         """
         self._add(
             "tensor", name, value, op_type=op_type, order=order, scope=scope, layout=layout,
-            encoding=encoding, raw=raw, qnn_name=qnn_name, source_file=source_file,
+            encoding=encoding, raw=raw, qnn_name=qnn_name, source_file=source_file, owned=owned,
         )
 
     @guarded
@@ -405,7 +429,8 @@ class DumpWriter(RecordBook):
         unknown = set(fields) - set(_ENTRY_FIELDS)
         if unknown:
             raise TypeError(f"unknown entry field(s) {sorted(unknown)}")
-        op_type, order, scope, layout, encoding, raw, qnn_name, source_file = (fields.get(k) for k in _ENTRY_FIELDS)
+        op_type, order, scope, layout, encoding, raw, qnn_name, source_file, owned = (
+            fields.get(k) for k in _ENTRY_FIELDS)
         rec = self._require_record()
         rid = rec["rid"]
         self._take_name(rid, kind, name)
@@ -416,7 +441,8 @@ class DumpWriter(RecordBook):
         derived = kind == "tensor" and enc_text is not None and self._derivable(arr, dtype_name, enc_text, raw_arr)
         # before HDF5 writes (guard.py)
         self._guard.reserve((0 if derived else arr.nbytes) + (0 if raw_arr is None else raw_arr.nbytes) + 4096)
-        stats = tensor_stats(self._logical(arr, dtype_name))
+        later = bool(owned) and kind == "tensor" and self.stats_thread  # statistics and digest in the writer's thread
+        stats = dict.fromkeys(STAT_FIELDS) if later else tensor_stats(self._logical(arr, dtype_name))
         key = fmt.escape_name(name)
         stored = "full"
         attrs: list[tuple[str, Any]] = []
@@ -437,8 +463,10 @@ class DumpWriter(RecordBook):
         else:
             kept = arr
             ds = self._create(self._group(rid, fmt.KIND_GROUPS[kind]), key, arr, quantized=encoding is not None)
-        # one SHA-256 pass over the values kept (dump/digest.py; a thread beside the HDF5 write was slower)
-        self._digest.add((rec["sample"], rec["part"], rec["step"]), kind, name, logical(kept, dtype_name), dtype_name)
+        # one SHA-256 pass over the values kept (dump/digest.py), here or in the writer's thread
+        record = (rec["sample"], rec["part"], rec["step"])
+        if not later:
+            self._digest.add(record, kind, name, logical(kept, dtype_name), dtype_name)
         order = self._next_order(rid, order)
         attrs += [("name", name), ("dtype", dtype_name), ("order", order)]
         attrs += [(attr, val) for attr, val in (("op_type", op_type), ("scope", scope), ("layout", layout),
@@ -451,14 +479,43 @@ class DumpWriter(RecordBook):
         has_raw = raw_arr is not None
         if has_raw and not derived:
             self._create(self._group(rid, fmt.RAW_GROUP), key, raw_arr)
-        self._rows.append(
-            [
-                rid, rec["sample"], rec["part"], rec["step"], kind, name, key, order, op_type, scope,
-                list(arr.shape), dtype_name, layout, stored, int(arr.nbytes), stats["min"], stats["max"],
-                stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file, derived,
-            ]
-        )
+        row = [
+            rid, rec["sample"], rec["part"], rec["step"], kind, name, key, order, op_type, scope,
+            list(arr.shape), dtype_name, layout, stored, int(arr.nbytes), stats["min"], stats["max"],
+            stats["mean"], stats["std"], stats["nonfinite"], encoding, has_raw, qnn_name, source_file, derived,
+        ]
+        self._rows.append(row)
+        if later:
+            self._defer(row, record, name, self._logical(arr, dtype_name), logical(kept, dtype_name), dtype_name)
         return arr, dtype_name
+
+    def _defer(self, row: list[Any], record: tuple[int, str, int], name: str, values: np.ndarray, kept: np.ndarray,
+               dtype_name: str) -> None:
+        """A handed-over tensor's statistics and digest, made in the writer's thread (:func:`_stats_and_digest`);
+        past ``DUMP_STATS_PENDING_BYTES`` of arrays waiting, the oldest are collected first."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ivq-dump-stats")
+        held = values.nbytes + (0 if kept is values else kept.nbytes)
+        self._pending.append((self._pool.submit(_stats_and_digest, values, kept, dtype_name), row, record, name, held))
+        self._pending_bytes += held
+        while self._pending_bytes > defaults.DUMP_STATS_PENDING_BYTES:
+            self._collect_one()
+
+    def _collect_one(self) -> None:
+        """The oldest pending tensor's statistics into its manifest row, its digest into the dump's."""
+        fut, row, record, name, held = self._pending.popleft()
+        stats, digest = fut.result()
+        row[_STATS_AT:_STATS_AT + len(STAT_FIELDS)] = [stats[k] for k in STAT_FIELDS]
+        self._digest.add_digest(record, "tensor", name, digest)
+        self._pending_bytes -= held
+
+    def _stop_thread(self) -> None:
+        """The writer's thread stopped (what it had not started is dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
+        self._pending_bytes = 0
 
     def _derivable(self, arr: np.ndarray, dtype_name: str, enc_text: str, raw: np.ndarray | None) -> bool:
         """Whether a tensor may be stored as its integers only: asked for, a whole float32 tensor, integers of a
@@ -542,6 +599,9 @@ class DumpWriter(RecordBook):
             return self.path
         try:
             interrupt.raise_if_signalled()  # (a SIGINT / SIGTERM whose exception was lost: never finalize)
+            while self._pending:  # the statistics and digests still made in the writer's thread
+                self._collect_one()
+            self._stop_thread()
         except BaseException:
             self.abort()
             raise
@@ -584,6 +644,7 @@ class DumpWriter(RecordBook):
         """Discard the temporary file (nothing appears under the final name)."""
         if not self._closed:
             self._closed = True
+        self._stop_thread()
         self._guard.discard()  # closed with its descriptor on /dev/null: no flush can fail or crash
         interrupt.unregister(self._tmp)
 

@@ -32,15 +32,18 @@ when refused there, the next choice is tried.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, merge_check
+from ivq_debug.inputfiles import sha256_file
 from ivq_debug.jsonio import json_safe
+from ivq_debug.onnxgraph.load import model_file_bytes
 from ivq_debug.tune.legal import forbidden, refusal
 from ivq_debug.tune.suggest import SUGGESTION_SCHEMA, Suggestion
 from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
@@ -200,7 +203,9 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
          max_size: float | None = None, base_bytes: float = 0.0,
          reached: Callable[[dict[str, Any]], bool] | None = None,
          legal: Callable[[Lever], bool] | None = None,
-         units: Callable[[Lever], Sequence[Lever]] | None = None) -> list[Lever]:
+         units: Callable[[Lever], Sequence[Lever]] | None = None,
+         state: dict[str, Any] | None = None,
+         resolve: Callable[[], None] | None = None) -> list[Lever]:
     """The combination step: greedy growth of the best measured lever by the other levers, at most ``budget``
     extra trials; returns the combinations measured (``measure`` runs a batch and appends their rows to ``rows``).
 
@@ -219,7 +224,12 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
     on PP-OCRv4 the a8w8 baseline's diagnosis names activations, the diagnosis of a16w8 + per-channel names 20
     weights whose 16-bit grid takes the output from 9.7 to 44 dB); measured first, fewest overrides first, as one
     batch within the budget, each as the start with its overrides (``<start> + <lever> (its diagnosis)``); the
-    best of them is grown on when it adds the minimum gain."""
+    best of them is grown on when it adds the minimum gain.
+
+    ``state``: ``state["current"]`` is set to the current set's name before each batch is measured (the search's
+    early stop of a combination that cannot grow it, :func:`search`). ``resolve()``: called before the greedy
+    rounds rank their parts — the search runs the levers it stopped early on every sample, so the parts are the
+    same as without early stops (a lever stopped as dominated cannot be the start: a measured lever beat it)."""
     row = {r["lever"]: r for r in rows}
     by = {lv.name: lv for lv in levers}
 
@@ -230,11 +240,15 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
     def ok(name: str) -> bool:
         return name in row and row[name]["status"] == "ok" and row[name]["gain_db"] is not None
 
-    gained = sorted((n for n in by if n in row and ok(n) and row[n]["gain_db"] > 0),
-                    key=lambda n: -row[n]["gain_db"] / max(rel(n) or 0.0, COST_FLOOR))
-    forbid = sorted((n for n in by if n in row and row[n]["status"].startswith("not run by")),
-                    key=lambda n: len(by[n].suggestions))
-    parts = [by[n] for n in gained + forbid]
+    def ranked() -> tuple[list[str], list[Lever]]:
+        """The levers that gained alone by gain per size cost, and the parts (those, then the forbidden ones)."""
+        gained = sorted((n for n in by if n in row and ok(n) and row[n]["gain_db"] > 0),
+                        key=lambda n: -row[n]["gain_db"] / max(rel(n) or 0.0, COST_FLOOR))
+        forbid = sorted((n for n in by if n in row and row[n]["status"].startswith("not run by")),
+                        key=lambda n: len(by[n].suggestions))
+        return gained, [by[n] for n in gained + forbid]
+
+    gained, parts = ranked()
     affordable = [n for n in gained if max_size is None or (rel(n) or 0.0) <= max_size - 1.0]
     if not affordable or budget <= 0:
         return []
@@ -245,6 +259,8 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
     def keep_best(batch: Sequence[Lever]) -> bool:
         """Measure ``batch``; the current set becomes its best when that adds the minimum gain."""
         nonlocal current
+        if state is not None:
+            state["current"] = current.name
         measure(batch)
         done.extend(batch)
         row.update({r["lever"]: r for r in rows})
@@ -266,6 +282,10 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
                 own.append(c)
         if own:
             keep_best(own)
+    if resolve is not None and len(done) < budget and not (reached and reached(row[current.name])):
+        resolve()
+        row.update({r["lever"]: r for r in rows})
+        gained, parts = ranked()
     while len(done) < budget and not (reached and reached(row[current.name])):
         batch: list[Lever] = []
         for p in parts:
@@ -332,7 +352,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
            target_task: str | None = None, min_gain_db: float = 0.5, combinations: int = COMBINATIONS,
            progress: Callable[[str], None] | None = None, executor: Executor | None = None,
            shards: str | os.PathLike | None = None,
-           diagnosis: Callable[[Tuner, Lever], Sequence[Lever]] | None = None) -> SearchResult:
+           diagnosis: Callable[[Tuner, Lever], Sequence[Lever]] | None = None,
+           early_stop: bool = True) -> SearchResult:
     """Measure ``levers``, then up to ``combinations`` combinations of them (:func:`grow`), choose, confirm on the
     target.
 
@@ -348,12 +369,15 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         shards: the shard folder (default ``<workdir>/search/shards``).
         diagnosis: ``(tuner with a lever's knobs, lever) -> unit levers`` of that lever's own diagnosis: the
             combination step's first round on its start (:func:`grow` ``units``).
+        early_stop: a lever's trial ends at the sample that proves it cannot matter (:class:`Below`; the choice,
+            the delivered files and the figures of every lever measured in full are the same without).
     """
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
     s0 = _score(before, watch)
     rows: list[dict[str, Any]] = []
     trials: dict[str, tuple[Lever, Trial]] = {}
+    shas: dict[str, str | None] = {}  # the model each lever's job measured
     root = Path(tuner.workdir).resolve() / "search"
     shards = Path(shards) if shards is not None else root / "shards"
     executor = executor or LocalExecutor(1)
@@ -362,9 +386,63 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     jobs_info: dict[str, Any] = {"executor": type(executor).__name__, "total": 0, "run": 0, "resumed": 0,
                                  "retried": [], "shards": str(shards)}
 
+    state: dict[str, Any] = {}  # the combination step's current set (grow), "full": no early stop
+
+    def over(r: dict[str, Any]) -> list[str]:
+        """What of ``--max-size`` / ``--max-cycles`` a measured row breaks."""
+        out = []
+        size = float(r["model_bytes"] or 0) / float(before.model_bytes or 1)
+        if max_size is not None and size > max_size:
+            out.append(f"size x{size:.2f} > --max-size x{max_size:g}")
+        if max_cycles is not None and r["cycles"] and before.cycles and r["cycles"] / before.cycles > max_cycles:
+            out.append(f"cycles x{r['cycles'] / before.cycles:.2f} > --max-cycles x{max_cycles:g}")
+        return out
+
+    def eligible(r: dict[str, Any]) -> bool:
+        """A row measured in full that the choice may take (the rule of the final pass below)."""
+        return r["status"] == "ok" and r["gain_db"] is not None and not over(r) \
+            and (target is not None or r["gain_db"] >= min_gain_db)
+
+    def floor() -> tuple[Below, str] | None:
+        """The early stop of the next batch's levers (:class:`Below`), and why a dominated one cannot matter: below
+        the baseline's score it lowers a watched tensor (refused, never a part of a combination); below the best
+        eligible lever measured (and ``target``; in a combination round, below the current set's score plus the
+        minimum gain) it can be neither chosen, nor the combination step's start, nor grow the set — and with a
+        rival of no greater cost above it, not on the frontier. That dominance only when the trials run on the
+        target (no HTP check may refuse the choice afterwards) and the choice is by SQNR (no task target)."""
+        if s0 is None or state.get("full") or not early_stop:
+            return None
+        elig = [r for r in rows if eligible(r)]
+        cur = next((r for r in rows if r["lever"] == state.get("current")), None)
+        lim, why = s0, ""
+        if elig and not (target is not None and target_task) and tuner.backend == tuner.target:
+            best = max(elig, key=lambda r: r["sqnr_db"])
+            grows = math.inf
+            if cur is not None and cur["sqnr_db"] is not None:  # to grow the set: the best of its round, + min gain
+                grows = max([cur["sqnr_db"] + min_gain_db] + [
+                    r["sqnr_db"] for r in rows if r["lever"] in state.get("round", ()) and r["status"] == "ok"
+                    and r["sqnr_db"] >= cur["sqnr_db"] + min_gain_db
+                    and all(r["task"].get(k, v) >= v for k, v in cur["task"].items())])
+            lim = min(best["sqnr_db"], math.inf if target is None else target, grows)
+            why = (f"neither chosen over {best['lever']} ({best['sqnr_db']:.2f} dB)"
+                   + (f" nor reaching the target {target:g} dB" if target is not None else "")
+                   + (f" nor growing {cur['lever']} by {min_gain_db:g} dB" if cur is not None else ""))
+        rivals = tuple((r["sqnr_db"], r["model_bytes"], r["cycles"]) for r in elig) if lim > s0 else ()
+        return Below(tuple(watch), s0, max(lim, s0), rivals), why
+
     def run(batch: Sequence[Lever]) -> None:
+        """``batch`` in rounds of as many levers as the executor runs at once (:func:`run_jobs`), each round's
+        early stop from what the rounds before measured."""
+        step = max(1, int(getattr(executor, "workers", 0) or len(batch) or 1))
+        state["round"] = []
+        for i in range(0, len(batch), step):
+            run_jobs(batch[i:i + step])
+            state["round"] += [lv.name for lv in batch[i:i + step]]
+
+    def run_jobs(batch: Sequence[Lever]) -> None:
         """The legal levers of ``batch`` as jobs on the executor (a rerun skips the shards there), each row
-        filled from its shard."""
+        filled from its shard; a job stops early when its worst watched SQNR so far is below :func:`floor`."""
+        stop = floor()
         jobs: dict[str, Job] = {}
         todo: list[tuple[Lever, dict[str, Any], str]] = []
         for lv in batch:
@@ -380,12 +458,14 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             if progress:
                 progress(lv.name)
             label = lever_label(lv)
+            below = None if stop is None else replace(stop[0])
             key = job_key(kind=KIND, knobs=lv.knobs(), overrides=[_suggestion_key(x) for x in lv.suggestions],
-                          watch=watch, **meta)
+                          watch=watch, **meta, **({"stop": below.key()} if below else {}))
             if key not in jobs:  # two levers of the same knobs and overrides (two names of one set): one job
                 worker = _variant(tuner, lv).worker(root / "jobs" / label)
                 jobs[key] = Job(key, lever_job, {"tuner": worker, "label": label,
-                                                 "suggestions": [x.to_dict() for x in lv.suggestions]}, meta)
+                                                 "suggestions": [x.to_dict() for x in lv.suggestions],
+                                                 "stop": below}, meta)
             todo.append((lv, row, key))
         if not jobs:
             return
@@ -408,14 +488,48 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         for lv, row, key in todo:
             tr = shard_trial(docs[key]["result"], Path(jobs[key].kwargs["tuner"].workdir))
             trials[lv.name] = (lv, tr)
+            shas[lv.name] = docs[key]["result"].get("model_sha256")
             lv.suggestions = list(tr.suggestions)  # the types the quantizer resolved are part of the lever
-            bad = judge(before, tr, watch)
             sc = _score(tr, watch)
+            if tr.stopped and stop is not None and sc is not None:
+                row |= {"model_bytes": tr.model_bytes, "cycles": tr.cycles,
+                        "stopped": tr.stopped | {"at_most_db": sc, "floor_db": stop[0].floor, "dominated": sc >= s0}}
+                where = f"at most {sc:.2f} dB after {tr.stopped['samples']} of {tr.stopped['of']} samples (stopped)"
+                w = min(watch, key=lambda n: tr.sqnr(n) if tr.sqnr(n) is not None else math.inf)
+                row["status"] = (f"dominated: {where} < {stop[0].floor:.2f} dB, {stop[1]}, and a lever of no "
+                                 "greater cost measured above it" if sc >= s0 else
+                                 f"lowers {w}: {where} < {before.sqnr(w):.2f} dB, the baseline's")
+                continue
+            bad = judge(before, tr, watch)
             row |= {"sqnr_db": sc, "gain_db": None if sc is None or s0 is None else sc - s0,
                     "model_bytes": tr.model_bytes, "cycles": tr.cycles, "task": dict(tr.task)}
             row["status"] = bad or "ok"
 
-    run(levers)
+    # the quantizer's knobs first: the best of them is what the diagnosis' levers must beat to matter (:func:`floor`)
+    order = {lv.name: i for i, lv in enumerate(levers)}
+    run([lv for lv in levers if lv.kind in ("global", "combination")])
+    run([lv for lv in levers if lv.kind not in ("global", "combination")])
+    rows.sort(key=lambda r: order.get(r["lever"], len(order)))
+    measured: list[Lever] = list(levers)
+
+    def resolve(names: Collection[str] | None = None) -> None:
+        """The levers stopped as dominated (of ``names``; default all) run again on every sample, in place: a
+        later step needs their figures (the combination step's parts, a frontier their bound cannot settle)."""
+        again = [(i, r) for i, r in enumerate(rows) if (r.get("stopped") or {}).get("dominated")
+                 and (names is None or r["lever"] in names)]
+        if not again:
+            return
+        by = {lv.name: lv for lv in measured}
+        n = len(rows)
+        state["full"] = True
+        try:
+            run([by[r["lever"]] for _, r in again])
+        finally:
+            state["full"] = False
+        new = {r["lever"]: r for r in rows[n:]}
+        del rows[n:]
+        for i, r in again:
+            rows[i] = new[r["lever"]]
 
     def reached(r: dict[str, Any]) -> bool:
         if target is None:
@@ -423,27 +537,37 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         v = r["task"].get(target_task) if target_task else r["sqnr_db"]
         return v is not None and v >= target
 
-    grow(levers, rows, run, budget=combinations, min_gain_db=min_gain_db, max_size=max_size,
-         base_bytes=float(before.model_bytes or 0), reached=reached,
-         legal=lambda lv: not forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target),
-         units=None if diagnosis is None else lambda lv: diagnosis(_variant(tuner, lv), lv))
-    basis = "cycles" if before.cycles and all(r["cycles"] for r in rows if r["status"] == "ok") else "model_bytes"
-    c0 = float(before.cycles or 0) if basis == "cycles" else float(before.model_bytes or 0)
+    measured += grow(levers, rows, run, budget=combinations, min_gain_db=min_gain_db, max_size=max_size,
+                     base_bytes=float(before.model_bytes or 0), reached=reached,
+                     legal=lambda lv: not forbidden(lv.suggestions, tuner.source(), lv.preset, tuner.target),
+                     units=None if diagnosis is None else lambda lv: diagnosis(_variant(tuner, lv), lv),
+                     state=state, resolve=resolve)
+
+    def basis_now() -> str:
+        return "cycles" if before.cycles and all(r["cycles"] for r in rows if r["status"] == "ok") else "model_bytes"
+
+    def cost(r: dict[str, Any], basis: str) -> float:
+        c0 = float(before.cycles or 0) if basis == "cycles" else float(before.model_bytes or 0)
+        return (float(r[basis] or 0) / c0 if c0 else 1.0) - 1.0
+
+    # a lever stopped as dominated is off the frontier when an eligible lever of no greater cost (in the table's
+    # basis) measured above its bound; else (the HTP cycles it was stopped on moved) it runs again on every sample
+    basis = basis_now()
+    resolve([r["lever"] for r in rows if (r.get("stopped") or {}).get("dominated") and not any(
+        eligible(o) and o["sqnr_db"] > r["stopped"]["at_most_db"] and cost(o, basis) <= cost(r, basis)
+        for o in rows)])
+    basis = basis_now()
     for r in rows:
+        if r.get("stopped"):
+            r["cost"] = cost(r, basis)
         if r["gain_db"] is None:
             continue
-        ratio = float(r[basis] or 0) / c0 if c0 else 1.0
-        r["cost"] = ratio - 1.0
+        r["cost"] = cost(r, basis)
         r["efficiency"] = r["gain_db"] / max(r["cost"], COST_FLOOR)
-        size = float(r["model_bytes"] or 0) / float(before.model_bytes or 1)
-        over = []
-        if max_size is not None and size > max_size:
-            over.append(f"size x{size:.2f} > --max-size x{max_size:g}")
-        if max_cycles is not None and r["cycles"] and before.cycles and r["cycles"] / before.cycles > max_cycles:
-            over.append(f"cycles x{r['cycles'] / before.cycles:.2f} > --max-cycles x{max_cycles:g}")
+        broke = over(r)
         if r["status"] == "ok":
-            if over:
-                r["status"] = "over budget: " + "; ".join(over)
+            if broke:
+                r["status"] = "over budget: " + "; ".join(broke)
             elif r["gain_db"] < min_gain_db and target is None:
                 r["status"] = f"gain below {min_gain_db:g} dB"
             else:
@@ -469,8 +593,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                      for r in rows if not r["eligible"] and r["status"] not in ("ok", "eligible")]
     for r in order:
         lv, tr = trials[r["lever"]]
-        # the chosen lever again in this workdir (checkpointed): the model and overrides the report delivers
-        tr = _variant(tuner, lv).trial(tr.label, list(lv.suggestions))
+        # the chosen lever in this workdir (checkpointed): the model and overrides the report delivers
+        tr = _deliver(_variant(tuner, lv), lv, tr, shas.get(lv.name))
         why = judge(before, tr, watch)
         check: dict[str, Any] = {}
         if why is None:
@@ -485,6 +609,36 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     rep = TuneReport(before, replace(before, suggestions=[]), watch, refused=refused, recommended=False,
                      backend=tuner.backend, format=tuner.fmt)
     return _done(SearchResult(rows, None, rep, basis, jobs_info), root, tuner.keep_dumps)
+
+
+def _deliver(tuner: Tuner, lever: Lever, measured: Trial, sha: str | None) -> Trial:
+    """The chosen lever's files in the workdir — its model quantized again from the lever's suggestions (the run's
+    model cache serves it: :meth:`~ivq_debug.tune.verify.Tuner.trial`), its overrides file — with the figures its
+    job measured, checkpointed as a trial: the job ran these model bytes on the same samples, so running them again
+    gives the same figures (a16w16 on the PP-OCRv4 recognizer: 12 lines of HTP emulation, ~130 s, not repeated).
+    When the bytes differ from the job's (``sha``, or none recorded) the trial runs again, as it did before."""
+    label, sug = measured.label, list(lever.suggestions)
+    wd = Path(tuner.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    qdq = wd / f"{label}.qdq.onnx"
+    if sha is None or measured.stopped or measured.error or tuner.keep_dumps:
+        return tuner.trial(label, sug)
+    ov_path, applied, fixes, exclude = tuner._quantize(label, sug, qdq)
+    if sha256_file(qdq) != sha:
+        return tuner.trial(label, sug)
+    tr = replace(measured, suggestions=applied, qdq_model=qdq, dump=wd / f"{label}.h5", comparison=None,
+                 model_bytes=model_file_bytes(qdq), overrides=ov_path, fixes=[f.to_dict() for f in fixes],
+                 session=tuner.qnn_options() if tuner.backend == "qnn" else None)
+    outs = tuner.outputs()
+    tuner._save(tuner.key(sug), {
+        "label": label, "suggestions": [s.to_dict() for s in sug], "qdq_model": tuner._rel(qdq),
+        "dump": tuner._rel(tr.dump), "target": tuner.target, "session": tr.session,
+        "overrides": tuner._rel(ov_path) if ov_path else None, "task": dict(tr.task), "fallback": bool(exclude),
+        "model_bytes": tr.model_bytes, "cycles": tr.cycles, "seconds": round(tr.seconds, 2), "fixes": tr.fixes,
+        "sqnr": tr.sqnr_table, "samples": tr.samples, "measured": sorted(tuner.measured(applied, outs)),
+        "stopped": None, "from_job": sha})
+    tuner._ran.add(tuner.key(sug))
+    return tr
 
 
 def _done(res: SearchResult, root: Path, keep: bool) -> SearchResult:
@@ -508,18 +662,67 @@ RESULT_SCHEMA: dict[str, Any] = {
         **SWEEP_RESULT["properties"],
         "suggestions": {"type": "array", "items": SUGGESTION_SCHEMA},
         "fixes": {"type": "array", "items": SUGGESTION_SCHEMA},
-        "samples": {"type": "object", "additionalProperties": {"type": "object"}}},
+        "samples": {"type": "object", "additionalProperties": {"type": "object"}},
+        "stopped": {"type": ["object", "null"], "required": ["samples", "of"],
+                    "properties": {"samples": {"type": "integer", "minimum": 1}, "of": {"type": "integer"}}},
+        "model_sha256": {"type": ["string", "null"]}},
 }
 
 
-def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]]) -> dict[str, Any]:
-    """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture), what the choice reads,
-    then its files removed (kept, with the trial's dump, when ``tuner.keep_dumps``: ``--keep-dumps``)."""
-    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions])  # a dump only with keep_dumps
+@dataclass
+class Below:
+    """The ``stop`` of a lever's trial (:meth:`~ivq_debug.tune.verify.Tuner.trial`, told the trial's model bytes and
+    HTP cycles through :meth:`observe`): True once the worst SQNR so far of the watched tensors (``bound``: a worst
+    SQNR only falls as samples are added, so the lever's final score is at most that) is below ``base`` (the
+    baseline's: the lever lowers a watched tensor, refused whatever the other samples give), or below ``floor``
+    (what the lever must reach to be chosen, be the combination step's start or grow its set: :func:`search`) while
+    one of ``rivals`` — eligible levers measured in full, ``(score, model bytes, cycles)`` — scored above it at no
+    greater cost (HTP cycles when both have them, else model bytes): the lever can then be neither chosen nor on
+    the frontier."""
+
+    watch: tuple[str, ...]
+    base: float
+    floor: float
+    rivals: tuple[tuple[float, int | None, float | None], ...] = ()
+    model_bytes: int | None = None
+    cycles: float | None = None
+
+    def observe(self, model_bytes: int | None = None, cycles: float | None = None) -> None:
+        """The running trial's model bytes (once quantized) and HTP cycles (after its first sample)."""
+        self.model_bytes = self.model_bytes if model_bytes is None else model_bytes
+        self.cycles = self.cycles if cycles is None else cycles
+
+    def key(self) -> list[Any]:
+        """What decides the stop (a job's key)."""
+        return [repr(self.base), repr(self.floor), [[repr(x) for x in r] for r in self.rivals]]
+
+    def cheaper(self, model_bytes: int | None, cycles: float | None) -> bool:
+        """A rival of these figures costs no more than the running trial."""
+        if cycles is not None and self.cycles is not None:
+            return cycles <= self.cycles
+        return model_bytes is not None and self.model_bytes is not None and model_bytes <= self.model_bytes
+
+    def __call__(self, worst: Any) -> bool:
+        vals = [worst.get(w) for w in self.watch]
+        if not vals or None in vals:
+            return False
+        bound = min(vals)
+        return bound < self.base or (bound < self.floor and any(
+            score > bound and self.cheaper(b, c) for score, b, c in self.rivals))
+
+
+def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], stop: Below | None = None
+              ) -> dict[str, Any]:
+    """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture; ``stop``: ended at the sample
+    that makes it irrelevant, :class:`Below`), what the choice reads and its model's SHA-256 (the delivery of the
+    chosen lever checks it, :func:`_deliver`), then its files removed (kept, with the trial's dump, when
+    ``tuner.keep_dumps``: ``--keep-dumps``)."""
+    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions], stop=stop)  # a dump only with keep_dumps
     out = {"label": tr.label, "error": tr.error, "sqnr": {} if tr.error else dict(tr.sqnr_table),
            "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
            "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
-           "fixes": list(tr.fixes), "samples": dict(tr.samples)}
+           "fixes": list(tr.fixes), "samples": dict(tr.samples), "stopped": tr.stopped,
+           "model_sha256": None if tr.error or not tr.qdq_model.is_file() else sha256_file(tr.qdq_model)}
     if not tuner.keep_dumps:
         shutil.rmtree(tuner.workdir, ignore_errors=True)
     return json_safe(out)
@@ -532,4 +735,5 @@ def shard_trial(result: dict[str, Any], folder: Path) -> Trial:
                  folder / f"{label}.h5", None, dict(result.get("task") or {}), int(result.get("model_bytes") or 0),
                  result.get("cycles"), float(result.get("seconds") or 0.0), result.get("error"),
                  sqnr_table={k: v for k, v in (result.get("sqnr") or {}).items() if v is not None},
-                 fixes=list(result.get("fixes") or []), samples=dict(result.get("samples") or {}))
+                 fixes=list(result.get("fixes") or []), samples=dict(result.get("samples") or {}),
+                 stopped=result.get("stopped"))

@@ -522,7 +522,9 @@ class Tuner:
         memory (``comparison.test`` / ``comparison.ref``: what the diagnosis replays; :meth:`Trial.release`
         lets them go); a resumed run runs it again unless its dump was kept. ``stop``: called after each sample
         with the worst SQNR so far of each measured tensor; True ends the trial there (:attr:`Trial.stopped`; the
-        figures of the samples run, no task metric; never reused by another trial). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
+        figures of the samples run, no task metric; never reused by another trial); a ``stop`` with an ``observe``
+        method is told the model's bytes once quantized and the HTP cycles of the first sample (``model_bytes=``,
+        ``cycles=``). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
         overrides do not enter it), and HTP sessions load their compiled contexts from the QNN context cache
         when the trial's model compiled before.
         """
@@ -578,6 +580,8 @@ class Tuner:
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
             t1 = time.perf_counter()
+            if hasattr(stop, "observe"):  # a stop that weighs the trial's cost (search.Below)
+                stop.observe(model_bytes=model_file_bytes(qdq))
             runner = self._runner(qdq, prof, bool(exclude), check=keep)
             outs = self.outputs()
             measure = None if keep or full else self.measured(applied, outs)
@@ -692,6 +696,8 @@ class Tuner:
             for i, mem in samples:
                 if i == 0:  # the first run of the first session: the cycles of its profile
                     cycles = _cycles(mem)
+                    if hasattr(stop, "observe"):
+                        stop.observe(cycles=cycles)
                 ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i, measure))
                 cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
                                          lambda ps: _pairs_naming(ps, measure))

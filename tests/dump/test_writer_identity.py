@@ -103,20 +103,6 @@ def test_capture_dump_is_the_one_the_previous_writer_made(tmp_path: Path, monkey
         np.testing.assert_array_equal(a.read(e), b.read(b.entry(e.name, e.rid, e.kind)))
 
 
-def _block_models(tmp_path: Path) -> tuple[Path, Path, list[object]]:
-    """The float block, its a8w8 QDQ model and the CLI's ``--inputs`` of two samples."""
-    import onnx
-
-    from ivq_debug.qnn.quantize import quantize_for_qnn
-
-    fm = tmp_path / "block.onnx"
-    onnx.save(qnn_models.build_block(0), str(fm))
-    qm = quantize_for_qnn(fm, tmp_path / "block.a8w8.onnx", qnn_models.block_feeds(1, 4)).model_path
-    for i, feeds in enumerate(qnn_models.block_feeds(7, 2)):
-        np.savez(tmp_path / f"in{i}.npz", **feeds)
-    return fm, qm, ["--inputs", tmp_path / "in0.npz", "--inputs", tmp_path / "in1.npz"]
-
-
 def _same_capture(v1: Path, v2: Path) -> int:
     """Version 1 against version 2 of one capture: the same manifest but ``derived``, the same digest, every
     value bit for bit; ``bench/check_identity.py dumps`` agrees. The number of tensors stored as integers only."""
@@ -150,7 +136,7 @@ def test_integers_only_qdq_capture_reads_back_as_the_values_capture(tmp_path: Pa
     import subprocess
     import sys
 
-    fm, qm, args = _block_models(tmp_path)
+    fm, qm, args = qnn_models.block_files(tmp_path)
     assert ivq_cli("capture", "onnx", fm, *args, "-o", tmp_path / "ref.h5") == 0
     assert ivq_cli("capture", "onnx", qm, *args, "-o", tmp_path / "v2.h5") == 0
     monkeypatch.setenv(defaults.DUMP_INTEGERS_ONLY_ENV, "0")
@@ -173,7 +159,7 @@ def test_integers_only_htp_capture_reads_back_as_the_values_capture(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A real QNN HTP capture (emulated): the HTP's integers, dequantized by the capture, are rebuilt bit for bit
     by the reader, so every quantized tensor is stored as its integers only."""
-    _, qm, args = _block_models(tmp_path)
+    _, qm, args = qnn_models.block_files(tmp_path)
     cache = ["--qnn-cache", tmp_path / "cache"]  # the second capture loads the contexts the first compiled
     assert ivq_cli("capture", "qnn", qm, *args, *cache, "-o", tmp_path / "v2.h5") == 0
     monkeypatch.setenv(defaults.DUMP_INTEGERS_ONLY_ENV, "0")

@@ -69,3 +69,19 @@ def two_causes_trial_inputs(folder: Path, *, evaluation: int) -> dict:
     feeds = [two_causes_sample(100 + i) for i in range(evaluation)]
     ref = capture(make_runner("onnx", model, selection=Selection()), feeds, Path(folder) / "ref.h5", progress=None)
     return {"model": model, "cal": [two_causes_sample(i) for i in range(8)], "feeds": feeds, "ref": ref}
+
+
+def two_causes_files(folder: Path, *, evaluation: int = 4) -> dict:
+    """What ``ivq tune`` reads for the model, as a user has it in ``folder``: ``model``, the calibration folder
+    ``cal`` (8 ``.npz`` samples, seeds 0-7) and ``evals``, the ``--inputs FILE`` arguments of ``evaluation``
+    samples (seeds 100+)."""
+    folder = Path(folder)
+    model = build_two_causes(folder / "two.onnx")
+    (folder / "cal").mkdir(exist_ok=True)
+    for i in range(8):
+        np.savez(folder / "cal" / f"{i:02d}.npz", **two_causes_sample(i))
+    evals: list = []
+    for i in range(evaluation):
+        np.savez(folder / f"eval{i}.npz", **two_causes_sample(100 + i))
+        evals += ["--inputs", folder / f"eval{i}.npz"]
+    return {"model": model, "cal": folder / "cal", "evals": evals}

@@ -165,3 +165,16 @@ def _finish(g: onnx.GraphProto) -> onnx.ModelProto:
     m.ir_version = 10
     onnx.checker.check_model(m, full_check=True)
     return m
+
+
+def block_files(folder: Path, samples: int = 2) -> tuple[Path, Path, list[object]]:
+    """The float block, its a8w8 QDQ model (``quantize_for_qnn``, 4 calibration feeds) and the CLI's ``--inputs`` of
+    ``samples`` feeds saved as ``.npz`` in ``folder``."""
+    from ivq_debug.qnn.quantize import quantize_for_qnn
+
+    fm = folder / "block.onnx"
+    onnx.save(build_block(0), str(fm))
+    qm = quantize_for_qnn(fm, folder / "block.a8w8.onnx", block_feeds(CAL_SEED, 4)).model_path
+    for i, feeds in enumerate(block_feeds(7, samples)):
+        np.savez(folder / f"in{i}.npz", **feeds)
+    return fm, qm, [x for i in range(samples) for x in ("--inputs", folder / f"in{i}.npz")]

@@ -9,27 +9,17 @@ import shutil
 from html import escape
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.support.cli import ivq_cli
-from tests.support.lever_models import build_two_causes, two_causes_sample
+from tests.support.lever_models import two_causes_files
 from tests.support.qnn_models import needs_qnn
 from tests.tune.test_deliver import reproduces
 
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("search")
-    model = build_two_causes(d / "two.onnx")
-    (d / "cal").mkdir()
-    for i in range(8):
-        np.savez(d / "cal" / f"{i:02d}.npz", **two_causes_sample(i))
-    evals = []
-    for i in range(4):
-        evals += ["--inputs", d / f"eval{i}.npz"]
-        np.savez(d / f"eval{i}.npz", **two_causes_sample(100 + i))
-    return {"model": model, "cal": d / "cal", "evals": evals}
+    return two_causes_files(tmp_path_factory.mktemp("search"), evaluation=4)
 
 
 def _search(user, wd: Path, *extra: object, diagnose: bool = False, backend: str = "cpu") -> tuple[int, dict]:

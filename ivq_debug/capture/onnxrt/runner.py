@@ -528,11 +528,15 @@ class OrtRunner(Closing):
             writer.update_backend_info(exposure_check=self._verified)
 
     def _write_site(self, writer: Any, site: TensorSite, val: np.ndarray) -> None:
-        if site.encoding is not None:
+        """One exposed tensor into the record, handed over (``owned``: the session's fresh output, which nothing
+        changes after, so the writer may make its statistics in its own thread; a graph output also goes back to
+        the caller of :meth:`run`, so it is not handed over)."""
+        if site.encoding is not None:  # (the values: a new array, whatever ``val`` is)
             writer.add_tensor(site.name, dequantize(val, site.encoding), op_type=site.op_type,
-                              order=site.order, scope=site.scope, encoding=site.encoding, raw=val)
+                              order=site.order, scope=site.scope, encoding=site.encoding, raw=val, owned=True)
         else:
-            writer.add_tensor(site.name, val, op_type=site.op_type, order=site.order, scope=site.scope)
+            writer.add_tensor(site.name, val, op_type=site.op_type, order=site.order, scope=site.scope,
+                              owned=site.output not in self.output_names)
 
     def _verify(self, feeds: dict[str, np.ndarray], captured: dict[str, np.ndarray]) -> None:
         plain = self.session_for(-1, [])

@@ -1,0 +1,117 @@
+"""What the search does not run twice or to the end (issue 33): a lever's trial stops at the sample that proves it
+cannot matter (:class:`ivq_debug.tune.search.Below`), and the chosen lever's files are delivered with the figures
+its job measured (:func:`ivq_debug.tune.search._deliver`). Real ORT CPU-QDQ trials of the two-head model of
+``tests/support/lever_models.py`` on six samples, the trials on their target (``target="cpu"``: no check on another
+backend may refuse the choice afterwards), a search with early stops against the same search without."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ivq_debug.inputfiles import sha256_file
+from ivq_debug.tune.search import global_levers, lever_label, search, unit_levers
+from ivq_debug.tune.suggest import Suggestion
+from ivq_debug.tune.verify import CHECKPOINT, Tuner, one_trial
+from tests.support.cli import ivq_cli
+from tests.support.lever_models import two_causes_files, two_causes_trial_inputs
+
+#: per-cause unit fixes of the two heads (a 16-bit activation for head B, per-channel weight of head A)
+UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_per_channel", "weight spread", axis=0)]
+
+
+pytestmark = pytest.mark.slow  # two searches of 14 levers each (~17 s on 2 loaded cores)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("stop")
+    u = two_causes_trial_inputs(d, evaluation=6)
+    out = {}
+    for early in (True, False):
+        t = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / f"wd-{early}", backend="cpu", target="cpu",
+                  resume=False, preprocess=False)
+        before = t.trial("before", [])
+        res = search(t, before, global_levers(t) + unit_levers(t, UNITS), early_stop=early)
+        out[early] = {"tuner": t, "res": res, "rows": {r["lever"]: r for r in res.table}}
+    return out
+
+
+def test_an_early_stopped_lever_is_provably_dominated_and_the_choice_is_the_same(runs) -> None:
+    fast, full = runs[True], runs[False]
+    stopped = {n: r for n, r in fast["rows"].items() if r.get("stopped")}
+    assert stopped, fast["res"].table  # measured: calibration percentile after 5 of 6, a16w16 + unit weights 3 of 6
+    assert not any(r.get("stopped") for r in full["res"].table)
+    assert any(r["stopped"]["dominated"] for r in stopped.values())
+    for name, r in stopped.items():
+        whole = full["rows"][name]
+        st = r["stopped"]
+        assert st["samples"] < st["of"] == 6
+        # a worst SQNR only falls as samples are added: the bound holds for the lever's figure over every sample
+        assert whole["sqnr_db"] <= st["at_most_db"] < st["floor_db"], (r, whole)
+        assert r["sqnr_db"] is None and r["gain_db"] is None and not r["eligible"] and not r["frontier"]
+        assert not whole["frontier"] and whole["status"] != "chosen", whole  # it could not have mattered
+        if st["dominated"]:
+            assert r["status"].startswith("dominated: at most") and "neither chosen over" in r["status"]
+            # an eligible lever of no greater cost measured above its bound
+            assert any(o["eligible"] and o["cost"] <= r["cost"] and o["sqnr_db"] > st["at_most_db"]
+                       for o in fast["res"].table), r
+        else:
+            assert r["status"].startswith("lowers y: at most") and whole["status"].startswith("lowers y from")
+    # every lever measured in full: the same figures, statuses and frontier marks to the bit
+    keys = ("sqnr_db", "gain_db", "model_bytes", "cost", "efficiency", "eligible", "status", "frontier", "task")
+    for name, r in fast["rows"].items():
+        if name not in stopped:
+            assert {k: r[k] for k in keys} == {k: full["rows"][name][k] for k in keys}, name
+    assert fast["res"].chosen.name == full["res"].chosen.name
+    assert fast["res"].chosen.knobs() == full["res"].chosen.knobs()
+    a, b = fast["res"].report.to_dict(), full["res"].report.to_dict()
+    for k in ("recommended", "changed", "end_to_end", "overrides", "samples", "resolved_types", "target_check"):
+        assert a[k] == b[k], k
+    assert sha256_file(a["after"]["qdq_model"]) == sha256_file(b["after"]["qdq_model"])
+
+
+def test_the_chosen_lever_is_delivered_with_its_jobs_figures_not_run_again(runs) -> None:
+    run = runs[True]
+    t, res = run["tuner"], run["res"]
+    label = lever_label(res.chosen)
+    entry = next(e for e in json.loads((t.workdir / CHECKPOINT).read_text())["trials"].values()
+                 if e["label"] == label)
+    qdq = t.workdir / entry["qdq_model"]
+    assert entry["from_job"] == sha256_file(qdq) == sha256_file(res.report.after.qdq_model)  # the job's bytes
+    # the same lever run again in full from its delivered suggestions: the figures delivered, to the bit
+    vt = t.__class__(**{**{f: getattr(t, f) for f in ("float_model", "calibration", "feeds", "reference")},
+                        "workdir": t.workdir / "again", "backend": "cpu", "target": "cpu", "resume": False,
+                        "preprocess": False, "preset": res.chosen.preset, "watch": ("y",),
+                        "quantize_kw": {"per_channel": res.chosen.per_channel,
+                                        "calibrate_method": res.chosen.calibrate_method}})
+    again = one_trial(vt, label, list(res.chosen.suggestions))
+    after = res.report.after
+    assert sha256_file(again.qdq_model) == sha256_file(qdq)
+    assert again.sqnr("y") == after.sqnr("y") and again.samples == after.samples and again.task == after.task
+    assert again.model_bytes == after.model_bytes
+    assert {s.tensor for s in again.suggestions} == {s.tensor for s in after.suggestions}
+
+
+def test_the_cli_stops_a_lever_that_lowers_the_output_and_no_early_stop_runs_it_whole(tmp_path) -> None:
+    """``ivq tune --search`` (CPU-QDQ trials for an HTP target: only the refusal a stop makes certain applies) and
+    the same command with ``--no-early-stop``: the same choice and overrides; the stopped lever's full figure lowers
+    the output below its bound."""
+    u = two_causes_files(tmp_path, evaluation=6)
+    docs = {}
+    for flag in ([], ["--no-early-stop"]):
+        wd = tmp_path / ("full" if flag else "fast")
+        code = ivq_cli("tune", u["model"], "--calibration", u["cal"], *u["evals"], "-o", wd, "--backend", "cpu",
+                       "--search", "--no-diagnose", "--combinations", "0", *flag)
+        assert code == 0
+        docs[bool(flag)] = json.loads((wd / "tune.json").read_text())
+    fast, full = ({r["lever"]: r for r in docs[k]["search"]["table"]} for k in (False, True))
+    stopped = [n for n, r in fast.items() if r.get("stopped")]
+    assert stopped and not any(r.get("stopped") for r in full.values())
+    for n in stopped:
+        assert fast[n]["status"].startswith("lowers y: at most") and not fast[n]["stopped"]["dominated"]
+        assert full[n]["sqnr_db"] <= fast[n]["stopped"]["at_most_db"] and full[n]["status"].startswith("lowers y")
+    assert docs[False]["search"]["chosen"] == docs[True]["search"]["chosen"]
+    assert docs[False]["overrides"] == docs[True]["overrides"]
+    assert docs[False]["end_to_end"] == docs[True]["end_to_end"]
