@@ -225,7 +225,11 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
     out: dict[str, Any] = {"rows": {r.tool: {"total_s": r.total, "failed": r.failed,
                                              **{s: r.sec(s) for s in ("capture_ref", "capture_test", "compare")}}
                                     for r in rows},
-                           "rounds_s": {k: [r.total for r in v] for k, v in rounds.items()}}
+                           "rounds_s": {k: [r.total for r in v] for k, v in rounds.items()},
+                           "rounds_steps_s": {k: [{s: r.sec(s) for s in STEPS} for r in v]
+                                              for k, v in rounds.items() if k.startswith("ivq")},
+                           "rounds_steps_cpu_s": {k: [{s: _cpu(r, s) for s in STEPS} for r in v]
+                                                  for k, v in rounds.items() if k.startswith("ivq")}}
     # the machine's limit: forwards with every output + raw write of the dumps' bytes + sequential read
     d = Path(ivq.extra.get("dir", work / "ivq-full"))
     lim: dict[str, Any] = {}
@@ -279,6 +283,16 @@ def identity(base: Path, this: Path, logs: Path) -> dict[str, str]:
         out[what] = (lines[-1] if lines else f"exit {r.returncode}").split(": ", 1)[-1] if r.returncode == 0 else \
             f"DIFFERENT (exit {r.returncode}; {logs / f'{args[0]}-{args[1]}.log'})"
     return out
+
+
+#: the steps of capture ×2 + diff
+STEPS = ("capture_ref", "capture_test", "compare")
+
+
+def _cpu(row: Row, step: str) -> float | None:
+    """User + system CPU seconds of a step's process (what a loaded machine inflates least)."""
+    m = row.steps.get(step)
+    return round(m.cpu_seconds, 2) if m is not None and m.ok else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -446,6 +460,11 @@ def details(res: dict[str, Any]) -> list[str]:
                       if cap.get("baseline_dump_bytes") else ""))
         if any(len(v) > 1 for v in cap.get("rounds_s", {}).values()):
             out.append("capture rounds (s): " + "; ".join(f"{k} {v}" for k, v in cap["rounds_s"].items()))
+            for k, v in cap.get("rounds_steps_s", {}).items():
+                cpu = cap.get("rounds_steps_cpu_s", {}).get(k, [{}] * len(v))
+                out.append(f"{k} rounds (capture ref, capture test, compare: wall s / CPU s): "
+                           + "; ".join(", ".join(f"{_s(r[s])}/{_s(c.get(s))}" for s in STEPS)
+                                       for r, c in zip(v, cpu, strict=True)))
         if cap["ratios"].get("baseline_vs_ort") is not None:
             out.append(f"baseline revision: capture ×2 + diff / qdq_loss_debug = {cap['ratios']['baseline_vs_ort']} "
                        f"(this revision: {cap['ratios']['ivq_vs_ort']})")
