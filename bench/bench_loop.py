@@ -167,7 +167,44 @@ def step_forward_all(a: dict[str, Any]) -> dict[str, Any]:
     return {"outputs": len(sess.get_outputs()), "bytes": n}
 
 
-STEP_FUNCS = {"build": step_build, "trial": step_trial, "forward-all": step_forward_all}
+def step_diff_split(a: dict[str, Any]) -> dict[str, Any]:
+    """The CPU seconds (this thread's) of each part of the comparator's per-pair work over ``ivq-diff``'s pairs of
+    ``a["ref"]`` vs ``a["test"]``, one pair after the other in one thread: opening and checking the two datasets
+    (their dtype and file layout), reading the blocks (a derived tensor: dequantized), the pinned metrics, the
+    encoding fit. ``python bench/bench_loop.py --step diff-split --step-args '{"ref": "ref.h5", "test": "test.h5"}'``
+    (with ``PYTHONPATH`` at another revision's ``ivq_debug``: that revision's costs)."""
+    from ivq_debug.align.matcher import align
+    from ivq_debug.dump.reader import open_dump
+    from ivq_debug.encoding_fit import EncodingAccumulator
+    from ivq_debug.metrics import MetricAccumulator, one_blas_thread
+
+    ref, test = open_dump(a["ref"]), open_dump(a["test"])
+    pairs = align(ref, test).pairs
+    t = {"open": 0.0, "read": 0.0, "metrics": 0.0, "fit": 0.0}
+    n = (4 << 20) // 4
+    with one_blas_thread:
+        for p in pairs:
+            c0 = time.thread_time()
+            ref.stored_dtype(p.ref), test.stored_dtype(p.test), ref.raw_layout(p.ref), test.raw_layout(p.test)
+            c1 = time.thread_time()
+            blocks = list(zip(ref.iter_flat(p.ref, n), test.iter_flat(p.test, n), strict=True))
+            c2 = time.thread_time()
+            acc, enc = MetricAccumulator(), EncodingAccumulator.for_encoding(p.test.encoding)
+            for r, x in blocks:
+                c3 = time.thread_time()
+                r64 = acc.update(r, x)
+                c4 = time.thread_time()
+                if enc is not None:
+                    enc.update(r64)
+                t["metrics"] += c4 - c3
+                t["fit"] += time.thread_time() - c4
+            t["open"] += c1 - c0
+            t["read"] += c2 - c1
+    return {"pairs": len(pairs), "elements": int(sum(p.ref.size for p in pairs)),
+            **{k: round(v, 3) for k, v in t.items()}}
+
+
+STEP_FUNCS = {"build": step_build, "trial": step_trial, "forward-all": step_forward_all, "diff-split": step_diff_split}
 
 
 # ---------------------------------------------------------------------------------------------- driver
