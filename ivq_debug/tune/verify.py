@@ -21,6 +21,7 @@ trials. Costs come with each trial: the QDQ model size, and the summed per-op cy
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import glob
 import hashlib
 import importlib
@@ -30,7 +31,6 @@ import math
 import os
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -858,29 +858,28 @@ class _Samples:
     core (PP-OCRv4's a16w16 recognizer: ~10 s of one core per line), so two runners in two threads take about half
     the time on two cores; each sample's record is its own run's, the same bits whichever runner made it.
 
-    This thread runs ``runner``: it creates its sessions first (``runner.prepare()``: compiled, or loaded from the
-    QNN context cache, and stored there), runs sample 0 (its profile gives the trial's cycles), and
-    takes the awaited sample whenever nobody has; a helper thread makes the second runner (its sessions loaded
-    from the cache) and runs the next free samples, at most :attr:`AHEAD` past the awaited one. A second runner
-    that cannot be made or exposes other tensors is not used; a sample it fails on is run again here, so a
-    failure is the first runner's, as without it. :meth:`close` (after the last sample read, an early stop or an
-    error) lets the helper finish its sample and joins it."""
+    This thread schedules and runs ``runner``: it creates its sessions first (``runner.prepare()``: compiled, or
+    loaded from the QNN context cache, and stored there) and runs sample 0 (its profile gives the trial's cycles);
+    the second runner is a one-thread :class:`~concurrent.futures.ThreadPoolExecutor` that makes it at its first
+    sample (its sessions loaded from the cache) and runs the samples this thread hands it, one at a time. Each
+    runner takes the next free sample, at most :attr:`AHEAD` past the awaited one (the second is handed its next
+    before this one runs or a record is yielded, so it works during the comparison too). A second runner that
+    cannot be made, exposes other tensors or fails a sample is not used again, and that sample is run again here, so
+    a failure is the first runner's, as without it. :meth:`close` (after the last sample read, an early stop or an
+    error) lets the second runner finish its sample and joins it."""
 
-    #: how many samples the helper runs past the one the comparison awaits (records held in memory; 1 keeps both
-    #: runners busy, and an early stop waits for at most the one sample the helper started with it)
+    #: how many samples a runner runs past the one the comparison awaits (records held in memory; 1 keeps both
+    #: runners busy, and an early stop waits for at most the one sample the second runner started with it)
     AHEAD = 1
 
     def __init__(self, runner: Any, sink: MemorySink, feeds: Sequence[dict[str, np.ndarray]], part: str,
                  second: Callable[[], Any] | None = None) -> None:
         self.runner, self.sink, self.feeds, self.part, self.second = runner, sink, list(feeds), part, second
-        self._cv = threading.Condition()
-        self._next = 0  # the next sample nobody has taken
-        self._want = 0  # the sample the comparison awaits
-        self._done: dict[int, Any] = {}  # sample -> the helper's record
-        self._failed: set[int] = set()  # samples the helper could not run (run again here)
-        self._busy: int | None = None  # the sample the helper runs now
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._use = second is not None and len(self.feeds) > 1  # False once the second runner is not used
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-second-runner") if self._use else None
+        self._theirs: tuple[int, cf.Future] | None = None  # the sample the second runner has, and its record
+        self._other: Any = None  # the second runner and its sink, once made (in the pool's thread)
+        self._other_sink: MemorySink | None = None
         #: the samples the second runner ran, and its seconds running them
         self.helped: list[int] = []
         self.helped_s = 0.0
@@ -898,109 +897,71 @@ class _Samples:
         except Exception as e:
             return e
 
-    def _take(self) -> int | None:
-        """The next sample for this thread: the awaited one when nobody took it (or the helper failed it), else the
-        next free one within reach; None: the awaited one is the helper's."""
-        with self._cv:
-            if self._want in self._failed:
-                self._failed.discard(self._want)
-                return self._want
-            if self._next <= self._want or (self._next < len(self.feeds) and self._next <= self._want + self.AHEAD):
-                self._next += 1
-                return self._next - 1
-            return None
+    def _theirs_run(self, i: int) -> Any:
+        """Sample ``i`` on the second runner (in the pool's thread; made and prepared at its first sample)."""
+        if self._other is None:
+            self._other = self.second()  # type: ignore[misc]
+            self._other_sink = MemorySink(self._other.backend, self._other.info, path=self.sink.path)
+            self._other.prepare()
+            if [s.output for s in self._other.sites] != [s.output for s in self.runner.sites]:
+                raise RuntimeError("the second runner exposes other tensors")
+        t0 = time.perf_counter()
+        rec = self._run(self._other, self._other_sink, i)  # type: ignore[arg-type]
+        self.helped.append(i)
+        self.helped_s += time.perf_counter() - t0
+        return rec
+
+    def _hand(self, i: int, want: int) -> int:
+        """Hand sample ``i`` to an idle second runner when it is free and within reach; the next free sample."""
+        if self._use and self._theirs is None and i < min(len(self.feeds), want + self.AHEAD + 1):
+            self._theirs = (i, self._pool.submit(self._theirs_run, i))  # type: ignore[union-attr]
+            return i + 1
+        return i
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        n, mine = len(self.feeds), {}
+        n, free = len(self.feeds), 0  # free: the next sample nobody has taken
+        mine: dict[int, Any] = {}  # records (or exceptions) not yielded yet, the second runner's once collected
         try:
-            if self.second is not None and n > 1:
-                self._next = 1  # sample 0 is this runner's
+            if self._use:
                 self.runner.prepare()  # its sessions, compiled or loaded (and cached for the second runner)
-                self._thread = threading.Thread(target=self._help, name="ivq-tune-second-runner", daemon=True)
-                self._thread.start()
-                mine[0] = self._mine(0)
-            while self._want < n:
-                interrupt.raise_if_signalled()
-                i = self._want
-                if i not in mine:
-                    with self._cv:
-                        got = self._done.pop(i, None)
-                    if got is None:
-                        j = self._take()
-                        if j is not None:
-                            mine[j] = self._mine(j)
-                            continue
-                        with self._cv:  # the awaited sample is the helper's
-                            while i not in self._done and i not in self._failed and self._busy == i:
-                                self._cv.wait(1.0)
-                        continue
-                    mine[i] = got
-                rec = mine.pop(i)
+            for want in range(n):
+                while want not in mine:
+                    interrupt.raise_if_signalled()
+                    if self._theirs is not None and self._theirs[1].done():  # the second runner's record is in
+                        (i, f), self._theirs = self._theirs, None
+                        if f.exception() is None:
+                            mine[i] = f.result()
+                        else:  # not used again; the sample runs here (a failure is the first runner's)
+                            self._use = False
+                            mine[i] = self._mine(i)
+                    elif free < min(n, want + self.AHEAD + 1):  # this runner takes the next free sample
+                        j, free = free, self._hand(free + 1, want)
+                        mine[j] = self._mine(j)
+                    else:  # the awaited sample is the second runner's
+                        cf.wait([self._theirs[1]], timeout=1.0)  # type: ignore[index]
+                rec = mine.pop(want)
                 if isinstance(rec, Exception):
                     raise rec
-                with self._cv:
-                    self._want = i + 1
-                    self._cv.notify_all()
-                yield i, rec
+                free = self._hand(free, want + 1)
+                yield want, rec
         finally:
             for rec in mine.values():
                 if not isinstance(rec, Exception):
                     rec.close()
             self.close()
 
-    def _help(self) -> None:
-        try:
-            other = self.second()  # type: ignore[misc]
-        except Exception:  # (this thread runs every sample then)
-            return
-        sink = MemorySink(other.backend, other.info, path=self.sink.path)
-        try:
-            other.prepare()
-            if [s.output for s in other.sites] != [s.output for s in self.runner.sites]:
-                return
-            while True:
-                with self._cv:
-                    while not self._closed and self._next < len(self.feeds) and self._next > self._want + self.AHEAD:
-                        self._cv.wait(1.0)
-                    if self._closed or self._next >= len(self.feeds):
-                        return
-                    i = self._busy = self._next
-                    self._next += 1
-                t0 = time.perf_counter()
-                try:
-                    rec = self._run(other, sink, i)
-                except Exception:
-                    with self._cv:
-                        self._failed.add(i)
-                        self._busy = None
-                        self._cv.notify_all()
-                    return
-                with self._cv:
-                    self._busy = None
-                    self.helped.append(i)
-                    self.helped_s += time.perf_counter() - t0
-                    if self._closed:
-                        rec.close()
-                        return
-                    self._done[i] = rec
-                    self._cv.notify_all()
-        except Exception:  # preparing the second runner failed: this thread runs every sample
-            return
-        finally:
-            other.close()
-
     def close(self) -> None:
-        """Stop the helper (it finishes the sample it runs), join it, drop the records nobody read."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        with self._cv:
-            for rec in self._done.values():
-                rec.close()
-            self._done.clear()
+        """Let the second runner finish its sample, join it, drop the record nobody read, close the runner."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._theirs is not None:
+            f = self._theirs[1]
+            if not f.cancelled() and f.exception() is None:
+                f.result().close()
+            self._theirs = None
+        if self._other is not None:
+            self._other.close()
+            self._other = None
 
 
 def one_trial(tuner: Tuner, label: str, suggestions: Sequence[Suggestion] = ()) -> Trial:
