@@ -212,7 +212,8 @@ def _run(cmd: list[str], log: Path, opts: argparse.Namespace, ok: tuple[int, ...
          src: str | None = None) -> dict[str, Any]:
     m = run_measured(cmd, log=log, guard=opts.guard, env=ivq_env(src), ok_codes=ok)
     res = step_result(m) if m.ok and cmd[1].endswith(".py") else {}
-    return {**res, "wall_s": round(m.seconds, 2), "peak_rss": m.peak_rss, **({} if m.ok else {"error": m.why()})}
+    return {**res, "wall_s": round(m.seconds, 2), "cpu_s": round(m.cpu_seconds, 2), "peak_rss": m.peak_rss,
+            **({} if m.ok else {"error": m.why()})}
 
 
 def _step(name: str, args: dict[str, Any], log: Path, opts: argparse.Namespace, script: Path | None = None
@@ -378,6 +379,8 @@ def _fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best = dict(min(ok, key=lambda r: r["wall_s"]) if ok else runs[0])
     if len(runs) > 1:
         best["rounds_s"] = [r.get("wall_s") for r in runs]
+        if any("cpu_s" in r for r in runs):
+            best["rounds_cpu_s"] = [r.get("cpu_s") for r in runs]
     return best
 
 
@@ -515,8 +518,12 @@ def details(res: dict[str, Any]) -> list[str]:
             r = v[rev]
             rounds = (f"; rounds: capture {v['capture']['rounds_s']} s, diagnose {r['rounds_s']} s"
                       if "rounds_s" in r else "")
-            out.append(f"diagnose {k} ({v['model']}, {rev} revision): capture {v['capture'].get('wall_s')} s, diagnose "
-                       f"{r.get('wall_s')} s = {r.get('ratio')}× ({r.get('units')} units, {r.get('sessions')} sessions)"
+            if "rounds_cpu_s" in r:
+                rounds += f" (CPU {r['rounds_cpu_s']} s)"
+            # CPU (user + system) beside the wall: on a shared machine the load inflates it least
+            out.append(f"diagnose {k} ({v['model']}, {rev} revision): capture {v['capture'].get('wall_s')} s "
+                       f"(CPU {v['capture'].get('cpu_s')} s), diagnose {r.get('wall_s')} s (CPU {r.get('cpu_s')} s) "
+                       f"= {r.get('ratio')}× ({r.get('units')} units, {r.get('sessions')} sessions)"
                        + rounds
                        + "".join(f"; {s} error: {x['error']}" for s, x in (("capture", v["capture"]), ("diagnose", r))
                                  if "error" in x))

@@ -79,3 +79,19 @@ def test_the_capture_sections_identity_check_names_a_difference(tmp_path: Path) 
     moved = bench_loop.identity(tmp_path / "base", tmp_path / "moved", tmp_path / "logs")
     assert moved["ref dumps"].endswith("IDENTICAL")
     assert moved["test dumps"].startswith("DIFFERENT") and moved["ivq-diff --json"].startswith("DIFFERENT"), moved
+
+
+def test_the_diagnose_rows_print_each_steps_cpu_beside_its_wall() -> None:
+    """The processes' CPU (user + system, ``os.wait4``) beside their wall time: what a shared machine's load
+    inflates least, every round's too."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_loop
+
+    caps = [{"wall_s": 3.0, "cpu_s": 2.4}, {"wall_s": 2.6, "cpu_s": 2.3}]
+    tries = [{"this": {"wall_s": 6.0, "cpu_s": 6.3, "units": 447, "sessions": 1}},
+             {"this": {"wall_s": 5.2, "cpu_s": 6.1, "units": 447, "sessions": 1}}]
+    row = {"model": "ViT 12 blocks", **bench_loop._best_of(caps, tries)}
+    row["this"]["ratio"] = 2.0
+    (line,) = bench_loop.details({"diagnose": {"cpu": row}})
+    assert "capture 2.6 s (CPU 2.3 s), diagnose 5.2 s (CPU 6.1 s) = 2.0×" in line
+    assert "diagnose [6.0, 5.2] s (CPU [6.3, 6.1] s)" in line
