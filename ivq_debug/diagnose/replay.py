@@ -215,6 +215,13 @@ def _noise_power(acc: MetricAccumulator) -> float:
     return acc.sum_sq_err
 
 
+def _record_keys(ref: Any, rids: list[str]) -> list[dict[str, Any]]:
+    """The (sample, part, step) of each replayed record, in replay order."""
+    by_rid = ref.records.set_index("rid")
+    return [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
+             "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+
+
 def replay(
     qdq_model: str | os.PathLike | Model,
     reference: Any,
@@ -308,9 +315,7 @@ def replay(
         progress=progress)
     _add_cumulative(table, runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
     spread = spread_by_weight(fmodel if fmodel is not None else model)
-    by_rid = ref.records.set_index("rid")
-    recs = [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
-             "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+    recs = _record_keys(ref, rids)
     accumulation = _accumulation(model, table, budget, recs[0], attribution, cumulative, ref, rids, runnable)
     return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
