@@ -167,7 +167,44 @@ def step_forward_all(a: dict[str, Any]) -> dict[str, Any]:
     return {"outputs": len(sess.get_outputs()), "bytes": n}
 
 
-STEP_FUNCS = {"build": step_build, "trial": step_trial, "forward-all": step_forward_all}
+def step_diff_split(a: dict[str, Any]) -> dict[str, Any]:
+    """The CPU seconds (this thread's) of each part of the comparator's per-pair work over ``ivq-diff``'s pairs of
+    ``a["ref"]`` vs ``a["test"]``, one pair after the other in one thread: opening and checking the two datasets
+    (their dtype and file layout), reading the blocks (a derived tensor: dequantized), the pinned metrics, the
+    encoding fit. ``python bench/bench_loop.py --step diff-split --step-args '{"ref": "ref.h5", "test": "test.h5"}'``
+    (with ``PYTHONPATH`` at another revision's ``ivq_debug``: that revision's costs)."""
+    from ivq_debug.align.matcher import align
+    from ivq_debug.dump.reader import open_dump
+    from ivq_debug.encoding_fit import EncodingAccumulator
+    from ivq_debug.metrics import MetricAccumulator, one_blas_thread
+
+    ref, test = open_dump(a["ref"]), open_dump(a["test"])
+    pairs = align(ref, test).pairs
+    t = {"open": 0.0, "read": 0.0, "metrics": 0.0, "fit": 0.0}
+    n = (4 << 20) // 4
+    with one_blas_thread:
+        for p in pairs:
+            c0 = time.thread_time()
+            ref.stored_dtype(p.ref), test.stored_dtype(p.test), ref.raw_layout(p.ref), test.raw_layout(p.test)
+            c1 = time.thread_time()
+            blocks = list(zip(ref.iter_flat(p.ref, n), test.iter_flat(p.test, n), strict=True))
+            c2 = time.thread_time()
+            acc, enc = MetricAccumulator(), EncodingAccumulator.for_encoding(p.test.encoding)
+            for r, x in blocks:
+                c3 = time.thread_time()
+                r64 = acc.update(r, x)
+                c4 = time.thread_time()
+                if enc is not None:
+                    enc.update(r64)
+                t["metrics"] += c4 - c3
+                t["fit"] += time.thread_time() - c4
+            t["open"] += c1 - c0
+            t["read"] += c2 - c1
+    return {"pairs": len(pairs), "elements": int(sum(p.ref.size for p in pairs)),
+            **{k: round(v, 3) for k, v in t.items()}}
+
+
+STEP_FUNCS = {"build": step_build, "trial": step_trial, "forward-all": step_forward_all, "diff-split": step_diff_split}
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -175,7 +212,8 @@ def _run(cmd: list[str], log: Path, opts: argparse.Namespace, ok: tuple[int, ...
          src: str | None = None) -> dict[str, Any]:
     m = run_measured(cmd, log=log, guard=opts.guard, env=ivq_env(src), ok_codes=ok)
     res = step_result(m) if m.ok and cmd[1].endswith(".py") else {}
-    return {**res, "wall_s": round(m.seconds, 2), "peak_rss": m.peak_rss, **({} if m.ok else {"error": m.why()})}
+    return {**res, "wall_s": round(m.seconds, 2), "cpu_s": round(m.cpu_seconds, 2), "peak_rss": m.peak_rss,
+            **({} if m.ok else {"error": m.why()})}
 
 
 def _step(name: str, args: dict[str, Any], log: Path, opts: argparse.Namespace, script: Path | None = None
@@ -225,7 +263,11 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
     out: dict[str, Any] = {"rows": {r.tool: {"total_s": r.total, "failed": r.failed,
                                              **{s: r.sec(s) for s in ("capture_ref", "capture_test", "compare")}}
                                     for r in rows},
-                           "rounds_s": {k: [r.total for r in v] for k, v in rounds.items()}}
+                           "rounds_s": {k: [r.total for r in v] for k, v in rounds.items()},
+                           "rounds_steps_s": {k: [{s: r.sec(s) for s in STEPS} for r in v]
+                                              for k, v in rounds.items() if k.startswith("ivq")},
+                           "rounds_steps_cpu_s": {k: [{s: _cpu(r, s) for s in STEPS} for r in v]
+                                                  for k, v in rounds.items() if k.startswith("ivq")}}
     # the machine's limit: forwards with every output + raw write of the dumps' bytes + sequential read
     d = Path(ivq.extra.get("dir", work / "ivq-full"))
     lim: dict[str, Any] = {}
@@ -281,6 +323,16 @@ def identity(base: Path, this: Path, logs: Path) -> dict[str, str]:
     return out
 
 
+#: the steps of capture ×2 + diff
+STEPS = ("capture_ref", "capture_test", "compare")
+
+
+def _cpu(row: Row, step: str) -> float | None:
+    """User + system CPU seconds of a step's process (what a loaded machine inflates least)."""
+    m = row.steps.get(step)
+    return round(m.cpu_seconds, 2) if m is not None and m.ok else None
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
@@ -327,6 +379,8 @@ def _fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best = dict(min(ok, key=lambda r: r["wall_s"]) if ok else runs[0])
     if len(runs) > 1:
         best["rounds_s"] = [r.get("wall_s") for r in runs]
+        if any("cpu_s" in r for r in runs):
+            best["rounds_cpu_s"] = [r.get("cpu_s") for r in runs]
     return best
 
 
@@ -446,6 +500,11 @@ def details(res: dict[str, Any]) -> list[str]:
                       if cap.get("baseline_dump_bytes") else ""))
         if any(len(v) > 1 for v in cap.get("rounds_s", {}).values()):
             out.append("capture rounds (s): " + "; ".join(f"{k} {v}" for k, v in cap["rounds_s"].items()))
+            for k, v in cap.get("rounds_steps_s", {}).items():
+                cpu = cap.get("rounds_steps_cpu_s", {}).get(k, [{}] * len(v))
+                out.append(f"{k} rounds (capture ref, capture test, compare: wall s / CPU s): "
+                           + "; ".join(", ".join(f"{_s(r[s])}/{_s(c.get(s))}" for s in STEPS)
+                                       for r, c in zip(v, cpu, strict=True)))
         if cap["ratios"].get("baseline_vs_ort") is not None:
             out.append(f"baseline revision: capture ×2 + diff / qdq_loss_debug = {cap['ratios']['baseline_vs_ort']} "
                        f"(this revision: {cap['ratios']['ivq_vs_ort']})")
@@ -459,8 +518,12 @@ def details(res: dict[str, Any]) -> list[str]:
             r = v[rev]
             rounds = (f"; rounds: capture {v['capture']['rounds_s']} s, diagnose {r['rounds_s']} s"
                       if "rounds_s" in r else "")
-            out.append(f"diagnose {k} ({v['model']}, {rev} revision): capture {v['capture'].get('wall_s')} s, diagnose "
-                       f"{r.get('wall_s')} s = {r.get('ratio')}× ({r.get('units')} units, {r.get('sessions')} sessions)"
+            if "rounds_cpu_s" in r:
+                rounds += f" (CPU {r['rounds_cpu_s']} s)"
+            # CPU (user + system) beside the wall: on a shared machine the load inflates it least
+            out.append(f"diagnose {k} ({v['model']}, {rev} revision): capture {v['capture'].get('wall_s')} s "
+                       f"(CPU {v['capture'].get('cpu_s')} s), diagnose {r.get('wall_s')} s (CPU {r.get('cpu_s')} s) "
+                       f"= {r.get('ratio')}× ({r.get('units')} units, {r.get('sessions')} sessions)"
                        + rounds
                        + "".join(f"; {s} error: {x['error']}" for s, x in (("capture", v["capture"]), ("diagnose", r))
                                  if "error" in x))

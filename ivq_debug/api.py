@@ -13,7 +13,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from threading import Event
+from types import SimpleNamespace
 from typing import Any
 
 from ivq_debug import comparator, defaults
@@ -181,11 +184,17 @@ def diagnose(
     only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
-        cmp = compare(reference, test_d, records=only, only_records=True, allow_input_mismatch=allow,
-                      diagnose=False)
-        return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
-                      budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
-                      lift=lift, executor=executor, shards=shards, progress=progress)
+        cmp_args = dict(records=only, only_records=True, allow_input_mismatch=allow, diagnose=False)
+        if factory is not None:  # another backend: the comparison first, then the replay
+            cmp = compare(reference, test_d, **cmp_args)
+            return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
+                          budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
+                          lift=lift, executor=executor, shards=shards, progress=progress)
+        with ThreadPoolExecutor(1, thread_name_prefix="ivq-compare") as pool:
+            cmp = _PendingComparison.start(pool, reference, test_d, **cmp_args)
+            return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
+                          budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
+                          lift=lift, executor=executor, shards=shards, progress=progress)
 
     r = run(ref_d, allow_input_mismatch)
     if r.skipped and fmodel is not None:  # tensors neither the reference nor the lineage name: the preprocessing
@@ -198,6 +207,41 @@ def diagnose(
             shutil.rmtree(tmp, ignore_errors=True)
         r.note = note
     return r
+
+
+class _PendingComparison:
+    """The comparison of :func:`diagnose` on the exact CPU path, computed in a thread while the replay runs: its
+    aligned pairs, reference and test dumps at once (the replay's reference index reads them first), every other
+    attribute (``table``, ...) from the finished comparison, waiting for it and raising what it raised. The replay
+    reads the table only after its shadow and effect runs (``replay``), so the pairs' metrics run beside them: on
+    ``bench/bench_loop.py``'s 12-block ViT the 485 pairs' metrics, 1.5-1.9 s of CPU, on the core ONNX Runtime's
+    runs leave idle (``docs/scale.md``, fourth pass)."""
+
+    def __init__(self, future: Any, pairs: list[Any], ref: Dump, test: Dump) -> None:
+        self._future = future
+        self.alignment = SimpleNamespace(pairs=pairs)
+        self.ref, self.test = ref, test
+
+    @classmethod
+    def start(cls, pool: ThreadPoolExecutor, ref: Dump, test: Dump, **options: Any) -> Any:
+        """:func:`compare` of ``ref`` and ``test`` started on ``pool``; returned once its pairs are aligned (or,
+        when it ends before that, e.g. a broken input contract, its result or its exception)."""
+        aligned = Event()
+        pairs: list[Any] = []
+
+        def select(p: list[Any]) -> list[Any]:
+            pairs.extend(p)
+            aligned.set()
+            return p
+
+        fut = pool.submit(compare, ref, test, select=select, progress=False, **options)
+        while not aligned.wait(0.02):
+            if fut.done():
+                return fut.result()
+        return cls(fut, pairs, ref, test)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._future.result(), name)
 
 
 def replay_factory(backend: str, **options: Any) -> Any:

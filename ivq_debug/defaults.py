@@ -209,6 +209,12 @@ REPLAY_MIN_JOBS = 8
 #: a thread's spin changes no kernel): the effect graph's run 1.46-2.98 s wall / 1.2-1.6 s CPU spinning, 0.86-1.52
 #: s / 0.8-0.85 s not; the shadow model's 0.54-2.10 / 0.64-1.08 s against 0.60-1.76 / 0.54-0.67 s (docs/scale.md)
 REPLAY_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
+#: threads of ``ivq diagnose``'s CPU counterfactual runs without ``--executor`` (at most one per core): the targets
+#: in as many one-graph groups, each group's ONNX Runtime session run in its own thread (each group also runs the
+#: unchanged model once, the values its copies read). Every figure is the same to the bit (each variant computes
+#: what its own model computes, in any group). On bench_loop's 12-block ViT (7 targets) on 2 cores: docs/scale.md,
+#: fourth pass
+EFFECT_THREADS = 2
 #: replay self-check: a unit whose isolated backend output differs from the full-graph output (fed the same
 #: upstream integers) by more than this many quantization steps is computed differently in the full graph
 REPLAY_SELFCHECK_STEPS = 1.0

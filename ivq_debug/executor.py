@@ -17,7 +17,8 @@ numbers). An executor runs a list of jobs against a shard folder:
 Every executor is one ``submit(job) -> concurrent.futures.Future`` under the same loop (:func:`_drive`: skip,
 submit, collect, retry, progress): :class:`LocalExecutor` (a ``concurrent.futures`` process pool of ``workers``
 started by ``forkserver``, so a worker inherits no ONNX Runtime session or thread of the parent; in-process and
-sequential when ``workers == 1``: ONNX Runtime and the QNN emulator are process-bound) and :class:`RayExecutor`
+sequential when ``workers == 1``: ONNX Runtime and the QNN emulator are process-bound; threads of this process
+with ``threads``, for jobs that release the GIL) and :class:`RayExecutor`
 (``ray.init(address=...)`` or an already-initialized cluster; each task writes its shard on shared storage and
 returns its path, its ``ObjectRef.future()`` is the future; the optional extra ``ivq-debug[ray]``). Shards are small JSON documents; numbers round-trip
 exactly (Python's ``repr`` of a float is the shortest string that reads back to the same double).
@@ -323,12 +324,15 @@ def _drive(todo: list[Job], submit: Callable[[Job], cf.Future], report: RunRepor
 class LocalExecutor:
     """A ``concurrent.futures`` process pool of ``workers`` processes started by ``forkserver`` (a worker is a fresh
     interpreter: no ONNX Runtime session of the parent is inherited, so none can hang in a forked destructor);
-    ``workers == 1`` runs the jobs in this process, one after the other (no pool)."""
+    ``workers == 1`` runs the jobs in this process, one after the other (no pool). With ``threads``, ``workers``
+    threads of this process instead: for jobs whose work releases the GIL (ONNX Runtime CPU sessions: ``ivq
+    diagnose``'s counterfactual runs without ``--executor``), without a new interpreter's imports."""
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, threads: bool = False) -> None:
         if int(workers) < 1:
             raise UsageError(f"--workers must be at least 1, got {workers}")
         self.workers = int(workers)
+        self.threads = threads
 
     def run(self, jobs: list[Job], folder: str | os.PathLike, description: str = "jobs",
             progress: bool = True) -> RunReport:
@@ -338,6 +342,11 @@ class LocalExecutor:
         report = RunReport(folder, done, skipped, [])
         if self.workers == 1:
             _drive(todo, lambda j: _done(lambda: run_job(j, str(folder))), report, description, progress, limit=1)
+            return report
+        if self.threads:
+            with cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ivq-job") as threads:
+                _drive(todo, lambda j: threads.submit(run_job, j, str(folder)), report, description, progress,
+                       limit=self.workers)
             return report
         pools: list[cf.ProcessPoolExecutor | None] = [None]
         owner: dict[cf.Future, cf.ProcessPoolExecutor] = {}

@@ -94,6 +94,22 @@ def test_the_api_gives_the_cli_document(m, tmp_path: Path) -> None:
     assert r.first_breaking["node"] == vit.ACT_NODE
 
 
+def test_the_comparison_in_a_thread_gives_the_sequential_replay(m, monkeypatch) -> None:
+    """On the exact CPU path ``ivq.diagnose`` computes the comparison in a thread beside the replay, which fills the
+    cumulative columns after its effect runs: the document is the one of the comparison made first, to the bit."""
+    from ivq_debug.diagnose.replay import replay
+
+    started = []
+    start = api._PendingComparison.start
+    monkeypatch.setattr(api._PendingComparison, "start", lambda *a, **k: started.append(1) or start(*a, **k))
+    r = ivq.diagnose(m["ref"], m["test"], m["act"], record="all", progress=False)
+    seq = replay(m["act"], m["ref"], record="all", progress=False,
+                 cumulative=ivq.compare(m["ref"], m["test"], diagnose=False, progress=False))
+    assert started == [1] and r.effects["runs"] >= 2
+    assert r.table["cum_sqnr_db"].notna().sum() > 50 and r.table["inherited_share"].notna().sum() > 50
+    assert _timeless(json.loads(json.dumps(r.to_json()))) == _timeless(json.loads(json.dumps(seq.to_json())))
+
+
 def test_session_flags_reach_the_replay_runner() -> None:
     p = build_parser()
     args = p.parse_args(["diagnose", "r.h5", "t.h5", "--model", "q.onnx", "--backend", "qnn", "--optimization",

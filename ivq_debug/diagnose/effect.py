@@ -28,7 +28,8 @@ Cost: one run of the whole model per distinct target plus the unchanged model. O
 what lies downstream of them), one session, one run per record, with every figure what the target's own model
 gives, to the bit; on another backend each target is its own model and session (a backend may refuse one lifted
 model and place another). The runs are jobs on the executor (:mod:`ivq_debug.executor`; a group of targets per
-worker on the CPU) keyed by content (the model's, the reference's and the float model's SHA-256, the records,
+worker on the CPU; without an executor and kept shards, a group per thread of this process,
+``defaults.EFFECT_THREADS``) keyed by content (the model's, the reference's and the float model's SHA-256, the records,
 the lifted tensors and weights, the backend and the versions), so ``--shards`` keeps them and a rerun skips
 them. The targets are bounded: the :data:`EFFECT_GROUPS` worst groups over budget and the
 :data:`EFFECT_UNITS` worst units (``replay`` picks them; identical targets share one run).
@@ -415,6 +416,7 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: 
         backend = describe_factory(runner_factory)
     except UsageError:  # a closure cannot go to a worker: it runs in this process, keyed by its name
         backend = repr(runner_factory)
+    executor = executor or _in_process(runner_factory, kept=shards is not None)
     _LOADED.clear()  # this run's models, already parsed
     _LOADED.update({file_version(m.path): m for m in (qdq, fmodel) if m is not None})
     ref_path = str(Path(ref.path).resolve())
@@ -437,8 +439,7 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: 
         tmp = shards = tempfile.mkdtemp(prefix=".ivq-effect-shards-")
     by_spec: dict[tuple[Any, ...], dict[str, Any]] = {}
     try:
-        report = (executor or LocalExecutor(1)).run(list(jobs.values()), shards, "effect on the output",
-                                                    progress=progress)
+        report = executor.run(list(jobs.values()), shards, "effect on the output", progress=progress)
         failed = {f.key: f.error for f in report.failures}
         for k, group in members.items():
             if k in failed:
@@ -456,6 +457,15 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: 
     docs, refused = _split(spec, by_spec)
     resumed = sum(len(members[k]) for k in report.skipped if k in members)
     return docs, refused, len(by_spec), resumed
+
+
+def _in_process(runner_factory: Callable[[Any], Any] | None, kept: bool) -> Executor:
+    """The executor of the runs without one: on the CPU, when no shard is kept, ``defaults.EFFECT_THREADS`` threads
+    (at most one per core), a group of targets each (:func:`_grouped`); else one job at a time in this process (kept
+    shards are keyed by their group: a rerun with or without ``LocalExecutor(1)`` resumes them)."""
+    if runner_factory is None and not kept:
+        return LocalExecutor(max(1, min(defaults.EFFECT_THREADS, os.cpu_count() or 1)), threads=True)
+    return LocalExecutor(1)
 
 
 def _split(spec: dict[str, Spec], by_spec: dict[tuple[Any, ...], dict[str, Any]]

@@ -215,6 +215,13 @@ def _noise_power(acc: MetricAccumulator) -> float:
     return acc.sum_sq_err
 
 
+def _record_keys(ref: Any, rids: list[str]) -> list[dict[str, Any]]:
+    """The (sample, part, step) of each replayed record, in replay order."""
+    by_rid = ref.records.set_index("rid")
+    return [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
+             "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+
+
 def replay(
     qdq_model: str | os.PathLike | Model,
     reference: Any,
@@ -297,17 +304,18 @@ def replay(
         done, jobs = replay_jobs(executor, shards, model, ref, cumulative, rids, batches, runner_factory, do_check,
                                  progress)
     accs, backend, info, sessions = _merged(done)
-    table = _table(runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
-    # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py
+    table = _table(runnable, accs, attribution)
+    # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py. They
+    # read the replay's own columns only, so the comparison's table is waited for after them (api.diagnose computes
+    # it in a thread meanwhile)
     idx0 = index(rids[0])
     evidence, effects, lifted = replay_effects(
         model, ref, rids, table, budget, read=lambda t: idx0.read(t) if idx0.source(t) is not None else None,
         float_model=fmodel, runner_factory=runner_factory, executor=executor, shards=shards, measure=lift,
         progress=progress)
+    _add_cumulative(table, runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
     spread = spread_by_weight(fmodel if fmodel is not None else model)
-    by_rid = ref.records.set_index("rid")
-    recs = [{"sample": int(by_rid.loc[rid]["sample"]), "part": by_rid.loc[rid]["part"],
-             "step": int(by_rid.loc[rid]["step"])} for rid in rids]
+    recs = _record_keys(ref, rids)
     accumulation = _accumulation(model, table, budget, recs[0], attribution, cumulative, ref, rids, runnable)
     return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
@@ -427,9 +435,9 @@ def _cumulative(cumulative: Any, ref: Any, rids: list[str], runnable: list[Unit]
     return cum_rows, cum_noise
 
 
-def _table(runnable: list[Unit], accs: dict[str, Acc], attribution: str, cum_rows: dict[str, Any],
-           cum_noise: dict[str, float]) -> Any:
-    """The replay table (:data:`COLUMNS`), one row per unit in execution order."""
+def _table(runnable: list[Unit], accs: dict[str, Acc], attribution: str) -> Any:
+    """The replay table (:data:`COLUMNS`), one row per unit in execution order; the cumulative columns
+    (``cum_sqnr_db``, ``cum_max_abs``, ``inherited_share``) NaN until :func:`_add_cumulative` fills them."""
     import pandas as pd
 
     rows = []
@@ -458,15 +466,30 @@ def _table(runnable: list[Unit], accs: dict[str, Acc], attribution: str, cum_row
             "approximate": bool(a.selfcheck is not None and a.selfcheck > defaults.REPLAY_SELFCHECK_STEPS),
             "signal": a.local.sum_r2,
         }
-        c = cum_rows.get(u.node)
-        if c is not None:
-            row["cum_sqnr_db"] = c["sqnr_db"]
-            row["cum_max_abs"] = c["max_abs"]
-            p_cum = cum_noise.get(u.node)
-            row["inherited_share"] = (max(0.0, 1.0 - row["intro_noise"] / p_cum) if p_cum
-                                      else (0.0 if p_cum == 0 else None))
         rows.append(row)
     table = pd.DataFrame(rows, columns=COLUMNS).sort_values("order", kind="stable").reset_index(drop=True)
     for c in FLOAT_COLUMNS:
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
     return table
+
+
+def _add_cumulative(table: Any, runnable: list[Unit], accs: dict[str, Acc], attribution: str,
+                    cum_rows: dict[str, Any], cum_noise: dict[str, float]) -> None:
+    """Fill the replay table's cumulative columns in place (each unit's comparison row of its worst record, and
+    the share of its cumulative noise it inherited), with the values and arithmetic of one row at a time."""
+    import pandas as pd
+
+    cum: dict[str, dict[str, Any]] = {}
+    for u in runnable:
+        c = cum_rows.get(u.node)
+        if c is None:
+            continue
+        a = accs[u.node]
+        intro = _noise_power(a.local if attribution == "local" else a.iso)
+        p_cum = cum_noise.get(u.node)
+        cum[u.node] = {"cum_sqnr_db": c["sqnr_db"], "cum_max_abs": c["max_abs"],
+                       "inherited_share": (max(0.0, 1.0 - intro / p_cum) if p_cum else (0.0 if p_cum == 0 else None))}
+    nodes = table["node"].tolist()
+    for col in ("cum_sqnr_db", "cum_max_abs", "inherited_share"):
+        vals = [cum[n][col] if n in cum else None for n in nodes]
+        table[col] = pd.to_numeric(pd.Series(vals, index=table.index, dtype=object), errors="coerce").astype("float64")

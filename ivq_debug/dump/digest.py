@@ -10,7 +10,11 @@ The writer computes it as entries arrive and stores it in the root attribute :da
 dump; a dump written before that (or by another writer) gets it computed on read, one pass over every tensor
 (:meth:`~ivq_debug.dump.reader.Dump.content_digest`). Its cost at write is one SHA-256 pass over the bytes
 kept: 256 MiB of float32 in 64 tensors took 1.5-1.7 s to write without it and 2.2-2.7 s with it on the
-shared 2-core build box (SHA-256 there ran at 0.34 GB/s; hashing in a thread beside the HDF5 write was slower).
+shared 2-core build box (SHA-256 there ran at 0.34 GB/s; hashing in a thread beside the HDF5 write alone was
+slower). Since then the writer hashes the tensors a runner hands over (``add_tensor(..., owned=True)``) in its own
+thread, beside the HDF5 writes *and the next forward* (ONNX Runtime releases the GIL), with their statistics; the
+entries are sorted here, so the order their digests arrive in does not change the digest (docs/scale.md,
+"Capture ×2 + diff against the machine's limit").
 """
 
 from __future__ import annotations

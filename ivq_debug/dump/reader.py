@@ -205,10 +205,11 @@ class Dump:
         """Entries of one kind (``tensor`` or ``input``), optionally of one record, in execution order."""
         rid = self._rid(record) if record is not None else None
         if self._sorted is None:  # sorted once: callers list one record after the other
-            self._sorted = {}
+            index: dict[tuple[str, str], list[Entry]] = {}
             for e in sorted(self.entries, key=lambda e: (e.rid, e.order)):
-                self._sorted.setdefault((e.kind, ""), []).append(e)
-                self._sorted.setdefault((e.kind, e.rid), []).append(e)
+                index.setdefault((e.kind, ""), []).append(e)
+                index.setdefault((e.kind, e.rid), []).append(e)
+            self._sorted = index  # published whole: a second thread never sees a half-filled index
         return list(self._sorted.get((kind, rid or ""), []))
 
     def size(self) -> DumpSize:

@@ -205,7 +205,7 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
          legal: Callable[[Lever], bool] | None = None,
          units: Callable[[Lever], Sequence[Lever]] | None = None,
          state: dict[str, Any] | None = None,
-         resolve: Callable[[], None] | None = None) -> list[Lever]:
+         resolve: Callable[[Collection[str]], None] | None = None) -> list[Lever]:
     """The combination step: greedy growth of the best measured lever by the other levers, at most ``budget``
     extra trials; returns the combinations measured (``measure`` runs a batch and appends their rows to ``rows``).
 
@@ -227,9 +227,11 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
     best of them is grown on when it adds the minimum gain.
 
     ``state``: ``state["current"]`` is set to the current set's name before each batch is measured (the search's
-    early stop of a combination that cannot grow it, :func:`search`). ``resolve()``: called before the greedy
-    rounds rank their parts — the search runs the levers it stopped early on every sample, so the parts are the
-    same as without early stops (a lever stopped as dominated cannot be the start: a measured lever beat it)."""
+    early stop of a combination that cannot grow it, :func:`search`). ``resolve(names)``: the search runs these
+    levers it stopped early (rows with ``stopped``) on every sample. A round calls it for a stopped lever only when
+    the lever could rank before the next part it takes (its gain at most ``stopped["gain_at_most_db"]``, its size
+    known) and its combination with the current set would be tried; so the parts and the rounds are those without
+    early stops (a lever stopped as dominated cannot be the start: a measured lever beat it)."""
     row = {r["lever"]: r for r in rows}
     by = {lv.name: lv for lv in levers}
 
@@ -282,24 +284,48 @@ def grow(levers: Sequence[Lever], rows: Sequence[dict[str, Any]], measure: Calla
                 own.append(c)
         if own:
             keep_best(own)
-    if resolve is not None and len(done) < budget and not (reached and reached(row[current.name])):
-        resolve()
-        row.update({r["lever"]: r for r in rows})
-        gained, parts = ranked()
+    def efficiency(n: str, gain: float) -> float:
+        return gain / max(rel(n) or 0.0, COST_FLOOR)
+
+    def tried(p: Lever) -> Lever | None:
+        """The combination of the current set with ``p`` a round measures, or None when it skips it."""
+        if set(p.parts) <= set(current.parts):
+            return None
+        c = combine(current, p)
+        grow_by = [rel(n) for n in c.parts if n in row]
+        if c.signature() in seen or (legal and not legal(c)) or (
+                max_size is not None and None not in grow_by and sum(grow_by) > max_size - 1.0):
+            return None
+        return c
+
+    def unsure(above: float) -> list[str]:
+        """Stopped levers that may rank at or before a part of efficiency ``above`` and would be tried."""
+        return [n for n in by if n in row and (row[n].get("stopped") or {}).get("dominated")
+                and row[n]["stopped"].get("gain_at_most_db", 0.0) > 0
+                and efficiency(n, row[n]["stopped"]["gain_at_most_db"]) >= above and tried(by[n]) is not None]
+
     while len(done) < budget and not (reached and reached(row[current.name])):
         batch: list[Lever] = []
+        need: list[str] = []
         for p in parts:
             if len(batch) >= min(width, budget - len(done)):
                 break
-            if set(p.parts) <= set(current.parts):
-                continue
-            c = combine(current, p)
-            grow_by = [rel(n) for n in c.parts if n in row]
-            if c.signature() in seen or (legal and not legal(c)) or (
-                    max_size is not None and None not in grow_by and sum(grow_by) > max_size - 1.0):
+            need = unsure(efficiency(p.name, row[p.name]["gain_db"]) if p.name in gained else -math.inf)
+            if need:
+                break
+            c = tried(p)
+            if c is None:
                 continue
             seen.add(c.signature())
             batch.append(c)
+        else:
+            need = unsure(-math.inf)
+        if need and resolve is not None:  # their figures decide this round: measured in full, the round again
+            seen.difference_update(c.signature() for c in batch)
+            resolve(need)
+            row.update({r["lever"]: r for r in rows})
+            gained, parts = ranked()
+            continue
         if not batch:
             break
         if not keep_best(batch):
@@ -493,7 +519,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             sc = _score(tr, watch)
             if tr.stopped and stop is not None and sc is not None:
                 row |= {"model_bytes": tr.model_bytes, "cycles": tr.cycles,
-                        "stopped": tr.stopped | {"at_most_db": sc, "floor_db": stop[0].floor, "dominated": sc >= s0}}
+                        "stopped": tr.stopped | {"at_most_db": sc, "gain_at_most_db": sc - s0,
+                                                 "floor_db": stop[0].floor, "dominated": sc >= s0}}
                 where = f"at most {sc:.2f} dB after {tr.stopped['samples']} of {tr.stopped['of']} samples (stopped)"
                 w = min(watch, key=lambda n: tr.sqnr(n) if tr.sqnr(n) is not None else math.inf)
                 row["status"] = (f"dominated: {where} < {stop[0].floor:.2f} dB, {stop[1]}, and a lever of no "

@@ -51,3 +51,47 @@ def test_repeat_reports_each_steps_fastest_round_and_every_round() -> None:
     assert row["identical"] is False
     one = bench_loop._best_of([{"wall_s": 6.0}], [{"this": {"wall_s": 12.0}}])
     assert one == {"capture": {"wall_s": 6.0}, "this": {"wall_s": 12.0}}  # one round: as before, no rounds list
+
+
+def test_the_capture_sections_identity_check_names_a_difference(tmp_path: Path) -> None:
+    """``--baseline-src``: both revisions' dumps and ``ivq-diff`` documents go through ``check_identity.py``; the same
+    capture written twice is IDENTICAL, one changed value is not."""
+    import numpy as np
+
+    from ivq_debug.dump import DumpWriter
+    from tests.support.cli import ivq_cli
+
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_loop
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    for rev, bump in (("base", 0.0), ("this", 0.0), ("moved", 1e-3)):
+        d = tmp_path / rev
+        d.mkdir()
+        for side, noise in (("ref", 0.0), ("test", 0.01)):
+            with DumpWriter(d / f"{side}.h5", backend="x") as w:
+                w.begin_record()
+                w.add_tensor("y", x + np.float32(noise) + np.float32(bump if side == "test" else 0.0), order=0)
+        assert ivq_cli("diff", d / "ref.h5", d / "test.h5", "--json", d / "diff.json", "-q") in (0, 1)
+    same = bench_loop.identity(tmp_path / "base", tmp_path / "this", tmp_path / "logs")
+    assert same["ref dumps"].endswith("IDENTICAL") and same["ivq-diff --json"].endswith("IDENTICAL"), same
+    moved = bench_loop.identity(tmp_path / "base", tmp_path / "moved", tmp_path / "logs")
+    assert moved["ref dumps"].endswith("IDENTICAL")
+    assert moved["test dumps"].startswith("DIFFERENT") and moved["ivq-diff --json"].startswith("DIFFERENT"), moved
+
+
+def test_the_diagnose_rows_print_each_steps_cpu_beside_its_wall() -> None:
+    """The processes' CPU (user + system, ``os.wait4``) beside their wall time: what a shared machine's load
+    inflates least, every round's too."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_loop
+
+    caps = [{"wall_s": 3.0, "cpu_s": 2.4}, {"wall_s": 2.6, "cpu_s": 2.3}]
+    tries = [{"this": {"wall_s": 6.0, "cpu_s": 6.3, "units": 447, "sessions": 1}},
+             {"this": {"wall_s": 5.2, "cpu_s": 6.1, "units": 447, "sessions": 1}}]
+    row = {"model": "ViT 12 blocks", **bench_loop._best_of(caps, tries)}
+    row["this"]["ratio"] = 2.0
+    (line,) = bench_loop.details({"diagnose": {"cpu": row}})
+    assert "capture 2.6 s (CPU 2.3 s), diagnose 5.2 s (CPU 6.1 s) = 2.0×" in line
+    assert "diagnose [6.0, 5.2] s (CPU [6.3, 6.1] s)" in line

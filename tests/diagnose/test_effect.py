@@ -178,11 +178,31 @@ def test_two_workers_split_the_targets_into_two_graphs_with_the_same_figures(m, 
     ref = open_dump(m["ref"])
     rid = ref.records["rid"].iloc[0]
     targets = [Target(f"t{i}", t, w) for i, (t, w) in enumerate(specs_of(runs["act"].effects)[1:])]
-    one = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"])
+    one = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"], executor=LocalExecutor(1))
     two = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"], executor=LocalExecutor(2),
                           shards=tmp_path / "sh")
     assert len(list((tmp_path / "sh").glob("*.json"))) == 2 and two["runs"] == one["runs"] == len(targets) + 1
     assert {k: v for k, v in two.items() if k != "seconds"} == {k: v for k, v in one.items() if k != "seconds"}
+
+
+def test_without_an_executor_the_cpu_runs_are_two_graphs_in_threads_with_the_figures_of_one(m, runs) -> None:
+    """``defaults.EFFECT_THREADS``: without an executor (and no kept shard) the CPU targets go in two groups, each
+    one graph and one ONNX Runtime session run in its own thread; every figure is the one graph's, to the bit."""
+    import os
+
+    from ivq_debug import defaults
+
+    ref = open_dump(m["ref"])
+    rid = ref.records["rid"].iloc[0]
+    targets = [Target(f"t{i}", t, w) for i, (t, w) in enumerate(specs_of(runs["act"].effects)[1:])]
+    assert len(targets) >= 2 and defaults.EFFECT_THREADS == 2
+    with counting() as one_graph:
+        one = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"], executor=LocalExecutor(1))
+    with counting() as threaded:
+        both = measure_effects(m["act"], ref, [rid], targets, float_model=m["float"])
+    groups = min(defaults.EFFECT_THREADS, os.cpu_count() or 1)  # one per core at most
+    assert sum(one_graph["ort_session"].values()) == 1 and sum(threaded["ort_session"].values()) == groups
+    assert {k: v for k, v in both.items() if k != "seconds"} == {k: v for k, v in one.items() if k != "seconds"}
 
 
 def test_a_shard_with_fewer_runs_than_its_targets_is_refused(m, tmp_path) -> None:

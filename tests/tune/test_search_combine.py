@@ -111,3 +111,31 @@ def test_combinations_flag_is_checked_before_any_work(two, tmp_path, capsys, ext
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and says in err[0], err
     assert not (tmp_path / "w").exists()
+
+
+def test_a_round_runs_a_stopped_lever_whole_only_when_it_could_rank_among_the_parts_it_takes() -> None:
+    """Without trials: a lever the search stopped early as dominated (no gain figure, at most a bound) is run on
+    every sample (``resolve``) only when its bound could rank it before a part the round takes; then the round is
+    the one a search without early stops makes."""
+    def lv(name: str) -> Lever:
+        return Lever(name, "unit", "a8w8", False, "minmax", [Suggestion(name, "a16", "r", 0.0, 1.0)])
+
+    levers = [lv(n) for n in ("big", "cheap", "mid", "stopped-low", "stopped-high")]
+    rows = [{"lever": n, "status": "ok", "gain_db": g, "model_bytes": b, "task": {}}
+            for n, g, b in (("big", 10.0, 200), ("cheap", 2.0, 101), ("mid", 1.0, 110))]
+    rows += [{"lever": n, "status": "dominated: …", "gain_db": None, "model_bytes": b, "task": {},
+              "stopped": {"dominated": True, "gain_at_most_db": g}}
+             for n, g, b in (("stopped-low", 0.05, 150), ("stopped-high", 3.0, 101))]
+    asked: list[list[str]] = []
+    resolved: list[list[str]] = []
+
+    def resolve(names) -> None:  # the lever measured in full: +2.5 dB at +1 % size ranks first (250 dB per unit)
+        resolved.append(sorted(names))
+        for r in rows:
+            if r["lever"] in names:
+                r.update(status="ok", gain_db=2.5 if r["lever"] == "stopped-high" else 0.01, stopped=None)
+
+    grow(levers, rows, lambda b: asked.append([x.name for x in b]), budget=2, base_bytes=100.0, resolve=resolve)
+    # stopped-low (at most +0.05 dB at +50 %) cannot rank before cheap or mid: never run again
+    assert resolved == [["stopped-high"]]
+    assert asked == [["big + stopped-high", "big + cheap"]]
