@@ -94,6 +94,8 @@ def test_the_api_gives_the_cli_document(m, tmp_path: Path) -> None:
     assert r.first_breaking["node"] == vit.ACT_NODE
 
 
+# slow: two diagnoses of the ViT, 24 s at load ~3 (the default suite stays within 6 min)
+@pytest.mark.slow
 def test_the_comparison_in_a_thread_gives_the_sequential_replay(m, monkeypatch) -> None:
     """On the exact CPU path ``ivq.diagnose`` computes the comparison in a thread beside the replay, which fills the
     cumulative columns after its effect runs: the document is the one of the comparison made first, to the bit."""

@@ -31,6 +31,8 @@ def _identical(a: Path, b: Path) -> None:
         assert da.manifest.equals(db.manifest)
 
 
+# slow: six CLI captures, 30 s at load ~3 (the default suite stays within 6 min)
+@pytest.mark.slow
 @needs_qnn
 def test_a_capture_with_the_stats_thread_is_the_capture_without_it(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
