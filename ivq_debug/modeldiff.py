@@ -25,8 +25,9 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -41,12 +42,17 @@ from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.dump.reader import Entry
 from ivq_debug.onnxgraph.inputs import check_feeds
 
+T = TypeVar("T")
+U = TypeVar("U")
+
 
 class HeldCapture:
     """One ONNX model run on the samples into memory, the values of one sample held at a time.
 
     :meth:`hold` runs sample ``i`` (record ``(i, part, 0)``, the record ``ivq capture onnx`` writes) and drops the
-    values of the sample held before; the records' listing (entries, record meta, tables, ``/meta``) stays.
+    tensors of the sample held before; the records' listing (entries, record meta, tables, ``/meta``) and every
+    record's inputs (the feeds, which the caller holds anyway) stay: the ``preprocess_mismatch`` diagnostic reads
+    every record's pixels, which cost a forward of each sample on each side again (1.2 of 6.5 s on the ViT).
     :meth:`dump` is a :class:`~ivq_debug.dump.reader.Dump` over one record or all of them.
 
     Args:
@@ -77,7 +83,9 @@ class HeldCapture:
     def _hold(self, i: int) -> None:
         if self._held == i:
             return
-        self.sink._arrays.clear()  # one sample at a time: the one held goes before the next runs
+        arrays = self.sink._arrays  # one sample's tensors at a time: the ones held go before the next sample runs
+        for key in [k for k in arrays if k[1] != "input"]:  # (the inputs are the samples' feeds: kept)
+            del arrays[key]
         self._held = None
         if i not in self._rids:
             self._rids[i] = self.sink.begin_record(sample=i, part=self.part, step=0)
@@ -147,6 +155,20 @@ def held_capture(model: str | Path, samples: Sequence[Mapping[str, np.ndarray]],
     return HeldCapture(runner, samples, model, part)
 
 
+def _both(pool: ThreadPoolExecutor, ref: Callable[[], T], test: Callable[[], U]) -> tuple[T, U]:
+    """``ref()`` here and ``test()`` in ``pool``'s thread, at once: ORT releases the GIL while it makes or runs a
+    session, so one model's work overlaps the other's Python side (a forward's tensors handed to the sink, a QDQ
+    model's values dequantized). Each session runs as alone (its own threads; the same bits: the bench's identity
+    check). An error is the reference's first, as its capture runs first on the dump path."""
+    theirs = pool.submit(test)
+    try:
+        mine = ref()
+    except BaseException:
+        wait([theirs])
+        raise
+    return mine, theirs.result()
+
+
 def compare_models(
     ref_model: str | Path,
     test_model: str | Path,
@@ -182,16 +204,16 @@ def compare_models(
             inputs (exit 6, unless ``allow_input_mismatch``); AlignmentError: no common record (``records``).
     """
     sources = list(sources) if sources is not None else [f"sample {i}" for i in range(len(samples))]
-    ref = held_capture(ref_model, samples, sources, part, options)
-    test = held_capture(test_model, samples, sources, part, options)
     joined = RecordwiseComparison()
     steps = range(len(samples))
-    for i in track(steps, "running and comparing", total=len(steps)) if progress else steps:
-        interrupt.raise_if_signalled()
-        ref.hold(i)
-        test.hold(i)
-        joined.add(comparator.compare(ref.dump(i), test.dump(i), budgets=budgets, rank_by=rank_by,
-                                      mapping=mapping, records=records, progress=False, memo=joined.memo))
+    with ThreadPoolExecutor(1, thread_name_prefix="ivq-diff-test-model") as pool:
+        ref, test = _both(pool, lambda: held_capture(ref_model, samples, sources, part, options),
+                          lambda: held_capture(test_model, samples, sources, part, options))
+        for i in track(steps, "running and comparing", total=len(steps)) if progress else steps:
+            interrupt.raise_if_signalled()
+            _both(pool, lambda i=i: ref.hold(i), lambda i=i: test.hold(i))
+            joined.add(comparator.compare(ref.dump(i), test.dump(i), budgets=budgets, rank_by=rank_by,
+                                          mapping=mapping, records=records, progress=False, memo=joined.memo))
     ref.finish()
     test.finish()
     ref_d, test_d = ref.dump(), test.dump()

@@ -96,12 +96,13 @@ def test_one_sample_is_held_at_a_time_and_a_value_read_later_is_made_again(model
     held.hold(0)
     first = {k[2]: a.copy() for k, a in held.sink._arrays.items() if k[1] == "tensor"}
     held.hold(1)
-    assert {k[0] for k in held.sink._arrays} == {"r000001"}  # sample 0's values dropped
+    assert {k[0] for k in held.sink._arrays if k[1] == "tensor"} == {"r000001"}  # sample 0's tensors dropped
+    assert {k[0] for k in held.sink._arrays if k[1] == "input"} == {"r000000", "r000001"}  # the feeds kept
     whole = held.dump()
     assert len(whole.record_keys()) == 2 and held.forwards == 2
     e = whole.entry("f0", "r000000")
     again = whole.read(e)  # sample 0 again: one more forward, the same bits
-    assert held.forwards == 3 and {k[0] for k in held.sink._arrays} == {"r000000"}
+    assert held.forwards == 3 and {k[0] for k in held.sink._arrays if k[1] == "tensor"} == {"r000000"}
     assert again.tobytes() == first["f0"].tobytes()
     assert not np.array_equal(again, whole.read(whole.entry("f0", "r000001")))  # another sample's values
 
@@ -147,3 +148,16 @@ def test_bad_inputs_are_one_line(models: dict[str, Any], tmp_path: Path, capfd: 
     assert ivq_cli("diff", *argv) == code
     err = capfd.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_comparison_and_its_diagnostics_run_each_sample_once(models: dict[str, Any]) -> None:
+    """The default ``ivq diff`` (alignment, metrics, contract, every diagnostic) runs each sample once per model:
+    what the diagnostics read after the comparison is the records' inputs, which stay held."""
+    from ivq_debug.arrays import read_arrays
+    from ivq_debug.modeldiff import compare_models
+
+    paths = models["inputs"][1::2]
+    cmp = compare_models(models["float"], models["qdq"], [read_arrays(p) for p in paths], sources=paths,
+                         options={"selection": Selection()}, progress=False)
+    assert cmp.summary["pairs"] == 3 * 39 and cmp.findings  # (the saturation findings of the dump path)
+    assert cmp.ref._held.forwards == 3 and cmp.test._held.forwards == 3
