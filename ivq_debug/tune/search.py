@@ -49,6 +49,7 @@ from ivq_debug.tune.suggest import SUGGESTION_SCHEMA, Suggestion
 from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
 from ivq_debug.tune.sweep import SWEEP_FIELDS, job_meta
 from ivq_debug.tune.verify import (
+    Stop,
     Trial,
     Tuner,
     TuneReport,
@@ -697,7 +698,7 @@ RESULT_SCHEMA: dict[str, Any] = {
 
 
 @dataclass
-class Below:
+class Below(Stop):
     """The ``stop`` of a lever's trial (:meth:`~ivq_debug.tune.verify.Tuner.trial`, told the trial's model bytes and
     HTP cycles through :meth:`observe`): True once the worst SQNR so far of the watched tensors (``bound``: a worst
     SQNR only falls as samples are added, so the lever's final score is at most that) is below ``base`` (the
