@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         f"by gain per cost; default {COMBINATIONS}, 0: none)")
     p.add_argument("--no-early-stop", action="store_true",
                    help="--search: run every lever on every evaluation sample (by default a lever stops at the sample "
-                        "that proves it lowers the output or cannot be chosen; the choice is the same)")
+                        "that proves it lowers a watched tensor or cannot be chosen; the choice is the same)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
