@@ -49,7 +49,7 @@ from ivq_debug.dump import Dump, open_dump
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.dump.stats import tensor_stats
-from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.errors import InputError, IvqError, RunError, UsageError, one_line
 from ivq_debug.executor import job_key, versions
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
@@ -78,7 +78,7 @@ CHECKPOINT = "checkpoint.json"
 #: the workdir folder of calibration results every trial of one quantizer setting shares
 #: (:func:`~ivq_debug.qnn.quantize.calibration_cache_key`)
 CALIBRATION_CACHE = "calibration-cache"
-#: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
+#: how many candidate sets :func:`verify` tries before it gives up (each is one trial: quantize + a partial capture)
 MAX_CANDIDATES = 6
 
 
@@ -1217,7 +1217,7 @@ def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (
     and no task metric is recommended, the others are refused with their reason (module docstring)."""
     before = before or tuner.trial("before", [])
     if before.error:
-        raise InputError(f"the baseline trial failed: {before.error}")
+        raise RunError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
     cands = list(candidates) if candidates is not None else candidate_sets(suggestions)
@@ -1353,7 +1353,7 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
     tuner = tuner.watching(watch)
     before = tuner.trial("before", [])
     if before.error:
-        raise InputError(f"the baseline trial failed: {before.error}")
+        raise RunError(f"the baseline trial failed: {before.error}")
 
     def score(tr: Trial) -> float:
         vals = [tr.sqnr(w) for w in watch]
