@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import comparator, defaults, interrupt
-from ivq_debug.align.matcher import Alignment
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
+from ivq_debug.comparator.records import RecordwiseComparison
 from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
 from ivq_debug.dump.contract import input_digest
@@ -706,16 +706,12 @@ class Tuner:
         comparison reads it (:meth:`live`). ``second``: makes a second runner of the same model; the samples then
         run on both at once, in two threads (:class:`_Samples`: the same records, compared in order).
         """
-        import pandas as pd
-
         live, stop = self.live(), as_stop(stop)
         ref_file = open_dump(self.reference) if live is None else None
         sink = MemorySink(runner.backend, runner.info, path=f"<trial of {Path(runner.model_path).name}>"
                           if getattr(runner, "model_path", None) else "<trial>")
-        memo: dict[Any, Any] = {}
-        tables, per, pairs = [], [], []
-        un_ref: list[Any] = []
-        un_test: list[Any] = []
+        joined = RecordwiseComparison()  # (the alignment's value checks shared across the records)
+        per: list[dict[str, np.ndarray]] = []
         last = held = held_ref = None
         cycles: float | None = None
         worst: dict[str, float] = {}
@@ -727,14 +723,11 @@ class Tuner:
                     if stop is not None:
                         stop.observe(cycles=cycles)
                 ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i, measure))
-                cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
+                cmp = comparator.compare(ref, mem, progress=False, memo=joined.memo, select=None if measure is None else
                                          lambda ps: _pairs_naming(ps, measure))
                 if live is not None and i != hold:
                     ref.close()  # the live reference keeps what was read (within its budget)
-                tables.append(cmp.table)
-                pairs += cmp.alignment.pairs
-                un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
-                un_test += cmp.alignment.unmatched_test
+                joined.add(cmp, (i, self.part, 0))
                 if outputs:
                     per += _outputs(mem, outputs)
                 if last is not None and last is not held:
@@ -751,12 +744,9 @@ class Tuner:
         assert last is not None, "a tune has at least one evaluation input"
         if last is not held:
             last.close()
-        full = [t for t in tables if len(t)]
-        table = pd.concat(full, ignore_index=True) if full else tables[0]
-        al = Alignment(pairs, un_ref, un_test, [], [])
         test = held if held is not None else last
         ref = ref_file if ref_file is not None else (held_ref if held_ref is not None else ref)
-        return comparator.Comparison(ref, test, table, al, cmp.budgets, cmp.rank_by), per, cycles
+        return joined.result(ref, test), per, cycles
 
     def _runner(self, qdq: Path, prof: Path, fallback: bool, check: bool = True) -> Any:
         """The trial's runner: ORT CPU-QDQ or QNN HTP, every tensor exposed. ``check``: an HTP runner makes the
