@@ -192,7 +192,8 @@ def execute_diff(args: argparse.Namespace) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI (docs/cli.md).")
+    p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI, or two ONNX models run on "
+                                             "--inputs in memory (docs/cli.md).")
     p.add_argument("--version", action="version", version=f"ivq-debug {__version__}")
     add_diff_arguments(p)
     args = p.parse_args(argv)
