@@ -9,11 +9,8 @@ unit's errors into its :class:`Acc` (the definitions: :mod:`ivq_debug.diagnose.r
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,10 +27,6 @@ from ivq_debug.onnxgraph.sites import quant_params
 
 #: ``f(model) -> runner`` on the replay's backend (a :class:`Model` in memory, or a path)
 RunnerFactory = Callable[[Any], Any]
-#: threads of a record's per-unit sums (at most one per core): numpy's casts, differences and one-thread BLAS dots
-#: of each unit release the GIL, and a unit's sums are made in one thread in the order of one, so the figures are
-#: those of one loop (``docs/scale.md``, fifth pass: 0.30 s of CPU on bench_loop's 12-block ViT, 447 units)
-SUM_THREADS = 2
 
 
 def cpu_runner(model: Any) -> Any:
@@ -173,8 +166,7 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
     bmodel, b_map, _ = (build_replay_model(model, [batch[k] for k in on_backend], keys=on_backend)
                         if on_backend else (None, {}, {}))
     pool = SessionPool()
-    works = [_Work() for _ in range(max(1, min(SUM_THREADS, os.cpu_count() or 1, len(batch))))]
-    sum_pool = ThreadPoolExecutor(len(works), thread_name_prefix="ivq-sums")
+    work = _Work()
     try:
         for rid in ctx.rids:
             idx = ctx.indexes[rid]
@@ -191,14 +183,12 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
                 backend, info = br.backend, br.info
                 b = _run_backend(br, ctx.do_check, b_map, feeds, s_out, batch, on_backend, idx)
             shadow_on = s_runner.backend + (" (data movement: exact on every backend)" if not on_cpu else "")
-            list(sum_pool.map(partial(_accumulate_every, works=works, accs=accs, batch=batch, idx=idx, s_out=s_out,
-                                      b=b, backend=backend or "", shadow_on=shadow_on, out_scale=out_scale),
-                              range(len(works))))
+            for k, u in zip(keys, batch, strict=True):
+                _accumulate(accs[u.node], k, u, idx, s_out, b, backend or "", shadow_on, out_scale[u.node], work)
             del feeds, s_out, b
     finally:
         sessions += len(pool.runners)
         pool.close()
-        sum_pool.shutdown()
     return BatchResult(accs, backend, info, sessions)
 
 
@@ -252,16 +242,6 @@ class _Work:
         out = self.get(i, x.size)
         np.copyto(out, x.reshape(-1), casting="unsafe")
         return out
-
-
-def _accumulate_every(j: int, works: list[_Work], accs: dict[str, Acc], batch: list[Unit], idx: RefIndex,
-                      s_out: dict[str, np.ndarray], b: _BackendRun, backend: str, shadow_on: str,
-                      out_scale: dict[str, float | None]) -> None:
-    """:func:`_accumulate` of every ``len(works)``-th unit of the batch from the ``j``-th, in work arrays ``j`` (one
-    call per thread of :data:`SUM_THREADS`)."""
-    for k in range(j, len(batch), len(works)):
-        u = batch[k]
-        _accumulate(accs[u.node], k, u, idx, s_out, b, backend, shadow_on, out_scale[u.node], works[j])
 
 
 def _accumulate(a: Acc, k: int, u: Unit, idx: RefIndex, s_out: dict[str, np.ndarray], b: _BackendRun,
