@@ -8,7 +8,10 @@ process's start-up and imports, as a user waits for it):
    (``common.run_ivq`` / ``run_ort`` / ``run_polygraphy``, as ``bench_many.py`` runs them), and against the
    machine's limit: the two forwards with every output (the models ``qdq_loss_debug`` augmented, run once each
    on the same images) + a raw write of the bytes both dumps hold (``bench_limit.py``'s ``raw-write``: ``np.save``
-   + fsync) + a sequential read of both dumps from the disk (``bench_limit.py``'s ``read``);
+   + fsync) + a sequential read of both dumps from the disk (``bench_limit.py``'s ``read``); and **ivq diff in
+   memory** (``ivq diff FLOAT.onnx QDQ.onnx --inputs … --json``: both models run and compared in one process, no
+   dump; :func:`run_memory`) against ``qdq_loss_debug``, its document checked equal to the dump path's
+   (``check_identity.py compare``);
 2. **diagnose vs one capture** of the same model and record (``ivq diagnose`` replays the first record): on
    CPU-QDQ (``ivq capture onnx QDQ --inputs IMAGE0`` vs ``ivq diagnose REF TEST --model QDQ``) and on QNN HTP
    (``ivq capture qnn`` vs ``ivq diagnose … --backend qnn``) on a ViT of ``--htp-layers`` blocks (HTP
@@ -26,7 +29,8 @@ issue's full-size setting (tens of minutes).
 
 ``--repeat N`` runs the CPU diagnose row N times interleaved (capture, baseline, this revision) and reports each
 step's fastest round: on a shared machine the load only adds time, so the minimum is the figure to compare. The
-capture section takes it too: N rounds of (baseline with ``--baseline-src``, this revision, ``qdq_loss_debug``),
+capture section takes it too: N rounds of (baseline with ``--baseline-src``, this revision, this revision's
+``ivq diff`` in memory, ``qdq_loss_debug``),
 each tool's fastest round reported, every round listed.
 
     python bench/bench_loop.py [--quick] [--sections capture,diagnose,tune,demo] [--repeat N] [--json OUT]
@@ -73,6 +77,7 @@ SECTIONS = ("capture", "diagnose", "tune", "demo")
 #: issue 33's goals: (label, ratio key, at most)
 GOALS = (
     ("capture ×2 + diff / ORT qdq_loss_debug", "ivq_vs_ort", 0.8),
+    ("ivq diff in memory / ORT qdq_loss_debug", "memory_vs_ort", 0.8),
     ("capture ×2 + diff / Polygraphy", "ivq_vs_poly", 1 / 8),
     ("capture ×2 + diff / the machine's limit", "ivq_vs_limit", 1.3),
     ("ivq diagnose / one capture (CPU-QDQ)", "diagnose_cpu", 2.0),
@@ -239,7 +244,7 @@ def build(work: Path, layers: int, images: int, opts: argparse.Namespace) -> tup
 def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: argparse.Namespace) -> dict[str, Any]:
     """capture ×2 + diff: ivq-debug, qdq_loss_debug, Polygraphy and the machine's limit."""
     rows: list[Row] = []
-    rounds: dict[str, list[Row]] = {"ivq-debug": [], "ORT qdq_loss_debug": []}
+    rounds: dict[str, list[Row]] = {"ivq-debug": [], MEMORY: [], "ORT qdq_loss_debug": []}
     if opts.baseline_src:
         rounds["ivq-debug (baseline)"] = []
     for i in range(opts.repeat):  # interleaved: baseline, this revision, qdq_loss_debug, again
@@ -250,17 +255,19 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
                                                           src=opts.baseline_src, tag="base"))
         say("ivq-debug: capture ×2 + diff ...")
         rounds["ivq-debug"].append(run_ivq(work, "ivq-debug", fm, qm, inputs, opts))
+        say("ivq diff in memory ...")
+        rounds[MEMORY].append(run_memory(work, fm, qm, inputs, opts))
         say("ORT qdq_loss_debug ...")
         rounds["ORT qdq_loss_debug"].append(run_ort(work, fm, qm, inputs, opts, external=False))
     # each tool's fastest round (the load only adds time on a shared machine)
     best = {k: min(v, key=lambda r: r.total if r.total is not None else float("inf")) for k, v in rounds.items()}
-    ivq, ort = best["ivq-debug"], best["ORT qdq_loss_debug"]
-    rows += [ivq, ort] + ([best["ivq-debug (baseline)"]] if opts.baseline_src else [])
+    ivq, ort, mem = best["ivq-debug"], best["ORT qdq_loss_debug"], best[MEMORY]
+    rows += [ivq, mem, ort] + ([best["ivq-debug (baseline)"]] if opts.baseline_src else [])
     poly = None
     if not opts.no_polygraphy:
         say("Polygraphy ...")
         rows.append(poly := run_polygraphy(work, fm, qm, inputs, opts))
-    out: dict[str, Any] = {"rows": {r.tool: {"total_s": r.total, "failed": r.failed,
+    out: dict[str, Any] = {"rows": {r.tool: {"total_s": r.total, "failed": r.failed, "peak_rss": r.max_rss,
                                              **{s: r.sec(s) for s in ("capture_ref", "capture_test", "compare")}}
                                     for r in rows},
                            "rounds_s": {k: [r.total for r in v] for k, v in rounds.items()},
@@ -289,7 +296,9 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
     out["limit"] = lim
     out["dump_bytes"] = {s: (d / f"{s}.h5").stat().st_size for s in ("ref", "test") if (d / f"{s}.h5").exists()}
     out["ratios"] = {"ivq_vs_ort": _ratio(ivq.total, ort.total), "ivq_vs_poly": _ratio(ivq.total, poly and poly.total),
-                     "ivq_vs_limit": _ratio(ivq.total, lim.get("total_s"))}
+                     "ivq_vs_limit": _ratio(ivq.total, lim.get("total_s")),
+                     "memory_vs_ort": _ratio(mem.total, ort.total)}
+    out["memory_identity"] = memory_identity(d, Path(mem.extra.get("dir", work / "ivq-memory")), work / "identity")
     if opts.baseline_src:
         b = best["ivq-debug (baseline)"]
         bd = Path(b.extra.get("dir", work / "ivq-base"))
@@ -299,6 +308,48 @@ def section_capture(work: Path, fm: Path, qm: Path, inputs: list[Path], opts: ar
         out["identity"] = identity(bd, d, work / "identity")
     out["dir"] = str(d)
     return out
+
+
+#: the row of ``ivq diff FLOAT.onnx QDQ.onnx --inputs …`` (both models run and compared in memory, one process)
+MEMORY = "ivq diff in memory"
+
+
+def run_memory(work: Path, ref_model: Path, test_model: Path, inputs: list[Path], opts: argparse.Namespace) -> Row:
+    """``ivq diff REF.onnx TEST.onnx --inputs … --json`` (``docs/cli.md``): what ``run_ivq``'s two captures and
+    diff compute, in one process, nothing written but the JSON. Its wall time (imports included) is the row's
+    ``compare`` step; the captures are inside it (0 s of their own)."""
+    d = work / "ivq-memory"
+    d.mkdir(parents=True, exist_ok=True)
+    row = Row(MEMORY)
+    feeds = [x for p in inputs for x in ("--inputs", str(p))]
+    cmd = [bin_path("ivq"), "diff", str(ref_model), str(test_model), *feeds, "--json", str(d / "diff.json"),
+           "--force", "-q"]
+    row.steps["compare"] = m = run_measured(cmd, log=d / "diff", guard=opts.guard, env=ivq_env(), ok_codes=DIFF_OK,
+                                            require=d / "diff.json")
+    if m.ok:
+        row.seconds = {"capture_ref": 0.0, "capture_test": 0.0}
+        row.rss = {"capture_ref": m.peak_rss, "capture_test": m.peak_rss}
+    row.disk = 0
+    row.extra["dir"] = str(d)
+    return row
+
+
+def memory_identity(dumps: Path, memory: Path, logs: Path) -> str:
+    """The in-memory ``ivq diff``'s document against the dump path's (``check_identity.py compare``: every value,
+    the dumps' paths and creation times aside): its last output line."""
+    import subprocess
+
+    a, b = dumps / "diff.json", memory / "diff.json"
+    if not (a.is_file() and b.is_file()):
+        return "missing"
+    logs.mkdir(parents=True, exist_ok=True)
+    say("identity: ivq diff in memory vs capture ×2 + ivq-diff")
+    r = subprocess.run([sys.executable, str(HERE / "check_identity.py"), "compare", str(a), str(b)],
+                       capture_output=True, text=True, env=ivq_env())
+    (logs / "compare-memory.log").write_text(r.stdout + r.stderr)
+    lines = (r.stdout or r.stderr).strip().splitlines()
+    last = lines[-1] if lines else f"exit {r.returncode}"
+    return last.split(": ")[-1] if r.returncode == 0 else f"DIFFERENT (exit {r.returncode}; {logs / 'compare-memory.log'})"
 
 
 def identity(base: Path, this: Path, logs: Path) -> dict[str, str]:
@@ -480,15 +531,24 @@ def _s(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
 
 
+def _mib(v: int | None) -> str:
+    return "—" if v is None else f"{v / (1 << 20):,.0f} MiB"
+
+
 def details(res: dict[str, Any]) -> list[str]:
     """The figures behind each ratio, one line each."""
     out = []
     cap = res.get("capture")
     if cap:
         for tool, r in cap["rows"].items():
-            out.append(f"{tool}: total {_s(r['total_s'])} s (capture ref {_s(r['capture_ref'])}, capture test "
-                       f"{_s(r['capture_test'])}, compare {_s(r['compare'])})"
+            steps = ("one process: both forwards, alignment, metrics" if tool == MEMORY else
+                     f"capture ref {_s(r['capture_ref'])}, capture test {_s(r['capture_test'])}, compare "
+                     f"{_s(r['compare'])}")
+            out.append(f"{tool}: total {_s(r['total_s'])} s ({steps}; peak RSS {_mib(r.get('peak_rss'))})"
                        + (f"; FAILED {r['failed']}" if r["failed"] else ""))
+        if cap.get("memory_identity"):
+            out.append(f"ivq diff in memory vs capture ×2 + ivq-diff (check_identity.py compare): "
+                       f"{cap['memory_identity']}")
         lim = cap["limit"]
         if lim:
             out.append(f"limit: {lim.get('total_s')} s = forwards with every output {lim['forward_ref'].get('wall_s')} + "

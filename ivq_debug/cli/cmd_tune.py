@@ -59,8 +59,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                                         "calibrated and widened ranges")
     p.add_argument("--inputs", action="append", required=True, metavar="X.npz",
                    help="evaluation inputs, one .npz per sample (repeatable): scored only, never calibrated on")
-    p.add_argument("-o", "--workdir", required=True, help="folder for trial models, dumps, checkpoint and results")
-    p.add_argument("--reference", help="float reference dump of the same inputs (default: captured with ORT)")
+    p.add_argument("-o", "--workdir", required=True, help="folder for trial models, checkpoint and results (and dumps with --keep-dumps)")
+    p.add_argument("--reference", help="float reference dump of the same inputs (default: the float model run with ORT "
+                                       "in memory as the trials read it; --keep-dumps writes WORKDIR/reference.h5)")
     p.add_argument("--overrides", help="verify this overrides file instead of suggesting one")
     p.add_argument("--preset", default="a8w8", choices=["a8w8", "a16w8", "a16w16"])
     p.add_argument("--backend", default="qnn", choices=["qnn", "cpu"],
@@ -101,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         f"by gain per cost; default {COMBINATIONS}, 0: none)")
     p.add_argument("--no-early-stop", action="store_true",
                    help="--search: run every lever on every evaluation sample (by default a lever stops at the sample "
-                        "that proves it lowers the output or cannot be chosen; the choice is the same)")
+                        "that proves it lowers a watched tensor or cannot be chosen; the choice is the same)")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -116,19 +117,21 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="DB",
                    help="target SQNR of the watched tensors (greedy and sweep stop there; exit 1 when missed)")
     p.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES, metavar="N",
-                   help="candidate sets to try before giving up (each is one quantize + capture)")
+                   help="candidate sets to try before giving up (each is one trial; default %(default)s)")
     p.add_argument("--format", default="legacy", choices=["legacy", "1.0.0", "ort"],
                    help="overrides file format (every trial writes and reads it back)")
     p.add_argument("--keep-dumps", action="store_true",
-                   help="keep every dump and trial model (default: a finished run keeps the checkpoint, the overrides "
-                        "files and the baseline's and recommended QDQ models)")
-    p.add_argument("--resume", action="store_true", help="reuse the finished trials of WORKDIR/checkpoint.json")
+                   help="write and keep every trial's dump (the reference's too) and keep every trial model (default: "
+                        "no dump is written; a finished run keeps the checkpoint, the overrides files and the "
+                        "baseline's and recommended QDQ models)")
+    p.add_argument("--resume", action="store_true", help="reuse the finished trials of WORKDIR/trials/checkpoint.json")
     p.add_argument("--force", action="store_true", help="reuse a non-empty workdir, overwriting its files")
 
 
 def execute(args: argparse.Namespace) -> int:
     """Run the loop: every input is read and checked before the workdir is created; a workdir this run
-    created is removed when it fails."""
+    created is removed when it fails or is interrupted before it finished a trial (then the checkpoint or a shard
+    keeps it for ``--resume``)."""
     wd = Path(args.workdir)
     if wd.exists() and any(wd.iterdir()) and not (args.force or args.resume):
         raise UsageError("workdir is not empty; pass --force to reuse it (or --resume to reuse its trials)", wd)

@@ -1,25 +1,31 @@
-"""``ivq-diff``: compare two golden dumps for regression CI (contract: ``docs/cli.md``).
+"""``ivq-diff``: compare two golden dumps for regression CI (contract: ``docs/cli.md``); given two ONNX models and
+``--inputs`` instead, run both and compare them in memory (:mod:`ivq_debug.modeldiff`: the same document as
+``ivq capture onnx`` ×2 + ``ivq-diff``, no dump written).
 
 Exit codes: 0 pass · 1 a threshold or regression failed, or a finding at ``--fail-on`` severity (default:
-error) · 2 usage error · 3 an input is unreadable or corrupt · 4 alignment left more unmatched tensors than
-allowed · 6 contract: the dumps were not fed the same inputs (checked before any metric; ``--allow-input-mismatch``
-compares anyway). Errors are one line on stderr; the verdict line says why a run passed or failed
-(:mod:`ivq_debug.diagnose.verdict`).
+error) · 2 usage error · 3 an input is unreadable or corrupt (a dump, a model, an ``--inputs`` file, a sample the
+model refuses) · 4 alignment left more unmatched tensors than allowed · 6 contract: the dumps were not fed the same
+inputs (checked before any metric; ``--allow-input-mismatch`` compares anyway). Errors are one line on stderr; the
+verdict line says why a run passed or failed (:mod:`ivq_debug.diagnose.verdict`).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ivq_debug import __version__, defaults
 from ivq_debug.api import compare
+from ivq_debug.arrays import read_arrays
+from ivq_debug.cli import cmd_capture
 from ivq_debug.cli.common import check_args, comma_list, escape, run, write_json
 from ivq_debug.cli.render import FORMATS, comparison_report, emit, print_line, resolve_format
-from ivq_debug.comparator import Budgets, regressions_against
+from ivq_debug.comparator import Budgets, Comparison, regressions_against
 from ivq_debug.console import results
 from ivq_debug.diagnose.verdict import FAIL_ON, build_verdict, failing_findings
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import EXIT_FAIL, EXIT_OK, AlignmentError, UsageError
+from ivq_debug.modeldiff import compare_models
 from ivq_debug.report import write_report
 from ivq_debug.validate import read_baseline, read_name_map
 
@@ -46,8 +52,13 @@ def add_budget_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``ivq-diff`` (shared by ``ivq diff``)."""
-    p.add_argument("ref", help="reference dump (.h5)")
-    p.add_argument("test", help="test dump (.h5)")
+    p.add_argument("ref", help="reference dump (.h5), or a model (.onnx) with --inputs")
+    p.add_argument("test", help="test dump (.h5), or a model (.onnx) with --inputs")
+    p.add_argument("--inputs", action="append", default=None, metavar="X.npz",
+                   help="with two models (.onnx): the inputs both run, as `ivq capture onnx --inputs` takes them "
+                        "(one .npz per sample, repeat for several); each sample runs on both and is compared in "
+                        "memory, no dump written (the same result as the two captures and their diff)")
+    p.add_argument("--part", default=None, help="with two models: the record part name (default model)")
     p.add_argument("--json", metavar="OUT", help="write the ivq-diff/1 JSON result ('-' for stdout)")
     p.add_argument("--report", metavar="OUT.html", help="write the self-contained HTML report")
     add_budget_arguments(p)
@@ -93,22 +104,56 @@ def parse_allowance(value: str | None) -> int | float | None:
     return int(v) if v.is_integer() else v
 
 
+def two_models(args: argparse.Namespace) -> bool:
+    """True when REF and TEST are ONNX models (compared in memory on ``--inputs``), False for two dumps;
+    :class:`UsageError` for one of each, or for model-only flags given with dumps."""
+    models = [str(p).lower().endswith(".onnx") for p in (args.ref, args.test)]
+    if models[0] != models[1]:
+        raise UsageError("give two dumps (.h5) or two models (.onnx), not one of each")
+    if not models[0]:
+        for flag, given in (("--inputs", getattr(args, "inputs", None)), ("--part", getattr(args, "part", None))):
+            if given:
+                raise UsageError(f"{flag} applies to two models (.onnx); dumps hold their inputs")
+        return False
+    if not getattr(args, "inputs", None):
+        raise UsageError("two models (.onnx) are compared on --inputs X.npz (one per sample)")
+    if getattr(args, "expected", None):
+        raise UsageError("--expected reads the reference's values of every record after the comparison: capture "
+                         "the dumps (ivq capture onnx ... -o) and diff those")
+    return True
+
+
+def models_comparison(args: argparse.Namespace, budgets: Budgets, mapping: dict[str, str] | None,
+                      records: Any) -> Comparison:
+    """Two models run on ``--inputs`` and compared in memory (:func:`ivq_debug.modeldiff.compare_models`), each
+    run as ``ivq capture onnx MODEL --inputs …`` runs it (that command's runner options at their defaults)."""
+    cap = _Parser(prog="ivq capture")
+    cmd_capture.add_arguments(cap, "capture")
+    defaults_ns = cap.parse_args(["onnx", args.ref, "--inputs", args.inputs[0], "-o", "unused.h5"])
+    samples = [read_arrays(p) for p in args.inputs]
+    return compare_models(args.ref, args.test, samples, sources=args.inputs, part=args.part or "model",
+                          options=cmd_capture.runner_options(defaults_ns), budgets=budgets, rank_by=args.rank_by,
+                          mapping=mapping, records=records,
+                          allow_input_mismatch=getattr(args, "allow_input_mismatch", False))
+
+
 def execute_diff(args: argparse.Namespace) -> int:
     """Run a diff from parsed arguments; returns the exit code."""
     budgets = Budgets.from_args(args.min_sqnr, args.min_cosine, args.max_abs, args.budget, args.preset)
     mapping = read_name_map(args.map) if args.map else None
     baseline = read_baseline(args.baseline) if args.baseline else None
-    ref = open_dump(args.ref)
-    test = open_dump(args.test)
-    expected = open_dump(args.expected) if getattr(args, "expected", None) else None
     if getattr(args, "max_ratio", None) is not None and not args.max_ratio > 0:
         raise UsageError("--max-ratio must be > 0")
     parts = set(comma_list(args.records, "--records") or []) or None
     fail_on = getattr(args, "fail_on", defaults.DIFF_FAIL_ON)
-    cmp = compare(ref, test, budgets=budgets, rank_by=args.rank_by, mapping=mapping,
-                  records=(lambda k: k[1] in parts) if parts else None, expected=expected,
-                  k=getattr(args, "max_ratio", None),
-                  allow_input_mismatch=getattr(args, "allow_input_mismatch", False), fail_on=fail_on)
+    records = (lambda k: k[1] in parts) if parts else None
+    if two_models(args):
+        cmp = models_comparison(args, budgets, mapping, records)
+    else:
+        expected = open_dump(args.expected) if getattr(args, "expected", None) else None
+        cmp = compare(open_dump(args.ref), open_dump(args.test), budgets=budgets, rank_by=args.rank_by,
+                      mapping=mapping, records=records, expected=expected, k=getattr(args, "max_ratio", None),
+                      allow_input_mismatch=getattr(args, "allow_input_mismatch", False), fail_on=fail_on)
     if baseline is not None:
         cmp.regressions = regressions_against(cmp, baseline)
     allowance = parse_allowance(args.max_unmatched)
@@ -147,7 +192,8 @@ def execute_diff(args: argparse.Namespace) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI (docs/cli.md).")
+    p = _Parser(prog="ivq-diff", description="Compare two golden dumps for regression CI, or two ONNX models run on "
+                                             "--inputs in memory (docs/cli.md).")
     p.add_argument("--version", action="version", version=f"ivq-debug {__version__}")
     add_diff_arguments(p)
     args = p.parse_args(argv)

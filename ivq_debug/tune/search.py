@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,11 +45,12 @@ from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, Local
 from ivq_debug.inputfiles import sha256_file
 from ivq_debug.jsonio import json_safe
 from ivq_debug.onnxgraph.load import model_file_bytes
-from ivq_debug.tune.legal import forbidden, refusal
+from ivq_debug.tune.legal import forbidden, refusal, violations
 from ivq_debug.tune.suggest import SUGGESTION_SCHEMA, Suggestion
 from ivq_debug.tune.sweep import RESULT_SCHEMA as SWEEP_RESULT
 from ivq_debug.tune.sweep import SWEEP_FIELDS, job_meta
 from ivq_debug.tune.verify import (
+    Stop,
     Trial,
     Tuner,
     TuneReport,
@@ -413,6 +415,13 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                  "retried": [], "shards": str(shards)}
 
     state: dict[str, Any] = {}  # the combination step's current set (grow), "full": no early stop
+    # the models measured in full, by SHA-256: a lever quantized to one of them takes its figures (same_model)
+    same: dict[str, dict[str, Any]] = {}
+    if not before.error and before.stopped is None and Path(before.qdq_model).is_file():
+        same[sha256_file(before.qdq_model)] = {
+            "lever": "the baseline", "sqnr": dict(before.sqnr_table) or {
+                w: v for w in watch if (v := before.sqnr(w)) is not None},
+            "task": dict(before.task), "cycles": before.cycles, "samples": dict(before.samples)}
 
     def over(r: dict[str, Any]) -> list[str]:
         """What of ``--max-size`` / ``--max-cycles`` a measured row breaks."""
@@ -491,7 +500,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                 worker = _variant(tuner, lv).worker(root / "jobs" / label)
                 jobs[key] = Job(key, lever_job, {"tuner": worker, "label": label,
                                                  "suggestions": [x.to_dict() for x in lv.suggestions],
-                                                 "stop": below}, meta)
+                                                 "stop": below, "same": dict(same)}, meta)
             todo.append((lv, row, key))
         if not jobs:
             return
@@ -531,6 +540,13 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             row |= {"sqnr_db": sc, "gain_db": None if sc is None or s0 is None else sc - s0,
                     "model_bytes": tr.model_bytes, "cycles": tr.cycles, "task": dict(tr.task)}
             row["status"] = bad or "ok"
+            res = docs[key]["result"]
+            if res.get("same_model_as"):
+                row["same_model_as"] = res["same_model_as"]
+            elif not tr.error and tr.stopped is None and res.get("model_sha256"):
+                same.setdefault(res["model_sha256"], {"lever": lv.name, "sqnr": dict(res["sqnr"]),
+                                                      "task": dict(res["task"]), "cycles": res["cycles"],
+                                                      "samples": dict(res["samples"])})
 
     # the quantizer's knobs first: the best of them is what the diagnosis' levers must beat to matter (:func:`floor`)
     order = {lv.name: i for i, lv in enumerate(levers)}
@@ -600,6 +616,9 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             else:
                 r["eligible"] = True
                 r["status"] = "eligible"
+    for r in rows:
+        if r.get("same_model_as") and not r["eligible"]:
+            r["status"] += f" (the model of {r['same_model_as']}, the same bytes: its figures, not run again)"
     elig = [r for r in rows if r["eligible"]]
     for r in elig:  # the frontier: no eligible lever with cost <= and gain >= (one of them strictly)
         r["frontier"] = not any(o is not r and o["cost"] <= r["cost"] and o["gain_db"] >= r["gain_db"]
@@ -692,12 +711,13 @@ RESULT_SCHEMA: dict[str, Any] = {
         "samples": {"type": "object", "additionalProperties": {"type": "object"}},
         "stopped": {"type": ["object", "null"], "required": ["samples", "of"],
                     "properties": {"samples": {"type": "integer", "minimum": 1}, "of": {"type": "integer"}}},
-        "model_sha256": {"type": ["string", "null"]}},
+        "model_sha256": {"type": ["string", "null"]},
+        "same_model_as": {"type": "string"}},
 }
 
 
 @dataclass
-class Below:
+class Below(Stop):
     """The ``stop`` of a lever's trial (:meth:`~ivq_debug.tune.verify.Tuner.trial`, told the trial's model bytes and
     HTP cycles through :meth:`observe`): True once the worst SQNR so far of the watched tensors (``bound``: a worst
     SQNR only falls as samples are added, so the lever's final score is at most that) is below ``base`` (the
@@ -738,21 +758,58 @@ class Below:
             score > bound and self.cheaper(b, c) for score, b, c in self.rivals))
 
 
-def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], stop: Below | None = None
-              ) -> dict[str, Any]:
+def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], stop: Below | None = None,
+              same: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture; ``stop``: ended at the sample
     that makes it irrelevant, :class:`Below`), what the choice reads and its model's SHA-256 (the delivery of the
     chosen lever checks it, :func:`_deliver`), then its files removed (kept, with the trial's dump, when
-    ``tuner.keep_dumps``: ``--keep-dumps``)."""
-    tr = tuner.trial(label, [Suggestion(**x) for x in suggestions], stop=stop)  # a dump only with keep_dumps
-    out = {"label": tr.label, "error": tr.error, "sqnr": {} if tr.error else dict(tr.sqnr_table),
-           "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
-           "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
-           "fixes": list(tr.fixes), "samples": dict(tr.samples), "stopped": tr.stopped,
-           "model_sha256": None if tr.error or not tr.qdq_model.is_file() else sha256_file(tr.qdq_model)}
+    ``tuner.keep_dumps``: ``--keep-dumps``). ``same``: the figures of models measured in full, by SHA-256
+    (:func:`same_model`): a lever quantized to one of them takes its figures instead of running."""
+    sug = [Suggestion(**x) for x in suggestions]
+    out = same_model(tuner, label, sug, same) if same and not tuner.keep_dumps else None
+    if out is None:
+        tr = tuner.trial(label, sug, stop=stop)  # a dump only with keep_dumps
+        out = {"label": tr.label, "error": tr.error, "sqnr": {} if tr.error else dict(tr.sqnr_table),
+               "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
+               "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
+               "fixes": list(tr.fixes), "samples": dict(tr.samples), "stopped": tr.stopped,
+               "model_sha256": None if tr.error or not tr.qdq_model.is_file() else sha256_file(tr.qdq_model)}
     if not tuner.keep_dumps:
         shutil.rmtree(tuner.workdir, ignore_errors=True)
     return json_safe(out)
+
+
+def same_model(tuner: Tuner, label: str, suggestions: list[Suggestion], same: dict[str, dict[str, Any]]
+               ) -> dict[str, Any] | None:
+    """A lever's job result without running it, when its quantized model has the bytes of a model measured in
+    full on the same samples (``same``: ``{SHA-256: job result + "lever"}``): the same bytes on the same samples
+    give the same figures (the argument :func:`_deliver` rests on). On the PP-OCRv4 recognizer ORT's entropy
+    calibration (128 bins, 128 quantized bins: ``quantize_static`` passes no other) gives the MinMax ranges of
+    all 404 tensors, so the ``calibration entropy`` lever is the baseline's model: 12 emulated HTP lines for the
+    baseline's figures. None (the trial runs) when the quantization fails or is refused, the bytes are new, or
+    the figures held do not cover the tensors this lever measures (:meth:`~ivq_debug.tune.verify.Tuner.measured`).
+    The HTP cycles are the measured model's (the same bytes: its emulated profile)."""
+    t0 = time.perf_counter()
+    if forbidden(suggestions, tuner.source(), tuner.preset, tuner.target):
+        return None
+    wd = Path(tuner.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    qdq = wd / f"{label}.qdq.onnx"
+    try:
+        _, applied, fixes, _ = tuner._quantize(label, suggestions, qdq)  # the model cache serves the trial's
+    except Exception:  # the trial raises it again and records it as its result
+        return None
+    if violations(qdq, tuner.target):
+        return None
+    sha = sha256_file(qdq)
+    src = same.get(sha)
+    if src is None or not tuner.measured(applied, tuner.outputs()) <= set(src["sqnr"]):
+        return None
+    return {"label": label, "error": None, "sqnr": dict(src["sqnr"]), "task": dict(src["task"]),
+            "model_bytes": model_file_bytes(qdq), "cycles": src["cycles"],
+            "seconds": round(time.perf_counter() - t0, 3), "suggestions": [x.to_dict() for x in applied],
+            "fixes": [f.to_dict() for f in fixes], "samples": dict(src["samples"]), "stopped": None,
+            "model_sha256": sha, "same_model_as": src["lever"]}
 
 
 def shard_trial(result: dict[str, Any], folder: Path) -> Trial:

@@ -46,7 +46,7 @@ from typing import Any
 from ivq_debug import defaults
 from ivq_debug.diagnose.replay import describe_factory
 from ivq_debug.dump.contract import input_digest
-from ivq_debug.errors import InputError, UsageError, one_line
+from ivq_debug.errors import InputError, RunError, UsageError, one_line
 from ivq_debug.executor import (
     Executor,
     Job,
@@ -389,7 +389,7 @@ def sweep(tuner: Tuner, *, groups: int | Sequence[Group] = DEFAULT_GROUPS,
     precisions = list(dict.fromkeys(precisions))
     before = before or tuner.trial("before", [])
     if before.error:
-        raise InputError(f"the baseline trial failed: {before.error}")
+        raise RunError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
     acts = [a for a in quantized_activations(tuner, before)

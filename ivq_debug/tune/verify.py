@@ -40,16 +40,16 @@ from typing import Any
 import numpy as np
 
 from ivq_debug import comparator, defaults, interrupt
-from ivq_debug.align.matcher import Alignment
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
+from ivq_debug.comparator.records import RecordwiseComparison
 from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.dump.memory import MemoryDump, MemorySink
 from ivq_debug.dump.stats import tensor_stats
-from ivq_debug.errors import InputError, IvqError, UsageError, one_line
+from ivq_debug.errors import InputError, IvqError, RunError, UsageError, one_line
 from ivq_debug.executor import job_key, versions
 from ivq_debug.inputfiles import is_inside, regular_file, sha256_file
 from ivq_debug.jsonio import json_safe, load_json
@@ -78,7 +78,7 @@ CHECKPOINT = "checkpoint.json"
 #: the workdir folder of calibration results every trial of one quantizer setting shares
 #: (:func:`~ivq_debug.qnn.quantize.calibration_cache_key`)
 CALIBRATION_CACHE = "calibration-cache"
-#: how many candidate sets :func:`verify` tries before it gives up (each is one quantize + capture)
+#: how many candidate sets :func:`verify` tries before it gives up (each is one trial: quantize + a partial capture)
 MAX_CANDIDATES = 6
 
 
@@ -303,6 +303,34 @@ def _jsonable_overrides(d: Mapping[str, Any]) -> Any:
                                             for k, v in d.items()}), default=str))
 
 
+class Stop:
+    """The early stop of a trial (:meth:`Tuner.trial` ``stop``): called after each sample with the worst SQNR so far
+    of each measured tensor, True ends the trial there. :meth:`observe` is told the trial's cost as it becomes known;
+    a stop that weighs it (:class:`~ivq_debug.tune.search.Below`) keeps it, the others ignore it (a plain function
+    of the worst SQNRs is one of those: :func:`as_stop`)."""
+
+    def __call__(self, worst: Mapping[str, float]) -> bool:
+        raise NotImplementedError
+
+    def observe(self, model_bytes: int | None = None, cycles: float | None = None) -> None:
+        """The running trial's model bytes (once quantized) and HTP cycles (after its first sample): ignored."""
+
+
+@dataclass(frozen=True)
+class _StopWhen(Stop):
+    """A plain function of the worst SQNRs as a :class:`Stop`."""
+
+    rule: Callable[[Mapping[str, float]], bool]
+
+    def __call__(self, worst: Mapping[str, float]) -> bool:
+        return self.rule(worst)
+
+
+def as_stop(stop: Callable[[Mapping[str, float]], bool] | None) -> Stop | None:
+    """``stop`` as a :class:`Stop` (a plain function: one that does not weigh the trial's cost)."""
+    return stop if stop is None or isinstance(stop, Stop) else _StopWhen(stop)
+
+
 @dataclass
 class Tuner:
     """What every trial shares: the float model, calibration, inputs, reference and backend.
@@ -522,11 +550,10 @@ class Tuner:
         memory (``comparison.test`` / ``comparison.ref``: what the diagnosis replays; :meth:`Trial.release`
         lets them go); a resumed run runs it again unless its dump was kept. ``stop``: called after each sample
         with the worst SQNR so far of each measured tensor; True ends the trial there (:attr:`Trial.stopped`; the
-        figures of the samples run, no task metric; never reused by another trial); a ``stop`` with an ``observe``
-        method is told the model's bytes once quantized and the HTP cycles of the first sample (``model_bytes=``,
-        ``cycles=``). The calibration runs once per quantizer setting (``<workdir>/calibration-cache``:
-        overrides do not enter it), and HTP sessions load their compiled contexts from the QNN context cache
-        when the trial's model compiled before.
+        figures of the samples run, no task metric; never reused by another trial); a :class:`Stop` is told the
+        model's bytes once quantized and the HTP cycles of the first sample (:meth:`Stop.observe`). The calibration
+        runs once per quantizer setting (``<workdir>/calibration-cache``: overrides do not enter it), and HTP
+        sessions load their compiled contexts from the QNN context cache when the trial's model compiled before.
         """
         t0 = time.perf_counter()
         wd = Path(self.workdir)
@@ -580,7 +607,8 @@ class Tuner:
                                  + "; ".join(str(v) for v in bad))
             prof = wd / f"{label}.profile.csv"
             t1 = time.perf_counter()
-            if hasattr(stop, "observe"):  # a stop that weighs the trial's cost (search.Below)
+            stop = as_stop(stop)
+            if stop is not None:
                 stop.observe(model_bytes=model_file_bytes(qdq))
             runner = self._runner(qdq, prof, bool(exclude), check=keep)
             outs = self.outputs()
@@ -678,16 +706,12 @@ class Tuner:
         comparison reads it (:meth:`live`). ``second``: makes a second runner of the same model; the samples then
         run on both at once, in two threads (:class:`_Samples`: the same records, compared in order).
         """
-        import pandas as pd
-
-        live = self.live()
+        live, stop = self.live(), as_stop(stop)
         ref_file = open_dump(self.reference) if live is None else None
         sink = MemorySink(runner.backend, runner.info, path=f"<trial of {Path(runner.model_path).name}>"
                           if getattr(runner, "model_path", None) else "<trial>")
-        memo: dict[Any, Any] = {}
-        tables, per, pairs = [], [], []
-        un_ref: list[Any] = []
-        un_test: list[Any] = []
+        joined = RecordwiseComparison()  # (the alignment's value checks shared across the records)
+        per: list[dict[str, np.ndarray]] = []
         last = held = held_ref = None
         cycles: float | None = None
         worst: dict[str, float] = {}
@@ -696,17 +720,14 @@ class Tuner:
             for i, mem in samples:
                 if i == 0:  # the first run of the first session: the cycles of its profile
                     cycles = _cycles(mem)
-                    if hasattr(stop, "observe"):
+                    if stop is not None:
                         stop.observe(cycles=cycles)
                 ref = ref_file if live is None else (live.hold(i) if i == hold else live.record(i, measure))
-                cmp = comparator.compare(ref, mem, progress=False, memo=memo, select=None if measure is None else
+                cmp = comparator.compare(ref, mem, progress=False, memo=joined.memo, select=None if measure is None else
                                          lambda ps: _pairs_naming(ps, measure))
                 if live is not None and i != hold:
                     ref.close()  # the live reference keeps what was read (within its budget)
-                tables.append(cmp.table)
-                pairs += cmp.alignment.pairs
-                un_ref += [e for e in cmp.alignment.unmatched_ref if e.record == (i, self.part, 0)]
-                un_test += cmp.alignment.unmatched_test
+                joined.add(cmp, (i, self.part, 0))
                 if outputs:
                     per += _outputs(mem, outputs)
                 if last is not None and last is not held:
@@ -723,12 +744,9 @@ class Tuner:
         assert last is not None, "a tune has at least one evaluation input"
         if last is not held:
             last.close()
-        full = [t for t in tables if len(t)]
-        table = pd.concat(full, ignore_index=True) if full else tables[0]
-        al = Alignment(pairs, un_ref, un_test, [], [])
         test = held if held is not None else last
         ref = ref_file if ref_file is not None else (held_ref if held_ref is not None else ref)
-        return comparator.Comparison(ref, test, table, al, cmp.budgets, cmp.rank_by), per, cycles
+        return joined.result(ref, test), per, cycles
 
     def _runner(self, qdq: Path, prof: Path, fallback: bool, check: bool = True) -> Any:
         """The trial's runner: ORT CPU-QDQ or QNN HTP, every tensor exposed. ``check``: an HTP runner makes the
@@ -1189,7 +1207,7 @@ def verify(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str] = (
     and no task metric is recommended, the others are refused with their reason (module docstring)."""
     before = before or tuner.trial("before", [])
     if before.error:
-        raise InputError(f"the baseline trial failed: {before.error}")
+        raise RunError(f"the baseline trial failed: {before.error}")
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
     cands = list(candidates) if candidates is not None else candidate_sets(suggestions)
@@ -1325,7 +1343,7 @@ def greedy(tuner: Tuner, suggestions: list[Suggestion], watch: Sequence[str], *,
     tuner = tuner.watching(watch)
     before = tuner.trial("before", [])
     if before.error:
-        raise InputError(f"the baseline trial failed: {before.error}")
+        raise RunError(f"the baseline trial failed: {before.error}")
 
     def score(tr: Trial) -> float:
         vals = [tr.sqnr(w) for w in watch]

@@ -23,11 +23,12 @@ def test_quick_loop_prints_every_ratio_with_the_load(tmp_path: Path) -> None:
     assert p.returncode == 0 and out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())
     r = doc["ratios"]
-    for key in ("ivq_vs_ort", "ivq_vs_limit", "diagnose_cpu", "diagnose_htp", "trial"):
+    for key in ("ivq_vs_ort", "ivq_vs_limit", "memory_vs_ort", "diagnose_cpu", "diagnose_htp", "trial"):
         assert isinstance(r[key], float) and r[key] > 0, (key, r)
     assert r["ivq_vs_poly"] is None and r["demo_s"] is None  # left out: printed as —
     lim = doc["capture"]["limit"]
     assert lim["total_s"] > 0 and lim["read"]["bytes"] == sum(doc["capture"]["dump_bytes"].values())
+    assert doc["capture"]["memory_identity"].endswith("IDENTICAL")  # ivq diff in memory: the dump path's document
     assert doc["tune"]["same_sqnr"] is True  # the timed trial reproduced the baseline's figures
     assert doc["diagnose"]["htp"]["this"]["units"] > 0 and doc["diagnose"]["cpu"]["this"]["units"] > 0
     assert "load average" in p.stdout.splitlines()[0]
@@ -79,6 +80,33 @@ def test_the_capture_sections_identity_check_names_a_difference(tmp_path: Path) 
     moved = bench_loop.identity(tmp_path / "base", tmp_path / "moved", tmp_path / "logs")
     assert moved["ref dumps"].endswith("IDENTICAL")
     assert moved["test dumps"].startswith("DIFFERENT") and moved["ivq-diff --json"].startswith("DIFFERENT"), moved
+
+
+def test_the_in_memory_rows_identity_check_names_a_difference(tmp_path: Path) -> None:
+    """The capture section's row ``ivq diff in memory``: its document against the dump path's (``check_identity.py
+    compare``, paths and creation times aside) is IDENTICAL on a real float block vs its a8w8 QDQ model; one
+    value changed is not."""
+    from tests.support import qnn_models
+    from tests.support.cli import ivq_cli
+
+    if not qnn_models.HAVE_QNN:
+        pytest.skip("onnxruntime-qnn is not installed")
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_loop
+
+    fm, qm, args = qnn_models.block_files(tmp_path, 2)
+    dumps, mem = tmp_path / "dumps", tmp_path / "memory"
+    for d in (dumps, mem):
+        d.mkdir()
+    for side, model in (("ref", fm), ("test", qm)):
+        assert ivq_cli("capture", "onnx", model, *args, "-o", dumps / f"{side}.h5") == 0
+    assert ivq_cli("diff", dumps / "ref.h5", dumps / "test.h5", "--json", dumps / "diff.json", "-q") in (0, 1)
+    assert ivq_cli("diff", fm, qm, *args, "--json", mem / "diff.json", "-q") in (0, 1)
+    assert bench_loop.memory_identity(dumps, mem, tmp_path / "logs").endswith("IDENTICAL")
+    doc = json.loads((mem / "diff.json").read_text())
+    doc["layers"][3]["metrics"]["sqnr_db"] += 1e-9
+    (mem / "diff.json").write_text(json.dumps(doc))
+    assert bench_loop.memory_identity(dumps, mem, tmp_path / "logs").startswith("DIFFERENT")
 
 
 def test_the_diagnose_rows_print_each_steps_cpu_beside_its_wall() -> None:

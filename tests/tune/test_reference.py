@@ -19,7 +19,7 @@ from ivq_debug.diagnose.replay import replay
 from ivq_debug.dump import open_dump
 from ivq_debug.tune.reference import LiveReference
 from ivq_debug.tune.suggest import Suggestion
-from ivq_debug.tune.verify import Trial, Tuner, one_trial, refused_already
+from ivq_debug.tune.verify import Stop, Trial, Tuner, one_trial, refused_already
 from tests.diagnose.test_weight_spread import build_conv
 from tests.support.cli import ivq_cli
 from tests.support.lever_models import build_two_causes, two_causes_sample
@@ -155,6 +155,19 @@ def test_a_check_stops_at_the_sample_that_makes_its_refusal_certain(lever, tmp_p
     assert part.stopped == {"samples": 1, "of": 3} and part.task == {}  # no task metric on a part of the set
     assert part.samples["y"]["n"] == 1 and worst_seen[0]["y"] == part.sqnr("y") >= full.sqnr("y")
     assert not replace(fresh, resume=True).trial("part", list(SUGGESTIONS)).reused  # a stopped one never is
+    told: list[dict] = []
+
+    class Told(Stop):  # a stop told the trial's cost (Stop.observe), as the search's Below is
+        def observe(self, **cost: object) -> None:
+            told.append(cost)
+
+        def __call__(self, worst: object) -> bool:
+            return True
+
+    seen = replace(tuner, _ran=set()).trial("seen", list(SUGGESTIONS), stop=Told())
+    assert seen.stopped == part.stopped and seen.sqnr_table == part.sqnr_table
+    # its model's bytes once quantized, then the HTP cycles of the first sample (none on CPU-QDQ: no profile)
+    assert told == [{"model_bytes": seen.model_bytes}, {"cycles": None}] and seen.model_bytes > 1000
     # PP-OCRv4's a16w16 (docs/tune.md): CPU-QDQ 2.73 -> 20.40 dB, HTP baseline 3.88; refused as soon as one line on
     # HTP is below 3.88 + 50% of the 17.67 dB gain; a set that holds is measured on every sample
     stop = refused_already(_figures(2.73), _figures(20.40), _figures(3.88), ["y"])

@@ -134,7 +134,9 @@ def test_a_qnn_search_costs_in_htp_cycles_and_max_cycles_excludes(user, tmp_path
         assert r["cost"] == pytest.approx(r["cycles"] / base - 1.0, rel=1e-9, abs=1e-12), r
         assert not r["eligible"] and not r["frontier"]
         if not r["status"].startswith(("lowers", "gain below")):  # otherwise eligible: excluded by the budget
-            assert r["status"] == f"over budget: cycles x{r['cycles'] / base:.2f} > --max-cycles x0.01", r
+            over = f"over budget: cycles x{r['cycles'] / base:.2f} > --max-cycles x0.01"
+            assert r["status"] == over + (f" (the model of {r['same_model_as']}, the same bytes: its figures, not "
+                                          "run again)" if r.get("same_model_as") else ""), r
     assert any(r["status"].startswith("over budget: cycles") for r in measured)
     assert code == 1 and not rep["recommended"]  # nothing within the budget: nothing recommended
 
