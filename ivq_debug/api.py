@@ -73,13 +73,13 @@ def compare(
         options: those of :func:`ivq_debug.comparator.compare` (``budgets``, ``rank_by``, ``mapping``,
             ``records``, ``only_records``, ``progress``, ``block_bytes``, ``workers``).
     """
-    ref_d, test_d, exp_d, contract, exp_contract = _contracted(ref, test, expected, allow_input_mismatch,
+    ref_d, test_d, exp_d, contract, exp_contract = contracted(ref, test, expected, allow_input_mismatch,
                                                               options.get("records"))
     return _compared(ref_d, test_d, exp_d, contract, exp_contract, k=k, diagnose=diagnose, fail_on=fail_on,
                      **options)
 
 
-def _contracted(ref: Dump | str | os.PathLike, test: Dump | str | os.PathLike,
+def contracted(ref: Dump | str | os.PathLike, test: Dump | str | os.PathLike,
                 expected: Dump | str | os.PathLike | None, allow_input_mismatch: bool, records: Any
                 ) -> tuple[Dump, Dump, Dump | None, Any, Any]:
     """:func:`compare`'s dumps opened and its input contracts checked (a broken one raises
@@ -102,16 +102,25 @@ def _contracted(ref: Dump | str | os.PathLike, test: Dump | str | os.PathLike,
     return ref_d, test_d, exp_d, contract, exp_contract
 
 
-def _compared(ref_d: Dump, test_d: Dump, exp_d: Dump | None, contract: Any, exp_contract: Any, *, k: float | None,
-              diagnose: bool, fail_on: str, **options: Any) -> comparator.Comparison:
-    """:func:`compare` after its contracts (:func:`_contracted`): the metrics, the three-way ratios, the
-    diagnostics and the verdict."""
-    cmp = comparator.compare(ref_d, test_d, **options)
+def checked(cmp: comparator.Comparison, ref_d: Dump, test_d: Dump, contract: Any, *, budgets: Any = None,
+            expected: bool = False) -> comparator.Comparison:
+    """What :func:`compare` adds to the comparison of two dumps whose contract held (:func:`contracted`), and
+    ``ivq diff`` of two models in memory too (:func:`ivq_debug.modeldiff.compare_models`): the contract, and the
+    backend check when REF is TEST's QDQ model on CPU-QDQ (without budgets or an ``expected`` dump)."""
     cmp.contract = contract
-    pair = backend_pair(ref_d, test_d) if exp_d is None and not options.get("budgets") else None
+    pair = backend_pair(ref_d, test_d) if not expected and not budgets else None
     if pair is not None:  # REF is TEST's QDQ model on CPU-QDQ: the backend check runs by default
         cmp.backend_check = {**pair, "lsb_rmse": defaults.BACKEND_CHECK_LSB_RMSE,
                              "max_sqnr_db": defaults.BACKEND_CHECK_MAX_SQNR_DB}
+    return cmp
+
+
+def _compared(ref_d: Dump, test_d: Dump, exp_d: Dump | None, contract: Any, exp_contract: Any, *, k: float | None,
+              diagnose: bool, fail_on: str, **options: Any) -> comparator.Comparison:
+    """:func:`compare` after its contracts (:func:`contracted`): the metrics, the three-way ratios, the
+    diagnostics and the verdict."""
+    cmp = comparator.compare(ref_d, test_d, **options)
+    checked(cmp, ref_d, test_d, contract, budgets=options.get("budgets"), expected=exp_d is not None)
     if exp_d is not None:
         cmp.three_way = three_way(cmp, exp_d, k=k, progress=options.get("progress", False),
                                   block_bytes=options.get("block_bytes", defaults.COMPARE_BLOCK_BYTES),
@@ -250,7 +259,7 @@ class _PendingComparison:
               fail_on: str = defaults.DIFF_FAIL_ON, **options: Any) -> _PendingComparison:
         """:func:`compare` of ``ref`` and ``test`` (``diagnose``, ``records``, ...: its options): the contract
         checked here, the rest started on ``pool``."""
-        ref_d, test_d, _, contract, _ = _contracted(ref, test, None, allow_input_mismatch, options.get("records"))
+        ref_d, test_d, _, contract, _ = contracted(ref, test, None, allow_input_mismatch, options.get("records"))
         aligned = Event()
         pairs: list[Any] = []
 
