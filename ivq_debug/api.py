@@ -73,26 +73,54 @@ def compare(
         options: those of :func:`ivq_debug.comparator.compare` (``budgets``, ``rank_by``, ``mapping``,
             ``records``, ``only_records``, ``progress``, ``block_bytes``, ``workers``).
     """
+    ref_d, test_d, exp_d, contract, exp_contract = contracted(ref, test, expected, allow_input_mismatch,
+                                                              options.get("records"))
+    return _compared(ref_d, test_d, exp_d, contract, exp_contract, k=k, diagnose=diagnose, fail_on=fail_on,
+                     **options)
+
+
+def contracted(ref: Dump | str | os.PathLike, test: Dump | str | os.PathLike,
+                expected: Dump | str | os.PathLike | None, allow_input_mismatch: bool, records: Any
+                ) -> tuple[Dump, Dump, Dump | None, Any, Any]:
+    """:func:`compare`'s dumps opened and its input contracts checked (a broken one raises
+    :class:`~ivq_debug.errors.ContractError` before any metric): ``(ref, test, expected, contract, its
+    contract with expected)``."""
     ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
     test_d = test if isinstance(test, Dump) else open_dump(test)
     exp_d = None if expected is None else expected if isinstance(expected, Dump) else open_dump(expected)
-    records = options.get("records")
     check_common_records(ref_d, test_d, records=records)
     if exp_d is not None:
         check_common_records(ref_d, exp_d, sides=("ref", "expected"), records=records)
     contract = check_contract(ref_d, test_d, records=records)
     contract.allowed = allow_input_mismatch
     contract.raise_if_broken()
+    exp_contract = None
     if exp_d is not None:
         exp_contract = check_contract(ref_d, exp_d, sides=("ref", "expected"), records=records)
         exp_contract.allowed = allow_input_mismatch
         exp_contract.raise_if_broken()
-    cmp = comparator.compare(ref_d, test_d, **options)
+    return ref_d, test_d, exp_d, contract, exp_contract
+
+
+def checked(cmp: comparator.Comparison, ref_d: Dump, test_d: Dump, contract: Any, *, budgets: Any = None,
+            expected: bool = False) -> comparator.Comparison:
+    """What :func:`compare` adds to the comparison of two dumps whose contract held (:func:`contracted`), and
+    ``ivq diff`` of two models in memory too (:func:`ivq_debug.modeldiff.compare_models`): the contract, and the
+    backend check when REF is TEST's QDQ model on CPU-QDQ (without budgets or an ``expected`` dump)."""
     cmp.contract = contract
-    pair = backend_pair(ref_d, test_d) if exp_d is None and not options.get("budgets") else None
+    pair = backend_pair(ref_d, test_d) if not expected and not budgets else None
     if pair is not None:  # REF is TEST's QDQ model on CPU-QDQ: the backend check runs by default
         cmp.backend_check = {**pair, "lsb_rmse": defaults.BACKEND_CHECK_LSB_RMSE,
                              "max_sqnr_db": defaults.BACKEND_CHECK_MAX_SQNR_DB}
+    return cmp
+
+
+def _compared(ref_d: Dump, test_d: Dump, exp_d: Dump | None, contract: Any, exp_contract: Any, *, k: float | None,
+              diagnose: bool, fail_on: str, **options: Any) -> comparator.Comparison:
+    """:func:`compare` after its contracts (:func:`contracted`): the metrics, the three-way ratios, the
+    diagnostics and the verdict."""
+    cmp = comparator.compare(ref_d, test_d, **options)
+    checked(cmp, ref_d, test_d, contract, budgets=options.get("budgets"), expected=exp_d is not None)
     if exp_d is not None:
         cmp.three_way = three_way(cmp, exp_d, k=k, progress=options.get("progress", False),
                                   block_bytes=options.get("block_bytes", defaults.COMPARE_BLOCK_BYTES),
@@ -184,7 +212,8 @@ def diagnose(
     only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
-        cmp_args = dict(records=only, only_records=True, allow_input_mismatch=allow, diagnose=False)
+        # the encoding fit is left to the replay, which reads it only when no unit breaks the budget
+        cmp_args = dict(records=only, only_records=True, allow_input_mismatch=allow, diagnose=False, fit=False)
         if factory is not None:  # another backend: the comparison first, then the replay
             cmp = compare(reference, test_d, **cmp_args)
             return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
@@ -211,21 +240,26 @@ def diagnose(
 
 class _PendingComparison:
     """The comparison of :func:`diagnose` on the exact CPU path, computed in a thread while the replay runs: its
-    aligned pairs, reference and test dumps at once (the replay's reference index reads them first), every other
-    attribute (``table``, ...) from the finished comparison, waiting for it and raising what it raised. The replay
-    reads the table only after its shadow and effect runs (``replay``), so the pairs' metrics run beside them: on
-    ``bench/bench_loop.py``'s 12-block ViT the 485 pairs' metrics, 1.5-1.9 s of CPU, on the core ONNX Runtime's
-    runs leave idle (``docs/scale.md``, fourth pass)."""
+    reference and test dumps at once, its aligned pairs (``alignment.pairs``) once aligned, every other attribute
+    (``table``, ...) from the finished comparison, each waiting for it and raising what it raised. The input
+    contract is checked before the thread starts (a broken one stops the diagnose before any replay). The replay
+    links to the pairs only for a tensor the reference does not name (:class:`~ivq_debug.diagnose.refs.RefIndex`)
+    and reads the table after its shadow and effect runs (``replay``), so the alignment and the pairs' metrics run
+    beside them: on ``bench/bench_loop.py``'s 12-block ViT the alignment (0.4-0.8 s) and the 485 pairs' metrics
+    (1.5-1.9 s of CPU) on the core ONNX Runtime's runs leave idle (``docs/scale.md``, fourth and fifth passes)."""
 
-    def __init__(self, future: Any, pairs: list[Any], ref: Dump, test: Dump) -> None:
+    def __init__(self, future: Any, aligned: Event, pairs: list[Any], ref: Dump, test: Dump) -> None:
         self._future = future
-        self.alignment = SimpleNamespace(pairs=pairs)
+        self._aligned = aligned
+        self._pairs = pairs
         self.ref, self.test = ref, test
 
     @classmethod
-    def start(cls, pool: ThreadPoolExecutor, ref: Dump, test: Dump, **options: Any) -> Any:
-        """:func:`compare` of ``ref`` and ``test`` started on ``pool``; returned once its pairs are aligned (or,
-        when it ends before that, e.g. a broken input contract, its result or its exception)."""
+    def start(cls, pool: ThreadPoolExecutor, ref: Dump, test: Dump, *, allow_input_mismatch: bool = False,
+              fail_on: str = defaults.DIFF_FAIL_ON, **options: Any) -> _PendingComparison:
+        """:func:`compare` of ``ref`` and ``test`` (``diagnose``, ``records``, ...: its options): the contract
+        checked here, the rest started on ``pool``."""
+        ref_d, test_d, _, contract, _ = contracted(ref, test, None, allow_input_mismatch, options.get("records"))
         aligned = Event()
         pairs: list[Any] = []
 
@@ -234,11 +268,18 @@ class _PendingComparison:
             aligned.set()
             return p
 
-        fut = pool.submit(compare, ref, test, select=select, progress=False, **options)
-        while not aligned.wait(0.02):
-            if fut.done():
-                return fut.result()
-        return cls(fut, pairs, ref, test)
+        fut = pool.submit(_compared, ref_d, test_d, None, contract, None, k=None, fail_on=fail_on, select=select,
+                          progress=False, **options)
+        return cls(fut, aligned, pairs, ref_d, test_d)
+
+    @property
+    def alignment(self) -> Any:
+        """The aligned pairs (``.pairs``), once aligned; what the comparison raised, when it ended before."""
+        while not self._aligned.wait(0.02):
+            if self._future.done():
+                self._future.result()  # raises what it raised
+                break
+        return SimpleNamespace(pairs=self._pairs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._future.result(), name)

@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ivq_debug import __version__, comparator, defaults, interrupt
+from ivq_debug import __version__, comparator, interrupt
+from ivq_debug.api import checked, contracted
 from ivq_debug.capture.base import make_runner, model_facts, run_identity, sample_shapes
-from ivq_debug.comparator.contract import backend_pair, check_common_records, check_contract
 from ivq_debug.comparator.records import RecordwiseComparison
 from ivq_debug.console import track
 from ivq_debug.diagnose import diagnose as run_diagnostics
@@ -216,18 +216,9 @@ def compare_models(
                                           mapping=mapping, records=records, progress=False, memo=joined.memo))
     ref.finish()
     test.finish()
-    ref_d, test_d = ref.dump(), test.dump()
     # what ivq.compare checks and adds, on the whole listing (the records' inputs, the sessions)
-    check_common_records(ref_d, test_d, records=records)
-    contract = check_contract(ref_d, test_d, records=records)
-    contract.allowed = allow_input_mismatch
-    contract.raise_if_broken()
-    cmp = joined.result(ref_d, test_d)
-    cmp.contract = contract
-    pair = backend_pair(ref_d, test_d) if not budgets else None
-    if pair is not None:  # REF is TEST's QDQ model on CPU-QDQ: the backend check runs by default
-        cmp.backend_check = {**pair, "lsb_rmse": defaults.BACKEND_CHECK_LSB_RMSE,
-                             "max_sqnr_db": defaults.BACKEND_CHECK_MAX_SQNR_DB}
+    ref_d, test_d, _, contract, _ = contracted(ref.dump(), test.dump(), None, allow_input_mismatch, records)
+    cmp = checked(joined.result(ref_d, test_d), ref_d, test_d, contract, budgets=budgets)
     if diagnose:
         cmp.findings.extend(run_diagnostics(cmp))
     return cmp

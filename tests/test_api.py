@@ -112,6 +112,53 @@ def test_the_comparison_in_a_thread_gives_the_sequential_replay(m, monkeypatch) 
     assert _timeless(json.loads(json.dumps(r.to_json()))) == _timeless(json.loads(json.dumps(seq.to_json())))
 
 
+def test_a_comparison_without_the_fit_gets_the_same_fit_later(m) -> None:
+    """``ivq diagnose`` compares without the encoding fit and fills it only when its replay reads it
+    (``Comparison.fit_encodings``): the table is then the one compared with the fit, to the bit."""
+    import pandas as pd
+
+    from ivq_debug.comparator.comparison import FIT_COLUMNS
+
+    full = ivq.compare(m["ref"], m["test"], diagnose=False, progress=False)
+    later = ivq.compare(m["ref"], m["test"], diagnose=False, progress=False, fit=False)
+    fit = list(FIT_COLUMNS)
+    assert later.table[fit].isna().all().all() and full.table["grid_snr_db"].notna().sum() > 50
+    assert later.table.drop(columns=fit).equals(full.table.drop(columns=fit))
+    later.fit_encodings()
+    pd.testing.assert_frame_equal(later.table, full.table, check_exact=True)
+    assert later.unfitted is None
+
+
+def test_the_replay_links_to_the_alignment_only_for_tensors_the_reference_does_not_name(m) -> None:
+    """A replay's reference index reads the comparison's alignment the first time a tensor is not in the reference
+    by name, so ``ivq diagnose`` starts replaying before the alignment ends; every source is the one of the index
+    built with the pairs."""
+    from ivq_debug.diagnose.refs import RefIndex, pairs_for
+    from ivq_debug.diagnose.units import lineage_aliases, model_units
+    from ivq_debug.dump import open_dump
+    from ivq_debug.onnxgraph.load import load
+
+    qdq, ref = load(m["act"]), open_dump(m["ref"])
+    cmp = ivq.compare(ref, m["test"], diagnose=False, progress=False, fit=False)
+    rid = ref.records["rid"].iloc[0]
+    aliases = lineage_aliases(qdq)
+    links: list[int] = []
+    lazy = RefIndex(ref, rid, {}, aliases, shapes=qdq.value_shapes,
+                    link=lambda: links.append(1) or pairs_for(cmp, rid))
+    pairs, test, test_rid = pairs_for(cmp, rid)
+    eager = RefIndex(ref, rid, pairs, aliases, test, test_rid, qdq.value_shapes)
+    names = list(dict.fromkeys(x for u in model_units(qdq) for x in [*u.inputs, u.output]))
+    named = [x for x in names if x in lazy.by_name]
+    assert len(named) > 50 and all(lazy.source(x).how == "name" for x in named) and links == []
+    for x in names:
+        a, b = lazy.source(x), eager.source(x)
+        assert (a is None) == (b is None) and (a is None or (a.entry, a.how) == (b.entry, b.how))
+        if a is not None:
+            assert lazy.read(x).tobytes() == eager.read(x).tobytes()
+    assert links == [1] and lazy.rejected == eager.rejected
+    assert any(lazy.source(x).how.startswith("alignment:") for x in names if lazy.source(x) is not None)
+
+
 def test_session_flags_reach_the_replay_runner() -> None:
     p = build_parser()
     args = p.parse_args(["diagnose", "r.h5", "t.h5", "--model", "q.onnx", "--backend", "qnn", "--optimization",

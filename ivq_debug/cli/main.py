@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ivq_debug.cli.cmd_demo", "run the whole story on the embedded reference VLM"),
     "ls": ("ivq_debug.cli.cmd_inspect", "list a dump's manifest"),
     "show": ("ivq_debug.cli.cmd_inspect", "show one tensor's statistics"),
-    "diff": ("ivq_debug.cli.cmd_diff", "compare two dumps (same as ivq-diff)"),
+    "diff": ("ivq_debug.cli.cmd_diff", "compare two dumps, or two ONNX models in memory (same as ivq-diff)"),
     "capture": ("ivq_debug.cli.cmd_capture", "capture per-layer tensors (onnx, qnn)"),
     "ingest": ("ivq_debug.cli.cmd_ingest", "ingest qnn-net-run folders (one run, or a device session) into a dump"),
     "reference": ("ivq_debug.cli.cmd_reference",

@@ -51,41 +51,53 @@ def is_logits(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in defaults.LOGITS_PATTERNS)
 
 
-def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.COMPARE_BLOCK_BYTES) -> dict[str, Any]:
-    """Stream the metrics of one aligned pair (bounded memory: one block of each side at a time)."""
+def pair_metrics(ref: Dump, test: Dump, pair: Pair, block_bytes: int = defaults.COMPARE_BLOCK_BYTES, *,
+                 fit: bool = True, metrics: bool = True) -> dict[str, Any]:
+    """Stream the metrics and the encoding fit of one aligned pair (bounded memory: one block of each side at a
+    time). ``fit`` False leaves the fit out; ``metrics`` False gives the fit alone, reading the reference only:
+    the same blocks cast the same way, so the same fit to the bit as both in one pass."""
     a, b = pair.ref, pair.test
     logits = is_logits(a.name) or is_logits(b.name)
     acc = MetricAccumulator(logits=logits)
-    enc = EncodingAccumulator.for_encoding(b.encoding)  # how the test encoding fits the reference
+    enc = EncodingAccumulator.for_encoding(b.encoding) if fit else None  # how the test encoding fits the reference
     sampled = False
     if a.size != b.size:
         out: dict[str, Any] = dict.fromkeys(METRICS)
         out.update(status=SHAPE_MISMATCH, nonfinite_ref=None, nonfinite_test=None, sampled=False)
-        return out
+        return out if metrics else {}
+    if not (metrics or enc):
+        return {}
 
-    def feed(ra: np.ndarray, tb: np.ndarray) -> None:
-        r64 = acc.update(ra, tb)
+    def feed(ra: np.ndarray, tb: np.ndarray | None) -> None:
+        r64 = acc.update(ra, tb) if tb is not None else np.asarray(ra, dtype=np.float64).reshape(-1)
         if enc is not None:
-            enc.update(r64)  # the reference block already cast to float64
+            enc.update(r64)  # the reference block cast to float64 (MetricAccumulator.update's cast)
 
     if a.stored != "full" or b.stored != "full":
         sampled = True
-        feed(ref.read_sample(a), test.read_sample(b))
+        feed(ref.read_sample(a), test.read_sample(b) if metrics else None)
     else:  # stream both in C order, block by block (shapes may differ when element counts agree)
         item = max(ref.stored_dtype(a).itemsize, test.stored_dtype(b).itemsize)
         row = a.shape[-1] if (logits and a.shape) else 1
         n = max(row, (block_bytes // item) // row * row)
-        for ra, tb in zip(ref.iter_flat(a, n, reuse=True), test.iter_flat(b, n, reuse=True), strict=True):
+        blocks = ref.iter_flat(a, n, reuse=True)
+        for ra, tb in (zip(blocks, test.iter_flat(b, n, reuse=True), strict=True) if metrics
+                       else ((r, None) for r in blocks)):
             if logits and row > 1:
-                ra, tb = ra.reshape(-1, row), tb.reshape(-1, row)
+                ra, tb = ra.reshape(-1, row), tb.reshape(-1, row) if tb is not None else None
             feed(ra, tb)
-    res = acc.result(b.encoding)
-    res["sampled"] = sampled
+    res = acc.result(b.encoding) if metrics else {}
+    if metrics:
+        res["sampled"] = sampled
     if enc is not None:
         e = enc.result()
         res.update(clipped_fraction=e["clipped_fraction"], clip_snr_db=e["clip_snr_db"], grid_snr_db=e["grid_snr_db"],
                    enc_step=e["enc_step"])
     return res
+
+
+#: the encoding-fit columns of a comparison's table (:mod:`ivq_debug.encoding_fit`)
+FIT_COLUMNS = ("clipped_fraction", "clip_snr_db", "grid_snr_db", "enc_step")
 
 
 @dataclass
@@ -113,6 +125,24 @@ class Comparison:
     three_way: Any = None  # comparator.threeway.ThreeWay (ivq.compare(..., expected=CPU-QDQ))
     backend_check: dict[str, Any] | None = None  # REF is TEST's QDQ model on CPU-QDQ (ivq.compare sets it)
     verdict: Any = None  # diagnose.verdict.Verdict (pass/fail and why)
+    #: made with ``fit=False``: the table's pairs, whose encoding-fit columns are NaN until :meth:`fit_encodings`
+    unfitted: list[Pair] | None = None
+
+    def fit_encodings(self, block_bytes: int = defaults.COMPARE_BLOCK_BYTES) -> None:
+        """Fill the encoding-fit columns (:data:`FIT_COLUMNS`) of a comparison made with ``fit=False``, each to the
+        value the comparison made with the fit gives (:func:`pair_metrics` on the same blocks); nothing to do
+        otherwise."""
+        import pandas as pd
+
+        if self.unfitted is None:
+            return
+        with one_blas_thread:
+            fits = [pair_metrics(self.ref, self.test, p, block_bytes, metrics=False) for p in self.unfitted]
+        t = self.table
+        for c in FIT_COLUMNS:
+            vals = pd.Series([f.get(c) for f in fits], index=t.index, dtype=object)
+            t[c] = pd.to_numeric(vals, errors="coerce").astype("float64")
+        self.unfitted = None
 
     # ---------------------------------------------------------------- views
     def worst(self, n: int = defaults.TOP_N, by: str | None = None):
@@ -322,6 +352,7 @@ def compare(
     memo: dict[Any, Any] | None = None,
     select: Callable[[list[Pair]], list[Pair]] | None = None,
     only_records: bool = False,
+    fit: bool = True,
 ) -> Comparison:
     """Align two dumps and compute the pinned metrics for every aligned tensor pair.
 
@@ -344,9 +375,10 @@ def compare(
             caller that reads only the kept records' pairs (``ivq diagnose``).
         select: narrows the aligned pairs whose metrics are computed (the alignment is made on every tensor
             first, so a pair's metrics do not depend on it): a tune trial measures the tensors its report reads.
+        fit: compute the encoding fit (:data:`FIT_COLUMNS`); without it those columns are NaN until
+            :meth:`Comparison.fit_encodings` (a caller that reads them only sometimes: ``ivq diagnose``, whose
+            replay reads them only when no unit breaks the budget, ``docs/scale.md``, fifth pass).
     """
-    import pandas as pd
-
     if rank_by is not None and rank_by not in METRICS:
         raise UsageError(f"unknown metric {rank_by!r} (known: {', '.join(METRICS)})")
     ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
@@ -368,19 +400,21 @@ def compare(
         # runs of consecutive pairs, one task each, at most 4 x workers in flight: each worker holds one block of
         # each side at a time, and only the small metric dicts wait for the ones before them
         def run(batch: list[Pair]) -> list[dict[str, Any]]:
-            return [pair_metrics(ref_d, test_d, p, block_bytes) for p in batch]
+            return [pair_metrics(ref_d, test_d, p, block_bytes, fit=fit) for p in batch]
 
         results = (m for ms in _ordered_map(pool, run, _batches(pairs, block_bytes), 4 * workers) for m in ms)
         it = track(zip(pairs, results, strict=True), "comparing", total=len(pairs)) if progress else zip(
             pairs, results, strict=True)
         for p, m in it:
             rows.append(_row(p, m, budgets))
+    import pandas as pd  # (imported after the alignment: ivq diagnose's replay waits for the pairs, not the table)
+
     table = pd.DataFrame(rows, columns=COLUMNS)
 
-    for c in (*METRICS, "clipped_fraction", "clip_snr_db", "grid_snr_db", "enc_step"):
+    for c in (*METRICS, *FIT_COLUMNS):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("float64")
     table["passed"] = table["passed"].astype(bool)
-    return Comparison(ref_d, test_d, table, al, budgets, rank_by)
+    return Comparison(ref_d, test_d, table, al, budgets, rank_by, unfitted=None if fit else pairs)
 
 
 def _row(p: Pair, m: dict[str, Any], budgets: Budgets) -> dict[str, Any]:

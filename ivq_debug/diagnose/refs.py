@@ -26,21 +26,53 @@ class Source:
 
 class RefIndex:
     """Reference values of one record by QDQ float name (name, alignment pair, or lineage): :meth:`source` says
-    where one comes from (None: none, the reason in ``rejected``), :meth:`read` reads it in the model's shape."""
+    where one comes from (None: none, the reason in ``rejected``), :meth:`read` reads it in the model's shape.
+
+    ``link`` (instead of ``pairs``, ``test`` and ``test_rid``): a call that returns them, made the first time one
+    of them is needed (a tensor the reference does not name, a shape, the test dump). ``ivq diagnose`` passes the
+    comparison it computes in a thread: a replay whose tensors the reference all names starts before the
+    alignment ends (``docs/scale.md``, fifth pass)."""
 
     def __init__(self, ref: Any, rid: str, pairs: dict[str, Any], aliases: dict[str, list[str]],
-                 test: Any = None, test_rid: str | None = None, shapes: dict[str, tuple[int, ...]] | None = None
-                 ) -> None:
+                 test: Any = None, test_rid: str | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
+                 *, link: Callable[[], tuple[dict[str, Any], Any, str | None]] | None = None) -> None:
         self.ref = ref
         self.by_name = {e.name: e for e in ref.tensors(rid)} | {e.name: e for e in ref.tensors(rid, kind="input")}
-        self.pairs = pairs  # test name -> (ref entry, strategy)
         self.aliases = aliases
-        self.test = test
-        self.test_by_name = {e.name: e for e in test.tensors(test_rid)} if test is not None and test_rid else {}
-        self.shapes = dict(shapes or {}) | {n: e.shape for n, e in self.test_by_name.items()}
+        self._model_shapes = dict(shapes or {})
+        self._link = link if link is not None else (lambda: (pairs, test, test_rid))
+        self._linked: tuple[dict[str, Any], Any, dict[str, Any], dict[str, tuple[int, ...]]] | None = None
         self.cache: dict[str, Source | None] = {}
         self.rejected: dict[str, str] = {}
         self.values: dict[str, np.ndarray] = {}
+
+    def _resolved(self) -> tuple[dict[str, Any], Any, dict[str, Any], dict[str, tuple[int, ...]]]:
+        """``(pairs, test, test_by_name, shapes)``, linked once."""
+        if self._linked is None:
+            pairs, test, test_rid = self._link()
+            by_name = {e.name: e for e in test.tensors(test_rid)} if test is not None and test_rid else {}
+            self._linked = (pairs, test, by_name, self._model_shapes | {n: e.shape for n, e in by_name.items()})
+        return self._linked
+
+    @property
+    def pairs(self) -> dict[str, Any]:
+        """Test name -> (ref entry, strategy) of the alignment, for the names the reference does not hold."""
+        return self._resolved()[0]
+
+    @property
+    def test(self) -> Any:
+        """The free-running test dump (None without a comparison)."""
+        return self._resolved()[1]
+
+    @property
+    def test_by_name(self) -> dict[str, Any]:
+        """The test dump's entries of the matching record, by name."""
+        return self._resolved()[2]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensor shapes in the model (the model's value shapes, the test dump's where it holds the tensor)."""
+        return self._resolved()[3]
 
     def source(self, name: str) -> Source | None:
         """Where the reference value of ``name`` comes from (cached), or None."""

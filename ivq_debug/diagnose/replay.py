@@ -46,6 +46,7 @@ derived model goes to its runner in memory.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -140,7 +141,8 @@ class ReplayResult:
     evidence: dict[str, UnitEvidence] = field(default_factory=dict)
     #: the counterfactual runs (:func:`~ivq_debug.diagnose.effect.measure_effects`): base, targets, runs, seconds
     effects: dict[str, Any] = field(default_factory=dict)
-    spread: dict[str, float] = field(default_factory=dict)  # weight -> per-channel range spread
+    #: the model whose weights :attr:`spread` measures (the float model when given, else the QDQ model)
+    spread_model: Model | None = field(default=None, repr=False)
     #: with an executor: its name, jobs in all, resumed from shards, retried keys, the kept shard folder
     jobs: dict[str, Any] = field(default_factory=dict)
     #: how the reference was chosen when it was not the given dump (``ivq_debug.api.diagnose``), for the reader
@@ -148,6 +150,13 @@ class ReplayResult:
     #: when no unit breaks the budget but the part's output does: where the error accumulates
     #: (:func:`~ivq_debug.diagnose.accumulation.explain_accumulation`; needs ``cumulative``)
     accumulation: Accumulation | None = None
+
+    @functools.cached_property
+    def spread(self) -> dict[str, float]:
+        """``{weight: per-channel range spread}`` of the per-tensor weights of :attr:`spread_model`
+        (:func:`~ivq_debug.diagnose.weight_spread.spread_by_weight`), computed when first read: no document, finding or
+        remedy of the replay reads it (0.1-0.3 s of every ``ivq diagnose`` on bench_loop's 12-block ViT before)."""
+        return spread_by_weight(self.spread_model) if self.spread_model is not None else {}
 
     def column(self, attribution: str | None = None) -> str:
         """The SQNR column of an attribution (default: the ranking one)."""
@@ -292,7 +301,7 @@ def replay(
     index = _indexer(ref, model, cumulative)
     rids = model_records(ref, record, record_ids(ref, record), model, index)
     budget = float(intro_budget(model) if budget_sqnr_db is None else budget_sqnr_db)
-    runnable, skipped = _runnable(model, nodes, ref, rids, index)
+    runnable, skipped = _runnable(model, nodes, ref, rids, index, prefetch=executor is None)
     batches = _batches(runnable, index(rids[0]), batch_bytes, executor is not None)
     do_check = (runner_factory is not None) if selfcheck is None else bool(selfcheck)
     indexes = {rid: index(rid) for rid in rids}
@@ -314,13 +323,12 @@ def replay(
         float_model=fmodel, runner_factory=runner_factory, executor=executor, shards=shards, measure=lift,
         progress=progress)
     _add_cumulative(table, runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
-    spread = spread_by_weight(fmodel if fmodel is not None else model)
     recs = _record_keys(ref, rids)
     accumulation = _accumulation(model, table, budget, recs[0], attribution, cumulative, ref, rids, runnable)
     return ReplayResult(table, budget, list(skipped), backend, info, recs[0], len(batches),
                         attribution=attribution, skipped_reasons=skipped, records=recs, sessions=sessions,
                         seconds=round(time.perf_counter() - t_start, 3), model_path=str(model.origin), lift=lifted,
-                        spread=spread, jobs=jobs, evidence=evidence, effects=effects, accumulation=accumulation)
+                        spread_model=fmodel if fmodel is not None else model, jobs=jobs, evidence=evidence, effects=effects, accumulation=accumulation)
 
 
 def replay_records(qdq_model: str | os.PathLike | Model, reference: Any, record: Any = None
@@ -336,16 +344,23 @@ def replay_records(qdq_model: str | os.PathLike | Model, reference: Any, record:
 
 def _accumulation(model: Model, table: Any, budget: float, record: dict[str, Any], attribution: str,
                   cumulative: Any, ref: Any, rids: list[str], runnable: list[Unit]) -> Accumulation | None:
-    """When nothing is over budget but the output: where the error accumulates (needs ``cumulative``)."""
+    """When nothing is over budget but the output: where the error accumulates (needs ``cumulative``). The
+    comparison's encoding findings are read only then (a comparison made without the encoding fit gets it here,
+    :meth:`~ivq_debug.comparator.comparison.Comparison.fit_encodings`)."""
     if cumulative is None:
         return None
     g = model.proto.graph
     inits = {i.name for i in g.initializer}
-    return explain_accumulation(
-        table, budget, record, attribution=attribution, cumulative=_cum_rows(cumulative, ref, rids[0]),
-        model_inputs=[i.name for i in g.input if i.name not in inits], model_outputs=[o.name for o in g.output],
-        unit_inputs={u.output: u.inputs for u in runnable},
-        findings=resolution_collapse(cumulative) + saturation(cumulative))
+    facts = dict(attribution=attribution, cumulative=_cum_rows(cumulative, ref, rids[0]),
+                 model_inputs=[i.name for i in g.input if i.name not in inits], model_outputs=[o.name for o in g.output],
+                 unit_inputs={u.output: u.inputs for u in runnable})
+    if explain_accumulation(table, budget, record, findings=[], **facts) is None:  # the findings change no None
+        return None
+    fit = getattr(cumulative, "fit_encodings", None)
+    if fit is not None:
+        fit()
+    return explain_accumulation(table, budget, record, findings=resolution_collapse(cumulative) + saturation(cumulative),
+                                **facts)
 
 
 def _merged(done: list[BatchResult]) -> tuple[dict[str, Acc], str | None, dict[str, Any], int]:
@@ -361,23 +376,27 @@ def _merged(done: list[BatchResult]) -> tuple[dict[str, Acc], str | None, dict[s
 
 
 def _indexer(ref: Any, model: Model, cumulative: Any) -> Any:
-    """``index(rid) -> RefIndex``, each record's reference index built once."""
+    """``index(rid) -> RefIndex``, each record's reference index built once, linked to the comparison's alignment
+    when it first needs it (a tensor the reference does not name, the test dump)."""
     aliases = lineage_aliases(model)
     indexes: dict[str, RefIndex] = {}
 
     def index(rid: str) -> RefIndex:
         if rid not in indexes:
-            p, t, trid = pairs_for(cumulative, rid)
-            indexes[rid] = RefIndex(ref, rid, p, aliases, t, trid, model.value_shapes)
+            indexes[rid] = RefIndex(ref, rid, {}, aliases, shapes=model.value_shapes,
+                                    link=lambda: pairs_for(cumulative, rid))
         return indexes[rid]
 
     return index
 
 
-def _runnable(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[str], index: Any
-              ) -> tuple[list[Unit], dict[str, str]]:
+def _runnable(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[str], index: Any,
+              prefetch: bool = False) -> tuple[list[Unit], dict[str, str]]:
     """The units to replay (those of ``nodes``, default all) whose tensors every record references, and the
-    skipped ones with their reason."""
+    skipped ones with their reason. ``prefetch``: first read the first record's values of the tensors the reference
+    names (the replay in this process reads them next, and the index keeps what it read), while the comparison
+    that ``ivq diagnose`` aligns in a thread is not yet needed: a tensor the reference does not name waits for that
+    alignment (``docs/scale.md``, fifth pass)."""
     units = model_units(model)
     if nodes is not None:
         wanted = set(nodes)
@@ -385,6 +404,9 @@ def _runnable(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[st
         if not units:
             raise UsageError(f"none of the requested nodes {sorted(wanted)[:5]} is a QDQ node unit")
     idx0 = index(rids[0])
+    if prefetch:
+        for x in dict.fromkeys(x for u in units for x in [*u.inputs, u.output] if x in idx0.by_name):
+            idx0.read(x)
     runnable: list[Unit] = []
     skipped: dict[str, str] = {}
     for u in units:

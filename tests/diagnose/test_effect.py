@@ -205,6 +205,17 @@ def test_without_an_executor_the_cpu_runs_are_two_graphs_in_threads_with_the_fig
     assert {k: v for k, v in both.items() if k != "seconds"} == {k: v for k, v in one.items() if k != "seconds"}
 
 
+def test_the_weight_spreads_are_computed_when_read(m) -> None:
+    """``ReplayResult.spread``: the float model's per-tensor weight spreads, computed on first read (the replay's
+    document, findings and remedies do not read them)."""
+    from ivq_debug.diagnose.weight_spread import spread_by_weight
+
+    r = replay(m["weight"], m["ref"], float_model=m["float"], progress=False, lift=False)
+    assert "spread" not in vars(r)
+    assert r.spread == spread_by_weight(load(m["float"])) and len(r.spread) >= 2
+    assert replay(m["weight"], m["ref"], progress=False, lift=False).spread == spread_by_weight(load(m["weight"]))
+
+
 def test_a_shard_with_fewer_runs_than_its_targets_is_refused(m, tmp_path) -> None:
     from ivq_debug.errors import InputError
 

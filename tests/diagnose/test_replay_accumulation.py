@@ -102,3 +102,34 @@ def test_ivq_diagnose_says_where_and_exits_1(coarse: dict[str, Any], tmp_path: P
     doc = json.loads((tmp_path / "d.json").read_text())
     assert doc["accumulation"]["outputs"][0]["tensor"] == "logits"
     assert all(u["cum_sqnr_db"] is not None for u in doc["units"])  # the replayed record's cumulative error
+
+
+def test_the_diagnose_fits_the_encodings_only_for_the_accumulation(coarse: dict[str, Any], monkeypatch) -> None:
+    """``ivq.diagnose`` compares without the encoding fit and fits the encodings when the replay says where the
+    error accumulates (the related findings read it): the document of the comparison made with the fit, to the bit;
+    with a unit over budget the fit is never computed."""
+    from ivq_debug.comparator.comparison import Comparison
+
+    fitted: list[int] = []
+    fit = Comparison.fit_encodings
+
+    def counted(self: Comparison, *a: Any) -> None:
+        if self.unfitted is not None:  # a comparison made without the fit
+            fitted.append(1)
+        fit(self, *a)
+
+    monkeypatch.setattr(Comparison, "fit_encodings", counted)
+
+    def timeless(r: Any) -> Any:
+        doc = json.loads(json.dumps(r.to_json()))
+        doc.pop("seconds")
+        return doc
+
+    r = ivq.diagnose(coarse["ref"], coarse["test"], coarse["coarse"], lift=False, progress=False)
+    seq = replay(coarse["coarse"], coarse["ref"], progress=False, lift=False,
+                 cumulative=ivq.compare(coarse["ref"], coarse["test"], diagnose=False, progress=False))
+    assert fitted == [1] and r.accumulation is not None
+    assert timeless(r) == timeless(seq)
+    strict = ivq.diagnose(coarse["ref"], coarse["test"], coarse["coarse"], lift=False, progress=False,
+                          budget_sqnr_db=30)
+    assert strict.first_breaking is not None and fitted == [1]
