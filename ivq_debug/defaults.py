@@ -242,16 +242,6 @@ VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand",
 RESOLUTION_WARN_DB = 20.0
 RESOLUTION_ERROR_DB = 10.0
 
-#: ``--calibrate-method entropy`` at 8-bit activations: (histogram bins, quantized bins) of ORT's KL-divergence
-#: threshold search (``EntropyCalibrater``), TensorRT's and pytorch-quantization's 2048 / 128 (the numbers ORT's
-#: microsoft/onnxruntime#9342 and #10204 cite). ``quantize_static`` passes the calibrator no bins (it maps only five
-#: ``Calib*`` options), so ORT's entropy ran with 128 / 128: one candidate, the full range, MinMax's bytes on the
-#: PP-OCRv4 recognizer and the two-head test model. ORT's histogram spans [-T, T] where TensorRT's spans |x|, so 128
-#: quantized bins over [-t, t] price a grid coarser than uint8's: a threshold that clips at least as much as 8 bits
-#: need. The search is ORT's Python loop: 0.6 s per tensor at 2048 / 128 (3.1 s at 4096 / 256), measured. At 16-bit
-#: activations entropy is MinMax (``ivq_debug.qnn.quantize``): a 65536-level grid is finer than any affordable
-#: histogram, so the unclipped range has zero divergence and the search picks the full range.
-ENTROPY_BINS = (2048, 128)
 #: ``ivq calib-stats``: histogram bins per tensor, on fixed edges ``linspace(min, nextafter(max), BINS + 1)`` from
 #: the range pass (every job of the statistics pass uses the same edges, so the shards' histograms add exactly);
 #: percentiles read from it are within one bin, (max - min) / 256, of the exact ones

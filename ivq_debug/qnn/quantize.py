@@ -32,7 +32,6 @@ import numpy as np
 
 from ivq_debug import interrupt
 from ivq_debug.arrays import read_arrays
-from ivq_debug.defaults import ENTROPY_BINS
 from ivq_debug.dump.contract import input_digest
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.jsonio import load_json
@@ -641,10 +640,7 @@ def quantize_for_qnn(
         overrides: see :func:`load_overrides`.
         strict_overrides: raise :class:`UsageError` when overrides name tensors the model lacks
             (otherwise they are listed in ``overrides_unmatched``).
-        calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``. Entropy
-            is ORT's KL-divergence search with :data:`~ivq_debug.defaults.ENTROPY_BINS` at 8-bit activations
-            (:func:`entropy_ranges`; ``quantize_static`` alone runs it with 128 / 128 bins: MinMax), MinMax at
-            16-bit activations (the preset's; a 16-bit override of an 8-bit preset keeps the 8-bit entropy range).
+        calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``.
         preprocess: run ``qnn_preprocess_model`` first (graph fusions QNN wants).
         calibration_options: keywords of :func:`load_calibration` (:data:`CALIBRATION_OPTIONS`: ``fixed_feeds``,
             ``max_samples``, ``image_mean``, ``image_std``, ``transform``, ``image_resize``, ``image_processor``;
@@ -695,12 +691,6 @@ def quantize_for_qnn(
     if unknown:
         raise TypeError(f"quantize_for_qnn() got unexpected keyword argument(s) {unknown}")
     samples, cal_desc = load_calibration(calibration, proto, **calibration_options)
-    method = calibrate_method.lower()
-    notes: list[str] = []
-    if method == "entropy" and _QTYPE_BITS[act_name] == 16:
-        method = "minmax"
-        notes.append("entropy calibration at 16-bit activations is MinMax: a 65536-level grid is finer than the "
-                     "histogram, the search keeps the full range")
     # per-channel weights need opset >= 13; the upgrade comes after qnn_preprocess_model (below), so that the
     # graph is the same whether the preprocessing runs here or ran before (the tuner's source): at opset 13 the
     # preprocessing fuses what it leaves apart at 12 (PP-OCRv4: 9 MatMul + Add -> Gemm)
@@ -709,6 +699,7 @@ def quantize_for_qnn(
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel and not late, where=src,
                                        constants=constants_to_initializers, fold_shapes=fold_shapes,
                                        batchnorm=unfuse_batchnorm)
+    notes: list[str] = []
     floats: list[str] = []  # nodes the overrides leave float
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes,
                                     exclude=floats)
@@ -765,8 +756,7 @@ def quantize_for_qnn(
             source_proto = intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src)
             onnx.save(source_proto, str(up))
             source = up
-        entropy = method == "entropy"  # ranges computed here (entropy_ranges), handed over as a cache file
-        if source_proto is None and (calibration_cache is not None or entropy or _stores_scales(w_name)):
+        if source_proto is None and (calibration_cache is not None or _stores_scales(w_name)):
             source_proto = load_model(source)  # once: the storage below and the calibration key read it
         storage = htp_storage_overrides(source if source_proto is None else source_proto, w_name, init_overrides)
         if storage:
@@ -779,7 +769,7 @@ def quantize_for_qnn(
             with redirect_stdout(sys.stderr):
                 cfg = get_qnn_qdq_config(
                     source, reader,
-                    calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[method]),
+                    calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[calibrate_method.lower()]),
                     activation_type=act, weight_type=wt, per_channel=per_channel,
                     init_overrides={**storage, **init_overrides} or None, activation_symmetric=activation_symmetric,
                     weight_symmetric=weight_symmetric,
@@ -789,11 +779,10 @@ def quantize_for_qnn(
                 if big:
                     cfg.use_external_data_format = True
                 staged = work / out.name
-                if calibration_cache is None and not entropy:
+                if calibration_cache is None:
                     quantize(source, staged, cfg)
                 else:
-                    _quantize_cached(source, staged, cfg, work / "calibration" if calibration_cache is None
-                                     else Path(calibration_cache), samples, source_proto)
+                    _quantize_cached(source, staged, cfg, Path(calibration_cache), samples, source_proto)
         except IvqError:
             raise
         except OSError as e:
@@ -913,8 +902,7 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
     after ``SmoothQuant`` when asked; the calibrator picks the float tensors of the nodes of those op types. So the
     key holds: the model file handed to the quantizer (its bytes and its external-data files'; ``proto``: that file
     already loaded, not read again), the calibration samples (their input digests), the method, the op types, the
-    ``Calib*`` and ``SmoothQuant*`` options, for entropy the bins of :func:`entropy_ranges` (not there for another
-    method: its keys are those of earlier versions), the calibration providers, the opset of the model calibrated
+    ``Calib*`` and ``SmoothQuant*`` options, the calibration providers, the opset of the model calibrated
     (:func:`calibrated_opset`: the only thing the activation / weight types and the overrides' 16-bit types change
     there) and the onnxruntime version. Not in the key, as not read by the calibration: the types themselves
     (a16w8, a16w16 and a8w8 with 16-bit overrides calibrate the same opset-21 model), ``per_channel`` (the
@@ -937,8 +925,6 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
         "providers": [str(p) for p in cfg.calibration_providers or []],
         "opset": calibrated_opset(intake.opset_of(proto), cfg), "onnxruntime": onnxruntime.__version__,
     }
-    if _is_entropy(cfg):  # the bins entropy_ranges gives ORT (the ranges cached before them were MinMax's)
-        material["entropy_bins"] = list(ENTROPY_BINS)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -946,15 +932,11 @@ def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples
                      proto: Any = None) -> None:
     """ORT's ``quantize`` of a static config with its calibration kept in ``folder`` under
     :func:`calibration_cache_key` (ORT writes the cache atomically; a file another process wrote half is never
-    seen under the key). ``proto``: ``source`` already loaded. Entropy's ranges are :func:`entropy_ranges`, saved
-    under the key before ``quantize_static`` reads them (a miss there would calibrate with ORT's 128 / 128 bins)."""
+    seen under the key). ``proto``: ``source`` already loaded."""
     from onnxruntime.quantization import quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{calibration_cache_key(source, samples, cfg, proto)}.json"
-    if _is_entropy(cfg) and not path.is_file():
-        save_tensors_data(entropy_ranges(source, cfg), path)  # atomic (ORT's temp file + os.replace)
     quantize_static(source, staged, cfg.calibration_data_reader, calibrate_method=cfg.calibrate_method,
                     quant_format=cfg.quant_format, activation_type=cfg.activation_type, weight_type=cfg.weight_type,
                     op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_quantize=cfg.nodes_to_quantize,
@@ -962,64 +944,6 @@ def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples
                     use_external_data_format=cfg.use_external_data_format,
                     calibration_providers=cfg.calibration_providers, extra_options=cfg.extra_options,
                     calibration_cache_path=path)
-
-
-def _is_entropy(cfg: Any) -> bool:
-    return str(cfg.calibrate_method).rsplit(".", 1)[-1] == "Entropy"
-
-
-#: ``quantize_static``'s ``extra_options`` -> calibrator options (onnxruntime 1.32, ``quantization/quantize.py``)
-_CALIB_OPTIONS = (("CalibTensorRangeSymmetric", "symmetric"), ("CalibMovingAverage", "moving_average"),
-                  ("CalibMovingAverageConstant", "averaging_constant"),
-                  ("CalibMaxIntermediateOutputs", "max_intermediate_outputs"), ("CalibPercentile", "percentile"))
-
-
-def entropy_ranges(source: str | os.PathLike, cfg: Any, bins: tuple[int, int] = ENTROPY_BINS) -> Any:
-    """The tensor ranges (ORT ``TensorsData``) of ORT's entropy calibration of ``source`` with ``bins`` (histogram
-    bins, quantized bins; :data:`~ivq_debug.defaults.ENTROPY_BINS`), on what ``quantize_static`` calibrates for the
-    static config ``cfg``: the model loaded with shape inference and raised by ``update_opset_version`` (then saved
-    aside), the op types (all ORT quantizes when none), the providers, the ``Calib*`` options and the samples of
-    ``cfg.calibration_data_reader`` (strided by ``CalibStridedMinMax``). ``quantize_static`` gives the calibrator no
-    bins (ORT's default 128 / 128: one candidate, the full range); its cache file carries these ranges in."""
-    import onnx
-    from onnxruntime.quantization import CalibrationMethod
-    from onnxruntime.quantization.calibrate import create_calibrator
-    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
-    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-
-    ex = dict(cfg.extra_options or {})
-    if ex.get("SmoothQuant"):
-        raise UsageError("entropy calibration is computed here, without SmoothQuant (ORT's calibration cache holds "
-                         "ranges only)")
-    op_types = list(cfg.op_types_to_quantize or []) or list(set(QLinearOpsRegistry) | set(QDQRegistry))
-    options = {key: ex[name] for name, key in _CALIB_OPTIONS if name in ex}
-    options |= {"num_bins": bins[0], "num_quantized_bins": bins[1]}
-    reader = cfg.calibration_data_reader
-    with tempfile.TemporaryDirectory(prefix="ivq.entropy.") as tmp:
-        model_input = Path(source)
-        model = load_model_with_shape_infer(model_input)
-        updated = update_opset_version(model, cfg.weight_type, cfg.activation_type,
-                                       tensor_quant_overrides=ex.get("TensorQuantOverrides"),
-                                       block_size=ex.get("BlockSize", 0))
-        if updated is not model:  # as quantize_static: the converted model is calibrated
-            model_input = Path(tmp) / "model_input.onnx"
-            onnx.save_model(updated, str(model_input), save_as_external_data=True)
-        calibrator = create_calibrator(model_input, op_types, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                                       calibrate_method=CalibrationMethod.Entropy,
-                                       use_external_data_format=cfg.use_external_data_format,
-                                       providers=cfg.calibration_providers, extra_options=options)
-        stride = ex.get("CalibStridedMinMax")
-        if stride:
-            if len(reader) % stride:
-                raise UsageError(f"{len(reader)} calibration samples are not divisible by CalibStridedMinMax {stride}")
-            for start in range(0, len(reader), stride):
-                reader.set_range(start_index=start, end_index=start + stride)
-                calibrator.collect_data(reader)
-        else:
-            calibrator.collect_data(reader)
-        ranges = calibrator.compute_data()
-        del calibrator  # its session holds the augmented model's file
-    return ranges
 
 
 #: quantizer log lines that say nothing about this run (advice to run the preprocessing ``quantize_for_qnn`` ran)

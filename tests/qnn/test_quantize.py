@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -398,67 +397,3 @@ def test_quantize_folds_the_shape_chains_so_htp_runs_the_model_at_every_level(tm
     for level, y in outs.items():
         assert y.shape == (1, 10) and np.array_equal(y, outs["disable"]), level
         assert compute(qdq, y)["sqnr_db"] > 30, level
-
-
-def test_entropy_calibration_is_orts_entropy_with_its_bins_not_minmax(tmp_path: Path) -> None:
-    """``quantize_static`` gives ORT's entropy calibrator 128 histogram bins and 128 quantized bins: one candidate,
-    the full range, MinMax's bytes. ``calibrate_method="entropy"`` is ORT's ``create_calibrator(Entropy)`` with
-    ``ENTROPY_BINS`` on the model the quantizer calibrates: on the two-head model the ReLU output, 1/8 of it the
-    constant 100, is clipped, the model runs on ORT CPU (another figure than MinMax's); at 16-bit activations entropy is
-    MinMax; the cache key of entropy is not MinMax's."""
-    import hashlib
-    from types import SimpleNamespace
-
-    import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationMethod
-    from onnxruntime.quantization.calibrate import create_calibrator, load_tensors_data
-
-    from ivq_debug.defaults import ENTROPY_BINS
-    from ivq_debug.qnn.quantize import calibration_cache_key, preprocess_float_model, quantize_for_qnn
-    from tests.support.lever_models import build_two_causes, two_causes_sample
-
-    model = build_two_causes(tmp_path / "two.onnx")
-    cal = [two_causes_sample(i) for i in range(8)]
-    digest = lambda f: hashlib.sha256(Path(f).read_bytes()).hexdigest()  # noqa: E731
-    cache = tmp_path / "cache"
-    q = {m: quantize_for_qnn(model, tmp_path / f"{m}.onnx", cal, calibrate_method=m, calibration_cache=cache)
-         for m in ("minmax", "entropy")}
-    assert digest(q["entropy"].model_path) != digest(q["minmax"].model_path)
-    fresh = quantize_for_qnn(model, tmp_path / "fresh.onnx", cal, calibrate_method="entropy")  # no cache
-    assert digest(fresh.model_path) == digest(q["entropy"].model_path)
-    # the ranges are ORT's entropy calibration with those bins, to the bit
-    pre = tmp_path / "pre.onnx"
-    calibrated = pre if preprocess_float_model(model, pre, cal) else model
-    c = create_calibrator(calibrated, sorted({n.op_type for n in onnx.load(str(calibrated)).graph.node}),
-                          str(tmp_path / "aug.onnx"), CalibrationMethod.Entropy,
-                          extra_options={"symmetric": False, "num_bins": ENTROPY_BINS[0],
-                                         "num_quantized_bins": ENTROPY_BINS[1]})
-    c.collect_data(SimpleNamespace(get_next=iter([*cal, None]).__next__))
-    want = c.compute_data()
-
-    def of(td: Any) -> dict[str, tuple[float, float]]:
-        return {k: tuple(np.asarray(v, np.float32).item() for v in t.range_value) for k, t in td.data.items()}
-
-    ranges = {(td := load_tensors_data(f)).calibration_method: of(td) for f in cache.glob("*.json")}
-    ent, mm = ranges[CalibrationMethod.Entropy], ranges[CalibrationMethod.MinMax]
-    assert ent == of(want)
-    assert mm["rb"][1] == pytest.approx(100.0) and ent["rb"][1] < 10.0  # measured 8.2: the constant 100 clipped
-    assert all(mm[k][0] <= lo and hi <= mm[k][1] for k, (lo, hi) in ent.items())
-    # the entropy model runs on ORT CPU; not closer to float here (measured 15.5 dB against MinMax's 16.1: the
-    # clipped outputs ya, yb, y cost more than the ReLU's finer grid gains)
-    x = two_causes_sample(100)
-    y = ort.InferenceSession(str(model)).run(None, x)[0]
-    sqnr = {m: 10 * np.log10(np.sum(y ** 2) / np.sum((ort.InferenceSession(str(r.model_path)).run(None, x)[0]
-                                                      - y) ** 2)) for m, r in q.items()}
-    assert 14 < sqnr["entropy"] < sqnr["minmax"] < 17, sqnr
-    # 16-bit activations: entropy is MinMax (said), the same bytes
-    a16 = {m: quantize_for_qnn(model, tmp_path / f"a16{m}.onnx", cal, preset="a16w8", calibrate_method=m)
-           for m in ("minmax", "entropy")}
-    assert digest(a16["entropy"].model_path) == digest(a16["minmax"].model_path)
-    assert any("16-bit activations is MinMax" in w for w in a16["entropy"].warnings)
-    # the key: entropy's holds its bins (the entropy ranges cached before them were MinMax's)
-    cfg = SimpleNamespace(extra_options={}, calibrate_method=CalibrationMethod.Entropy, op_types_to_quantize=["Conv"],
-                          activation_type="QUInt8", weight_type="QUInt8", calibration_providers=None)
-    keys = {str(m): calibration_cache_key(model, cal, SimpleNamespace(**{**vars(cfg), "calibrate_method": m}))
-            for m in CalibrationMethod}
-    assert len(set(keys.values())) == len(keys)
