@@ -1424,6 +1424,8 @@ def _disk_cases() -> list[Case]:
                               "netrun/model_net.json", "--model", ws.copy("model.qdq.onnx"), "-o", "out/o.h5"],
         "diff-json": lambda ws: ["diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--json", "out/d.json"],
         "diff-report": lambda ws: ["diff", ws.copy("float.h5"), ws.copy("qdq.h5"), "-q", "--report", "out/r.html"],
+        "diff-models-json": lambda ws: ["diff", ws.copy("model.onnx"), ws.copy("model.qdq.onnx"), "--inputs",
+                                        ws.copy("x.npz"), "-q", "--json", "out/d.json"],
         "report": lambda ws: ["report", ws.copy("float.h5"), ws.copy("qdq.h5"), "-o", "out/r.html"],
         "quantize": lambda ws: ["quantize", ws.copy("model.onnx"), "--calibration", ws.copy("x.npz"), "-o",
                                 "out/q.onnx"],
