@@ -50,7 +50,14 @@ import numpy as np
 
 from ivq_debug import defaults
 from ivq_debug.diagnose.batch import cpu_runner
-from ivq_debug.diagnose.graphs import lifted_variants, mergeable, typed_inputs
+from ivq_debug.diagnose.graphs import (
+    dequantized,
+    lift_starts,
+    lifted_variants,
+    mergeable,
+    split_by_start,
+    typed_inputs,
+)
 from ivq_debug.diagnose.jobs import describe_factory
 from ivq_debug.diagnose.patterns import groups, sortable
 from ivq_debug.diagnose.remedy import unit_evidence
@@ -169,22 +176,13 @@ def _lift_plan(model: Any, tensors: set[str], floats: dict[str, np.ndarray], bas
     out: dict[int, Any] = {}
     added: dict[str, np.ndarray] = {}
     for i, n in enumerate(model.graph.node):
-        if not (_is(n, "DequantizeLinear") and n.input):
-            continue
-        src = n.input[0]
-        q = producer.get(src)
-        if src in inits:  # a quantized initializer
-            w = float_name(src).removesuffix("_quantized")
-        elif _is(q, "QuantizeLinear") and q.input[0] in inits:  # a float initializer the graph quantizes
-            w = q.input[0]
-        else:
-            w = None
+        w, q = dequantized(n, producer, inits)
         if w is not None and w in floats:
             name = f"ivq_float::{w}"
             if name not in added:
                 added[name] = np.asarray(floats[w], np.float32)
             out[i] = onnx.helper.make_node("Identity", [name], [n.output[0]], name=f"{n.name}::float")
-        elif w is None and _is(q, "QuantizeLinear") and float_name(q.input[0]) in tensors:
+        elif w is None and q is not None and float_name(q.input[0]) in tensors:
             op = "Relu" if floors_at_zero(q, model, base_dir) else "Identity"
             if reached is not None:
                 reached.add(float_name(q.input[0]))
@@ -393,17 +391,18 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def _grouped(spec: dict[str, Spec], runner_factory: Callable[[Any], Any] | None, executor: Executor | None
-             ) -> list[list[Spec]]:
+def _grouped(model: Any, spec: dict[str, Spec], runner_factory: Callable[[Any], Any] | None,
+             executor: Executor | None) -> list[list[Spec]]:
     """The distinct targets of ``spec`` in groups that each run as one graph: on the CPU (``runner_factory``
-    None) as many groups as the executor has workers (one in this process), in order; on another backend one
-    target per group (a backend may refuse one lifted model and place another: each keeps its own answer)."""
+    None) as many groups as the executor has workers (one in this process), the targets by where their lift starts
+    in ``model`` (:func:`~ivq_debug.diagnose.graphs.split_by_start`: a group without the unchanged model runs it only
+    up to its latest start); on another backend one target per group (a backend may refuse one lifted model and
+    place another: each keeps its own answer)."""
     distinct = list({(tuple(t), tuple(w)): (t, w) for t, w in spec.values()}.values())
     if runner_factory is not None:
         return [[s] for s in distinct]
     n = min(len(distinct), getattr(executor, "workers", len(distinct)) if executor is not None else 1)
-    per = -(-len(distinct) // max(n, 1))
-    return [distinct[i:i + per] for i in range(0, len(distinct), per)]
+    return [[distinct[i] for i in g] for g in split_by_start(lift_starts(model, distinct), len(model.graph.node), n)]
 
 
 def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dict[str, Spec],
@@ -430,7 +429,7 @@ def _as_jobs(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: 
           "runner_factory": runner_factory}
     jobs: dict[str, Job] = {}
     members: dict[str, list[Spec]] = {}
-    for group in _grouped(spec, runner_factory, executor):
+    for group in _grouped(qdq.proto, spec, runner_factory, executor):
         k = job_key(kind="effect/2", specs=group, **meta)
         members[k] = group
         jobs[k] = Job(k, _effect_job, kw | {"specs": group}, meta)
@@ -486,7 +485,7 @@ def _here(qdq: Model, fmodel: Model | None, ref: Any, rids: list[str], spec: dic
     """The targets' runs in this process (a model built in memory), the same target measured once, a group
     (:func:`_grouped`) at a time: ``(docs, refused, runs)``."""
     by_spec: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for group in _grouped(spec, runner_factory, None):
+    for group in _grouped(qdq.proto, spec, runner_factory, None):
         got = _run_batch(qdq, ref, list(rids), group, fmodel, runner_factory)
         by_spec.update({(tuple(t), tuple(w)): d for (t, w), d in zip(group, got, strict=True)})
     docs, refused = _split(spec, by_spec)

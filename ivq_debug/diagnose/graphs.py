@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug.onnxgraph.sites import QDQ_DOMAINS, float_name
+
 
 def unit_value(pre: str, name: str) -> str:
     """A derived graph's name for the model tensor (or node) ``name`` inside the copy whose names start with
@@ -92,8 +94,6 @@ def lifted_variants(model: Any, plans: list[tuple[dict[int, Any], dict[str, np.n
             nodes.append(copy_node(src, unit_value(pre, src.name or f"#{i}"), [ren.get(x, x) for x in src.input],
                                    outs))
             ren.update({o: r for o, r in zip(src.output, outs, strict=True) if o})
-    del g.node[:]
-    g.node.extend(nodes)
     outs: list[dict[str, str]] = []
     for ren in renamed:
         mine = {}
@@ -103,4 +103,84 @@ def lifted_variants(model: Any, plans: list[tuple[dict[int, Any], dict[str, np.n
                 vi.CopyFrom(o)
                 vi.name = mine[o.name] = ren[o.name]
         outs.append(mine)
+    # the model's own outputs only where a variant reads one it does not change (the unchanged model's, e.g. the
+    # empty lift), and only the nodes those outputs need: without such a variant the unchanged model runs only
+    # up to what the copies read
+    need = {mine.get(o.name, o.name) for mine in outs for o in model.graph.output}
+    kept = [o for o in g.output if o.name in need]
+    del g.output[:]
+    g.output.extend(kept)
+    del g.node[:]
+    g.node.extend(live_nodes(nodes, need))
     return m, outs
+
+
+def live_nodes(nodes: list[Any], outputs: set[str]) -> list[Any]:
+    """The nodes (in topological order) that ``outputs`` depend on, in their order."""
+    live = set(outputs)
+    kept = []
+    for n in reversed(nodes):
+        if any(o in live for o in n.output if o):
+            kept.append(n)
+            live.update(x for x in n.input if x)
+    return kept[::-1]
+
+
+def dequantized(n: Any, producer: dict[str, Any], inits: set[str]) -> tuple[str | None, Any]:
+    """What a DequantizeLinear node ``n`` gives back (``producer``: node by output, ``inits``: initializer names):
+    ``(weight, None)`` for a weight (a quantized initializer, or a float one the graph quantizes), ``(None, q)`` for
+    an activation encoding (``q``, its QuantizeLinear), ``(None, None)`` for anything else."""
+    if not (n.op_type == "DequantizeLinear" and n.domain in QDQ_DOMAINS and n.input):
+        return None, None
+    src = n.input[0]
+    q = producer.get(src)
+    if src in inits:  # a quantized initializer
+        return float_name(src).removesuffix("_quantized"), None
+    if q is None or q.op_type != "QuantizeLinear" or q.domain not in QDQ_DOMAINS:
+        return None, None
+    return (q.input[0], None) if q.input[0] in inits else (None, q)  # a float initializer the graph quantizes
+
+
+def lift_starts(model: Any, specs: list[tuple[list[str], list[str]]]) -> list[int]:
+    """For each ``(tensors, weights)`` of ``specs``, the position in ``model.graph.node`` of the first node that
+    reads a value its lift changes (a DequantizeLinear output of one of its weights or encodings), or the number of
+    nodes for none: a lift variant copies from there on (:func:`lifted_variants`)."""
+    nodes = list(model.graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    inits = {i.name for i in model.graph.initializer}
+    lifted: dict[str, str] = {}  # DequantizeLinear output -> the weight or float tensor it gives back
+    first: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            if x in lifted:
+                first.setdefault(lifted[x], i)
+        w, q = dequantized(n, producer, inits)
+        if w is not None or q is not None:
+            lifted[n.output[0]] = w if w is not None else float_name(q.input[0])
+    return [min((first.get(x, len(nodes)) for x in [*t, *w]), default=len(nodes)) for t, w in specs]
+
+
+def split_by_start(starts: list[int], n_nodes: int, groups: int) -> list[list[int]]:
+    """The indexes of ``starts`` (lift variants by where their copy starts, of a model of ``n_nodes`` nodes) in at
+    most ``groups`` groups, each a run of the variants ordered by start, so that the largest group's graph is
+    smallest. A group's graph has each variant's copy (``n_nodes - start``) and the unchanged model up to its latest
+    start (all of it with the empty lift, which starts at ``n_nodes``); on bench_loop's 12-block ViT, 7 targets in
+    2 groups, 5,130 + 4,122 nodes in order became 3,492 + 4,517 (``docs/scale.md``, sixth pass)."""
+    order = sorted(range(len(starts)), key=lambda i: starts[i])
+    groups = max(1, min(groups, len(order)))
+
+    def cost(run: list[int]) -> int:
+        return sum(n_nodes - starts[i] for i in run) + max(starts[i] for i in run)
+
+    best: dict[tuple[int, int], tuple[int, list[list[int]]]] = {}
+
+    def split(lo: int, k: int) -> tuple[int, list[list[int]]]:  # order[lo:] in k runs
+        if k == 1:
+            return cost(order[lo:]), [order[lo:]]
+        if (lo, k) not in best:
+            best[lo, k] = min(((max(cost(order[lo:hi]), rest[0]), [order[lo:hi], *rest[1]])
+                               for hi in range(lo + 1, len(order) - k + 2) for rest in [split(hi, k - 1)]),
+                              key=lambda c: c[0])
+        return best[lo, k]
+
+    return split(0, groups)[1] if order else []

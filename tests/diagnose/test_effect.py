@@ -230,3 +230,22 @@ def test_a_shard_with_fewer_runs_than_its_targets_is_refused(m, tmp_path) -> Non
     with pytest.raises(InputError) as e:
         measure_effects(m["act"], ref, [rid], targets, shards=tmp_path / "sh", executor=LocalExecutor(1))
     assert "holds 2 effect runs for 3 targets" in e.value.one_line() and str(shard) in e.value.one_line()
+
+
+def test_the_cpu_groups_split_the_targets_by_where_their_lift_starts() -> None:
+    """``graphs.split_by_start`` on the starts of bench_loop's 12-block ViT's effect targets (1,689 nodes: the empty
+    lift, the Softmax group from block 0, the Softmax units of blocks 7, 1, 2, 3 and 11): the early-starting targets
+    in one graph, which runs the unchanged model only up to block 2, the rest with the unchanged model in the other.
+    The cost (copied nodes and the model's own up to the latest start) of the larger group: 4,529 instead of 5,130
+    in order; the graphs built: 4,517 + 3,492 nodes instead of 5,130 + 4,122 (``docs/scale.md``, sixth pass)."""
+    from ivq_debug.diagnose.graphs import split_by_start
+
+    starts, n = [1689, 206, 1088, 332, 458, 584, 1592], 1689
+
+    def cost(g: list[int]) -> int:
+        return sum(n - starts[i] for i in g) + max(starts[i] for i in g)
+
+    got = split_by_start(starts, n, 2)
+    assert got == [[1, 3, 4], [5, 2, 6, 0]] and [cost(g) for g in got] == [4529, 3492]
+    assert [cost(g) for g in ([0, 1, 2, 3], [4, 5, 6])] == [5130, 4025]  # in order (the graphs: 5,130 and 4,122 nodes)
+    assert split_by_start(starts, n, 1) == [[1, 3, 4, 5, 2, 6, 0]] and split_by_start([], n, 2) == []

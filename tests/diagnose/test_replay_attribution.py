@@ -223,3 +223,25 @@ def test_the_shadow_model_returns_its_own_values_bit_for_bit(m, tmp_path) -> Non
     assert len(before) == len(names) > 2 * len(units)
     for r, v in names.items():
         assert got[v].dtype == before[r].dtype and np.array_equal(got[v], before[r], equal_nan=True), r
+
+
+def test_a_group_without_the_unchanged_model_runs_it_only_up_to_what_its_copies_read(m, runs) -> None:
+    """A group of lift variants without the empty lift (the second effect thread's) keeps the model's own nodes only
+    up to what its copies read, and its own outputs only where a variant reads one it does not change: on the ViT's
+    targets fewer of the model's nodes than the model has, with every target's figures of its own model, to the bit
+    (before, every group held the whole unchanged model)."""
+    from ivq_debug.diagnose.effect import _lift_plan
+    from ivq_debug.diagnose.graphs import lift_starts, lifted_variants
+    from ivq_debug.onnxgraph.load import load
+    from tests.diagnose.test_effect import one_graph_equals_one_by_one, specs_of
+
+    ref = open_dump(m["ref"])
+    qdq = load(m["act"])
+    specs = [s for s in specs_of(runs[("act", "local")].effects) if s != ([], [])]
+    n = len(qdq.proto.graph.node)
+    latest = max(lift_starts(qdq.proto, specs))
+    merged, _ = lifted_variants(qdq.proto, [_lift_plan(qdq.proto, set(t), {}, qdq.base_dir) for t, _ in specs])
+    own = [x for x in merged.graph.node if not x.name.startswith(tuple(f"v{v}::" for v in range(len(specs))))]
+    assert len(specs) >= 3 and latest < n and len(own) < n
+    assert {o.name for o in merged.graph.output}.isdisjoint(o.name for o in qdq.proto.graph.output)
+    one_graph_equals_one_by_one(qdq, load(m["float"]), ref, list(ref.records["rid"][:1]), specs)
