@@ -76,7 +76,7 @@ from ivq_debug.diagnose.units import (
 )
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import InputError, UsageError
+from ivq_debug.errors import InputError, IvqError, UsageError
 from ivq_debug.executor import Executor, size_runs
 from ivq_debug.jsonio import json_safe
 from ivq_debug.metrics import MetricAccumulator
@@ -414,7 +414,7 @@ def _on_guess(run: Callable[[Any], Any], model: Model, nodes: list[str] | None, 
     guess = _indexer(ref, model, cumulative, guess=True)
     try:
         got = run(guess)
-    except UsageError:  # e.g. a later record that lacks a guessed tensor: the alignment decides
+    except IvqError:  # e.g. a later record that lacks a guessed tensor: the alignment decides (raises it again)
         got = None
     if got is None or not _decided_alike(model, nodes, rids, guess, index):
         return run(index)
