@@ -248,10 +248,6 @@ class _PendingComparison:
     beside them: on ``bench/bench_loop.py``'s 12-block ViT the alignment (0.4-0.8 s) and the 485 pairs' metrics
     (1.5-1.9 s of CPU) on the core ONNX Runtime's runs leave idle (``docs/scale.md``, fourth and fifth passes)."""
 
-    #: the replay does not wait for the alignment: it replays on the pairs the alignment is expected to make and
-    #: checks them against it afterwards (:func:`~ivq_debug.diagnose.replay.replay`; ``docs/scale.md``, sixth pass)
-    provisional = True
-
     def __init__(self, future: Any, aligned: Event, pairs: list[Any], ref: Dump, test: Dump) -> None:
         self._future = future
         self._aligned = aligned

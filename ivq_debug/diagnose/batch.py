@@ -10,7 +10,6 @@ unit's errors into its :class:`Acc` (the definitions: :mod:`ivq_debug.diagnose.r
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,40 +43,11 @@ class SessionPool:
     def __init__(self) -> None:
         self.runners: dict[tuple[Any, ...], Any] = {}
         self._typed: set[int] = set()
-        self._early: dict[tuple[Any, ...], Future] = {}
-
-    @staticmethod
-    def _sig(kind: str, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
-        return (kind, tuple((k, v.shape, v.dtype.str) for k, v in sorted(feeds.items())))
-
-    def start(self, kind: str, m: Model, feeds: dict[str, np.ndarray], factory: RunnerFactory,
-              pool: ThreadPoolExecutor) -> None:
-        """Make the CPU runner of ``m`` and its session on ``pool`` for feeds of these shapes and dtypes (``feeds``
-        may hold no values: :meth:`~ivq_debug.diagnose.refs.RefIndex.layout`), so the session is made while the
-        caller reads the values. :meth:`get` of the same signature takes it; another signature's runner is made
-        there as before, and one never taken is closed uncounted."""
-        sig = self._sig(kind, feeds)
-        if sig in self.runners or sig in self._early:
-            return
-        self._typed.add(id(m.proto))
-        typed_inputs(m.proto, feeds)
-
-        def make() -> Any:
-            r = factory(m)
-            r.session_for(-1, [])  # the plain session (OrtRunner), made now rather than on the first run
-            return r
-
-        self._early[sig] = pool.submit(make)
 
     def get(self, kind: str, m: Model, feeds: dict[str, np.ndarray], factory: RunnerFactory) -> Any:
         """The runner of model ``m`` (``kind``) for feeds of these shapes and dtypes."""
-        sig = self._sig(kind, feeds)
+        sig = (kind, tuple((k, v.shape, v.dtype.str) for k, v in sorted(feeds.items())))
         r = self.runners.get(sig)
-        if r is None and sig in self._early:
-            try:
-                r = self.runners[sig] = self._early.pop(sig).result()
-            except InputError as e:
-                raise InputError(e.message, m.origin) from None
         if r is None:
             if id(m.proto) in self._typed:  # another signature of the same model: typed on a copy
                 proto = type(m.proto)()
@@ -92,10 +62,8 @@ class SessionPool:
         return r
 
     def close(self) -> None:
-        """Close the runners (those made early and never taken too)."""
-        untaken = [f.result() for f in self._early.values() if f.exception() is None]
-        self._early.clear()
-        for r in [*self.runners.values(), *untaken]:
+        """Close the runners."""
+        for r in self.runners.values():
             close = getattr(r, "close", None)
             if close is not None:
                 close()
@@ -199,11 +167,7 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
                         if on_backend else (None, {}, {}))
     pool = SessionPool()
     work = _Work()
-    early = ThreadPoolExecutor(1, thread_name_prefix="ivq-session")
     try:
-        first = {gi: ctx.indexes[ctx.rids[0]].layout(x) for gi, (_, x) in s_map.items()}
-        if all(v is not None for v in first.values()):  # the shadow's session is made while its feeds are read
-            pool.start("shadow", shadow, first, cpu_runner, early)
         for rid in ctx.rids:
             idx = ctx.indexes[rid]
             feeds = {gi: idx.read(x) for gi, (_, x) in s_map.items()}
@@ -225,7 +189,6 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
     finally:
         sessions += len(pool.runners)
         pool.close()
-        early.shutdown()
     return BatchResult(accs, backend, info, sessions)
 
 

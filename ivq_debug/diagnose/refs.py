@@ -31,18 +31,12 @@ class RefIndex:
     ``link`` (instead of ``pairs``, ``test`` and ``test_rid``): a call that returns them, made the first time one
     of them is needed (a tensor the reference does not name, a shape, the test dump). ``ivq diagnose`` passes the
     comparison it computes in a thread: a replay whose tensors the reference all names starts before the
-    alignment ends (``docs/scale.md``, fifth pass).
-
-    ``guess``: the pairs are not the alignment's but the ones its ``reshape`` strategy is expected to make
-    (:func:`guessed_pairs`), so no tensor waits for the alignment; :meth:`decisions` then says what the index
-    decided, for the caller to check against an index linked to the alignment (``docs/scale.md``, sixth pass)."""
+    alignment ends (``docs/scale.md``, fifth pass)."""
 
     def __init__(self, ref: Any, rid: str, pairs: dict[str, Any], aliases: dict[str, list[str]],
                  test: Any = None, test_rid: str | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
-                 *, link: Callable[[], tuple[dict[str, Any], Any, str | None]] | None = None,
-                 guess: bool = False) -> None:
+                 *, link: Callable[[], tuple[dict[str, Any], Any, str | None]] | None = None) -> None:
         self.ref = ref
-        self.guess = guess
         self.by_name = {e.name: e for e in ref.tensors(rid)} | {e.name: e for e in ref.tensors(rid, kind="input")}
         self.aliases = aliases
         self._model_shapes = dict(shapes or {})
@@ -56,8 +50,6 @@ class RefIndex:
         """``(pairs, test, test_by_name, shapes)``, linked once."""
         if self._linked is None:
             pairs, test, test_rid = self._link()
-            if self.guess:
-                pairs = guessed_pairs(self.by_name, self.aliases)
             by_name = {e.name: e for e in test.tensors(test_rid)} if test is not None and test_rid else {}
             self._linked = (pairs, test, by_name, self._model_shapes | {n: e.shape for n, e in by_name.items()})
         return self._linked
@@ -125,30 +117,6 @@ class RefIndex:
             return False
         return True
 
-    def decisions(self, names: Any) -> list[tuple[Any, ...]]:
-        """What the index decides for each of ``names``: where its value comes from and in which shape it is read,
-        or why it has none. Two indexes that decide alike read the same values and give the same ``ref_match``
-        and skip reasons."""
-        out: list[tuple[Any, ...]] = []
-        for x in names:
-            s = self.source(x)
-            out.append((x, None, self.rejected.get(x)) if s is None else
-                       (x, s.entry.rid, s.entry.kind, s.entry.key, s.how, None if s.how == "name" else self.shapes[x]))
-        return out
-
-    def layout(self, name: str) -> np.ndarray | None:
-        """An array of no bytes with the shape and dtype :meth:`read` gives ``name`` (None: no source, or a dtype
-        numpy does not name), for what needs them before the values: a session typed on its feeds."""
-        src = self.source(name)
-        if src is None:
-            return None
-        e = src.entry
-        try:
-            dt = np.dtype(np.float32 if e.derived or e.dtype == "bfloat16" else e.dtype)
-        except TypeError:
-            return None
-        return np.broadcast_to(np.empty((), dt), tuple(e.shape) if src.how == "name" else tuple(self.shapes[name]))
-
     def read(self, name: str) -> np.ndarray:
         """The reference value of ``name`` (a :meth:`source` it has), in the model's shape (cached)."""
         v = self.values.get(name)
@@ -162,21 +130,6 @@ class RefIndex:
         return v
 
 
-def guessed_pairs(by_name: dict[str, Any], aliases: dict[str, list[str]]) -> dict[str, tuple[Any, str]]:
-    """The pairs the alignment's ``reshape`` strategy is expected to make for the unit tensors a reference does not
-    name: a tensor the QDQ model makes by a Reshape / Flatten / Squeeze / Unsqueeze of one the reference names (its
-    lineage, :func:`~ivq_debug.diagnose.units.lineage_aliases`) takes that one's entry, as the strategy pairs a
-    same-valued reshape of a matched tensor with its partner (``gemm_input_reshape_arg*`` of ORT's QNN flow: the
-    LayerNorm output reshaped). A guess: :class:`RefIndex` ``guess``."""
-    out: dict[str, tuple[Any, str]] = {}
-    for name, others in aliases.items():
-        if name not in by_name:
-            e = next((by_name[o] for o in others if o in by_name), None)
-            if e is not None:
-                out[name] = (e, "reshape")
-    return out
-
-
 def pairs_for(cumulative: Any, ref_rid: str) -> tuple[dict[str, Any], Any, str | None]:
     """From a comparison: test name -> (ref entry, strategy) for one ref record, the test dump and its rid."""
     if cumulative is None:
@@ -188,23 +141,13 @@ def pairs_for(cumulative: Any, ref_rid: str) -> tuple[dict[str, Any], Any, str |
             test_rid = p.test.rid
             if p.test.name != p.ref.name:
                 out.setdefault(p.test.name, (p.ref, p.match))
-    return out, cumulative.test, test_rid if test_rid is not None else _same_key(cumulative, ref_rid)
-
-
-def _same_key(cumulative: Any, ref_rid: str) -> str | None:
-    """The test record with the key of ``ref_rid`` (the only one, when the test dump holds one)."""
-    keys = cumulative.test.record_keys()
-    ref_key = next((k for k, v in cumulative.ref.record_keys().items() if v == ref_rid), None)
-    test_rid = keys.get(ref_key) if ref_key is not None else None
-    if test_rid is None and len(keys) == 1:
-        test_rid = next(iter(keys.values()))
-    return test_rid
-
-
-def guessed_link(cumulative: Any, ref_rid: str) -> tuple[dict[str, Any], Any, str | None]:
-    """:func:`pairs_for` without waiting for the comparison's alignment: no pairs (a :class:`RefIndex` made with
-    ``guess`` expects them from the model's lineage), the test dump and the test record of the same key."""
-    return {}, cumulative.test, _same_key(cumulative, ref_rid)
+    if test_rid is None:  # no pair: the record with the same key
+        keys = cumulative.test.record_keys()
+        ref_key = next((k for k, v in cumulative.ref.record_keys().items() if v == ref_rid), None)
+        test_rid = keys.get(ref_key) if ref_key is not None else None
+        if test_rid is None and len(keys) == 1:
+            test_rid = next(iter(keys.values()))
+    return out, cumulative.test, test_rid
 
 
 # ------------------------------------------------------------------------------------------ records

@@ -50,7 +50,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.jobs import describe_factory, replay_jobs
 from ivq_debug.diagnose.patterns import replay_findings
-from ivq_debug.diagnose.refs import RefIndex, guessed_link, model_records, pairs_for, record_ids
+from ivq_debug.diagnose.refs import RefIndex, model_records, pairs_for, record_ids
 from ivq_debug.diagnose.remedy import Remedy, UnitEvidence, over_budget, remedies_for
 from ivq_debug.diagnose.units import (
     Unit,
@@ -76,7 +76,7 @@ from ivq_debug.diagnose.units import (
 )
 from ivq_debug.diagnose.weight_spread import spread_by_weight
 from ivq_debug.dump import open_dump
-from ivq_debug.errors import InputError, IvqError, UsageError
+from ivq_debug.errors import InputError, UsageError
 from ivq_debug.executor import Executor, size_runs
 from ivq_debug.jsonio import json_safe
 from ivq_debug.metrics import MetricAccumulator
@@ -298,18 +298,20 @@ def replay(
         raise InputError("the model has no nodes: nothing to replay (an empty or zero-node ONNX model)",
                          model.origin)
     fmodel = load(float_model) if float_model is not None else None
-    nodes = list(nodes) if nodes is not None else None
     index = _indexer(ref, model, cumulative)
     rids = model_records(ref, record, record_ids(ref, record), model, index)
     budget = float(intro_budget(model) if budget_sqnr_db is None else budget_sqnr_db)
+    runnable, skipped = _runnable(model, nodes, ref, rids, index, prefetch=executor is None)
+    batches = _batches(runnable, index(rids[0]), batch_bytes, executor is not None)
     do_check = (runner_factory is not None) if selfcheck is None else bool(selfcheck)
-    run = functools.partial(_replayed, model, nodes, ref, rids, cumulative=cumulative, runner_factory=runner_factory,
-                            do_check=do_check, batch_bytes=batch_bytes, executor=executor, shards=shards,
-                            progress=progress)
-    if executor is None and getattr(cumulative, "provisional", False):
-        runnable, skipped, batches, done, jobs = _on_guess(run, model, nodes, ref, rids, cumulative, index)
+    indexes = {rid: index(rid) for rid in rids}
+    if executor is None:  # in this process, as one loop
+        ctx = BatchContext(model, rids, indexes, runner_factory, do_check)
+        it = track(batches, "replaying", total=len(batches)) if progress else batches
+        done, jobs = [replay_batch(ctx, batch) for batch in it], {}
     else:
-        runnable, skipped, batches, done, jobs = run(index)
+        done, jobs = replay_jobs(executor, shards, model, ref, cumulative, rids, batches, runner_factory, do_check,
+                                 progress)
     accs, backend, info, sessions = _merged(done)
     table = _table(runnable, accs, attribution)
     # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py. They
@@ -373,81 +375,38 @@ def _merged(done: list[BatchResult]) -> tuple[dict[str, Acc], str | None, dict[s
     return accs, backend, info, sessions
 
 
-def _indexer(ref: Any, model: Model, cumulative: Any, guess: bool = False) -> Any:
+def _indexer(ref: Any, model: Model, cumulative: Any) -> Any:
     """``index(rid) -> RefIndex``, each record's reference index built once, linked to the comparison's alignment
-    when it first needs it (a tensor the reference does not name, the test dump); ``guess``: to the pairs the
-    alignment is expected to make instead (:func:`~ivq_debug.diagnose.refs.guessed_pairs`), without waiting for it."""
+    when it first needs it (a tensor the reference does not name, the test dump)."""
     aliases = lineage_aliases(model)
     indexes: dict[str, RefIndex] = {}
-    linked = guessed_link if guess else pairs_for
 
     def index(rid: str) -> RefIndex:
         if rid not in indexes:
             indexes[rid] = RefIndex(ref, rid, {}, aliases, shapes=model.value_shapes,
-                                    link=lambda: linked(cumulative, rid), guess=guess)
+                                    link=lambda: pairs_for(cumulative, rid))
         return indexes[rid]
 
     return index
 
 
-def _replayed(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[str], index: Any, *, cumulative: Any,
-              runner_factory: RunnerFactory | None, do_check: bool, batch_bytes: int, executor: Executor | None,
-              shards: str | os.PathLike | None, progress: bool
-              ) -> tuple[list[Unit], dict[str, str], list[list[Unit]], list[BatchResult], dict[str, Any]]:
-    """The units replayed with the reference values of ``index``: ``(runnable, skipped, batches, done, jobs)``."""
-    runnable, skipped = _runnable(model, nodes, ref, rids, index)
-    batches = _batches(runnable, index(rids[0]), batch_bytes, executor is not None)
-    if executor is None:  # in this process, as one loop
-        ctx = BatchContext(model, rids, {rid: index(rid) for rid in rids}, runner_factory, do_check)
-        it = track(batches, "replaying", total=len(batches)) if progress else batches
-        return runnable, skipped, batches, [replay_batch(ctx, batch) for batch in it], {}
-    done, jobs = replay_jobs(executor, shards, model, ref, cumulative, rids, batches, runner_factory, do_check,
-                             progress)
-    return runnable, skipped, batches, done, jobs
-
-
-def _on_guess(run: Callable[[Any], Any], model: Model, nodes: list[str] | None, ref: Any, rids: list[str],
-              cumulative: Any, index: Any) -> Any:
-    """``run(index)`` (:func:`_replayed`) while the comparison is still aligning: on the pairs its ``reshape``
-    strategy is expected to make (:func:`~ivq_debug.diagnose.refs.guessed_pairs`), then every reference the replay
-    read checked against the alignment's (:func:`_decided_alike`); run again on the alignment when one differs."""
-    guess = _indexer(ref, model, cumulative, guess=True)
-    try:
-        got = run(guess)
-    except IvqError:  # e.g. a later record that lacks a guessed tensor: the alignment decides (raises it again)
-        got = None
-    if got is None or not _decided_alike(model, nodes, rids, guess, index):
-        return run(index)
-    for rid in rids:  # the values it read are the alignment's: read once
-        index(rid).values.update(guess(rid).values)
-    return got
-
-
-def _decided_alike(model: Model, nodes: Iterable[str] | None, rids: list[str], guess: Any, index: Any) -> bool:
-    """Whether the guessed index decided every unit tensor of every record (where its value comes from, in which
-    shape, or why it has none) as the index linked to the alignment does: then the replay read the same values and
-    labels, to the bit."""
-    names = list(dict.fromkeys(x for u in _selected(model, nodes) for x in [*u.inputs, u.output]))
-    return all(guess(rid).decisions(names) == index(rid).decisions(names) for rid in rids)
-
-
-def _selected(model: Model, nodes: Iterable[str] | None) -> list[Unit]:
-    """The model's units, those of ``nodes`` (compute nodes or output tensors) when given."""
+def _runnable(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[str], index: Any,
+              prefetch: bool = False) -> tuple[list[Unit], dict[str, str]]:
+    """The units to replay (those of ``nodes``, default all) whose tensors every record references, and the
+    skipped ones with their reason. ``prefetch``: first read the first record's values of the tensors the reference
+    names (the replay in this process reads them next, and the index keeps what it read), while the comparison
+    that ``ivq diagnose`` aligns in a thread is not yet needed: a tensor the reference does not name waits for that
+    alignment (``docs/scale.md``, fifth pass)."""
     units = model_units(model)
     if nodes is not None:
         wanted = set(nodes)
         units = [u for u in units if u.node in wanted or u.output in wanted]
         if not units:
             raise UsageError(f"none of the requested nodes {sorted(wanted)[:5]} is a QDQ node unit")
-    return units
-
-
-def _runnable(model: Model, nodes: Iterable[str] | None, ref: Any, rids: list[str], index: Any
-              ) -> tuple[list[Unit], dict[str, str]]:
-    """The units to replay (those of ``nodes``, default all) whose tensors every record references, and the
-    skipped ones with their reason."""
-    units = _selected(model, nodes)
     idx0 = index(rids[0])
+    if prefetch:
+        for x in dict.fromkeys(x for u in units for x in [*u.inputs, u.output] if x in idx0.by_name):
+            idx0.read(x)
     runnable: list[Unit] = []
     skipped: dict[str, str] = {}
     for u in units:
