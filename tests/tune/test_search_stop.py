@@ -21,21 +21,61 @@ from tests.support.lever_models import two_causes_files, two_causes_trial_inputs
 UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_per_channel", "weight spread", axis=0)]
 
 
-pytestmark = pytest.mark.slow  # two searches of 14 levers each (~17 s on 2 loaded cores)
+pytestmark = pytest.mark.slow  # five searches of 11-14 levers each (~25 s on 2 loaded cores)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
+    """``True``: early stops, the frontier measured in full (``frontier=True``); ``"choice"``: early stops, only
+    what may be chosen measured in full (the default); ``False``: no early stop. ``("choice" | True, 0)``: the
+    same without the combination step (whose ranking of parts runs a stopped lever in full again)."""
     d = tmp_path_factory.mktemp("stop")
     u = two_causes_trial_inputs(d, evaluation=6)
     out = {}
-    for early in (True, False):
-        t = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / f"wd-{early}", backend="cpu", target="cpu",
-                  resume=False, preprocess=False)
+    for early in (True, "choice", False, (True, 0), ("choice", 0)):
+        mode, combos = early if isinstance(early, tuple) else (early, 6)
+        t = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / f"wd-{mode}-{combos}", backend="cpu",
+                  target="cpu", resume=False, preprocess=False)
         before = t.trial("before", [])
-        res = search(t, before, global_levers(t) + unit_levers(t, UNITS), early_stop=early)
+        res = search(t, before, global_levers(t) + unit_levers(t, UNITS), early_stop=bool(mode),
+                     frontier=mode is True, combinations=combos)
         out[early] = {"tuner": t, "res": res, "rows": {r["lever"]: r for r in res.table}}
     return out
+
+
+def _samples_run(rows: dict) -> int:
+    return sum((r.get("stopped") or {}).get("samples", 0 if r.get("same_model_as") else 6) for r in rows.values()
+               if r["sqnr_db"] is not None or r.get("stopped"))
+
+
+def test_a_choice_only_search_stops_more_and_chooses_the_same(runs) -> None:
+    """Without ``frontier``, a lever stops once it cannot be chosen, whatever its cost: fewer samples run, the
+    same choice and delivered model; every lever measured in full has the figures of the search without early
+    stops, and a frontier mark is never claimed that the full search denies (an open mark names who may beat it)."""
+    choice, front, full = runs["choice"], runs[True], runs[False]
+    c0, f0 = runs[("choice", 0)]["rows"], runs[(True, 0)]["rows"]
+    # measured: calibration percentile stops after 1 of 6 samples (5 with --frontier), unit weights after 1 (6)
+    assert _samples_run(c0) < _samples_run(f0) < _samples_run(full["rows"])
+    assert {n for n, r in c0.items() if r.get("stopped")} > {n for n, r in f0.items() if r.get("stopped")}
+    assert runs[("choice", 0)]["res"].chosen.name == runs[(True, 0)]["res"].chosen.name
+    stopped = {n: r for n, r in choice["rows"].items() if r.get("stopped")}
+    for name, r in stopped.items():
+        whole = full["rows"][name]
+        assert whole["sqnr_db"] <= r["stopped"]["at_most_db"] and whole["status"] != "chosen"
+        if r["stopped"]["dominated"]:
+            assert r["status"].endswith("(not run to the end: --frontier would)"), r
+    keys = ("sqnr_db", "gain_db", "model_bytes", "cost", "efficiency", "eligible", "task")
+    for name, r in choice["rows"].items():
+        if name not in stopped:
+            assert {k: r[k] for k in keys} == {k: full["rows"][name][k] for k in keys}, name
+            assert not r["frontier"] or full["rows"][name]["frontier"], name
+            if full["rows"][name]["frontier"] and not r["frontier"]:  # settled only by a lever stopped early
+                assert set(r["frontier_open"]) <= set(stopped), r
+    assert choice["res"].chosen.name == full["res"].chosen.name
+    a, b = choice["res"].report.to_dict(), full["res"].report.to_dict()
+    for k in ("recommended", "changed", "end_to_end", "overrides", "samples", "resolved_types"):
+        assert a[k] == b[k], k
+    assert sha256_file(a["after"]["qdq_model"]) == sha256_file(b["after"]["qdq_model"])
 
 
 def test_an_early_stopped_lever_is_provably_dominated_and_the_choice_is_the_same(runs) -> None:
