@@ -362,6 +362,25 @@ class SearchResult:
         return doc
 
 
+def hardest_first(before: Trial, watch: Sequence[str]) -> tuple[int, ...] | None:
+    """Sample 0, then the other evaluation samples by the baseline's score on each (its lowest watched SQNR),
+    lowest first, ties in sample order (:attr:`~ivq_debug.tune.verify.Tuner.order` of the search's levers: a lever
+    that cannot matter usually falls below its floor on the samples that are hard for the baseline, so its early
+    stop comes after fewer samples). Sample 0 stays first: the alignment's value checks are made on the first
+    record compared (:func:`~ivq_debug.align.matcher.align` ``memo``), as in a whole capture compared afterwards,
+    so every figure is the one the sample order gives, to the bit. None without the baseline's per-sample table."""
+    t = before.comparison.table if before.comparison is not None else None
+    if t is None or t.empty or "sample" not in t.columns:
+        return None
+    rows = t.loc[t["ref_name"].isin(watch) | t["test_name"].isin(watch)]
+    per = rows.groupby("sample")["sqnr_db"].min()
+    n = int(t["sample"].max()) + 1
+    score = {int(i): float(v) for i, v in per.items()}
+    if set(score) != set(range(n)):
+        return None
+    return (0, *sorted(range(1, n), key=lambda i: (score[i], i)))
+
+
 def _variant(tuner: Tuner, lever: Lever) -> Tuner:
     kw = dict(tuner.quantize_kw) | {"per_channel": lever.per_channel, "calibrate_method": lever.calibrate_method}
     if not lever.per_channel:
@@ -407,6 +426,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     """
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
+    if early_stop and tuner.order is None:
+        tuner = replace(tuner, order=hardest_first(before, watch), _checkpoint=tuner._ckpt())
     s0 = _score(before, watch)
     rows: list[dict[str, Any]] = []
     trials: dict[str, tuple[Lever, Trial]] = {}
@@ -500,7 +521,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             label = lever_label(lv)
             below = None if stop is None else replace(stop[0])
             key = job_key(kind=KIND, knobs=lv.knobs(), overrides=[_suggestion_key(x) for x in lv.suggestions],
-                          watch=watch, **meta, **({"stop": below.key()} if below else {}))
+                          watch=watch, **meta, **({"stop": below.key(), "order": list(tuner.order or ())}
+                                                  if below else {}))
             if key not in jobs:  # two levers of the same knobs and overrides (two names of one set): one job
                 worker = _variant(tuner, lv).worker(root / "jobs" / label)
                 jobs[key] = Job(key, lever_job, {"tuner": worker, "label": label,
