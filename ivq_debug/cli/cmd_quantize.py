@@ -9,6 +9,7 @@ from ivq_debug.cli.common import comma_list, escape, write_json
 from ivq_debug.console import console, results, status
 from ivq_debug.dynamic_quant import WEIGHT_TYPES, quantize_dynamic_model
 from ivq_debug.errors import EXIT_OK, UsageError
+from ivq_debug.qnn.entropy import ENTROPY_BINS
 from ivq_debug.qnn.quantize import CALIBRATE_METHODS, IMAGE_RESIZE, quantize_for_qnn
 
 
@@ -23,9 +24,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--per-channel", action="store_true", help="per-channel weights (QDQ: Conv/Gemm; dynamic: every "
                                                               "quantized weight)")
     p.add_argument("--calibrate-method", default="minmax", choices=sorted(CALIBRATE_METHODS),
-                   help="QDQ: the calibration method (ORT's quantizer; default %(default)s). ORT's quantize_static "
-                        "runs entropy with 128 histogram bins and 128 quantized bins, which gave the MinMax "
-                        "ranges on the models measured here (docs/tune.md)")
+                   help="QDQ: the calibration method (ORT's calibrators; default %(default)s). entropy: ORT's "
+                        f"KL-divergence threshold search with {ENTROPY_BINS[0]} histogram bins and {ENTROPY_BINS[1]} "
+                        "quantized bins at 8-bit activations (its search vectorized here, ORT's thresholds; "
+                        "quantize_static alone passes 128 / 128, i.e. MinMax), clipping outliers; at 16-bit "
+                        "activations (a16w8, a16w16) entropy is MinMax, said in a note (docs/tune.md)")
     p.add_argument("--overrides", help="QDQ: quantization overrides (QNN legacy / 1.0.0, AIMET 2.x or ORT JSON)")
     p.add_argument("--max-samples", type=int, default=None, help="QDQ: use at most N calibration samples")
     p.add_argument("--image-resize", default=None, choices=list(IMAGE_RESIZE),

@@ -42,6 +42,7 @@ from ivq_debug.onnxgraph.load import has_external_data, load_model, model_digest
 from ivq_debug.onnxgraph.sites import is_qdq_model
 from ivq_debug.outputs import WRITE_ERRNOS, check_output, output_error, publish_staged
 from ivq_debug.qnn.encodings import parse_encodings, to_ort_overrides, validate_ort_overrides
+from ivq_debug.qnn.entropy import ENTROPY_BINS, entropy_ranges
 from ivq_debug.qnn.names import NameMap
 
 #: the 16-bit weight type: signed symmetric int16, zero point 0 (``get_qnn_qdq_config`` makes signed weight types
@@ -640,7 +641,13 @@ def quantize_for_qnn(
         overrides: see :func:`load_overrides`.
         strict_overrides: raise :class:`UsageError` when overrides name tensors the model lacks
             (otherwise they are listed in ``overrides_unmatched``).
-        calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``.
+        calibrate_method: ``"minmax"`` (default), ``"entropy"``, ``"percentile"``, ``"distribution"``. Entropy
+            is ORT's KL-divergence threshold search with :data:`~ivq_debug.qnn.entropy.ENTROPY_BINS` (2048
+            histogram bins, 128 quantized bins) at 8-bit activations, its search vectorized
+            (:func:`~ivq_debug.qnn.entropy.entropy_ranges`: ORT's ranges, handed to ``quantize_static`` as a
+            calibration cache file; ``quantize_static`` alone runs it with 128 / 128 bins: MinMax's ranges), and
+            MinMax at 16-bit activations (the preset's, said in the warnings; a 16-bit override of an 8-bit preset
+            keeps the 8-bit entropy range).
         preprocess: run ``qnn_preprocess_model`` first (graph fusions QNN wants).
         calibration_options: keywords of :func:`load_calibration` (:data:`CALIBRATION_OPTIONS`: ``fixed_feeds``,
             ``max_samples``, ``image_mean``, ``image_std``, ``transform``, ``image_resize``, ``image_processor``;
@@ -691,6 +698,12 @@ def quantize_for_qnn(
     if unknown:
         raise TypeError(f"quantize_for_qnn() got unexpected keyword argument(s) {unknown}")
     samples, cal_desc = load_calibration(calibration, proto, **calibration_options)
+    method = calibrate_method.lower()
+    notes: list[str] = []
+    if method == "entropy" and _QTYPE_BITS[act_name] == 16:
+        method = "minmax"
+        notes.append("entropy calibration at 16-bit activations is MinMax: a 65536-level grid is finer than the "
+                     "histogram, the search keeps the full range")
     # per-channel weights need opset >= 13; the upgrade comes after qnn_preprocess_model (below), so that the
     # graph is the same whether the preprocessing runs here or ran before (the tuner's source): at opset 13 the
     # preprocessing fuses what it leaves apart at 12 (PP-OCRv4: 9 MatMul + Add -> Gemm)
@@ -699,7 +712,6 @@ def quantize_for_qnn(
     proto, intake_rep = intake.prepare(proto, samples=samples, per_channel=per_channel and not late, where=src,
                                        constants=constants_to_initializers, fold_shapes=fold_shapes,
                                        batchnorm=unfuse_batchnorm)
-    notes: list[str] = []
     floats: list[str] = []  # nodes the overrides leave float
     init_overrides = load_overrides(overrides, proto, activation_type=act_name, weight_type=w_name, notes=notes,
                                     exclude=floats)
@@ -756,7 +768,8 @@ def quantize_for_qnn(
             source_proto = intake.upgrade_opset(load_model(source), intake.PER_CHANNEL_MIN_OPSET, src)
             onnx.save(source_proto, str(up))
             source = up
-        if source_proto is None and (calibration_cache is not None or _stores_scales(w_name)):
+        entropy = method == "entropy"  # ranges computed here (entropy_ranges), handed over as a cache file
+        if source_proto is None and (calibration_cache is not None or entropy or _stores_scales(w_name)):
             source_proto = load_model(source)  # once: the storage below and the calibration key read it
         storage = htp_storage_overrides(source if source_proto is None else source_proto, w_name, init_overrides)
         if storage:
@@ -769,7 +782,7 @@ def quantize_for_qnn(
             with redirect_stdout(sys.stderr):
                 cfg = get_qnn_qdq_config(
                     source, reader,
-                    calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[calibrate_method.lower()]),
+                    calibrate_method=getattr(CalibrationMethod, CALIBRATE_METHODS[method]),
                     activation_type=act, weight_type=wt, per_channel=per_channel,
                     init_overrides={**storage, **init_overrides} or None, activation_symmetric=activation_symmetric,
                     weight_symmetric=weight_symmetric,
@@ -779,10 +792,11 @@ def quantize_for_qnn(
                 if big:
                     cfg.use_external_data_format = True
                 staged = work / out.name
-                if calibration_cache is None:
+                if calibration_cache is None and not entropy:
                     quantize(source, staged, cfg)
                 else:
-                    _quantize_cached(source, staged, cfg, Path(calibration_cache), samples, source_proto)
+                    _quantize_cached(source, staged, cfg, work / "calibration" if calibration_cache is None
+                                     else Path(calibration_cache), samples, source_proto)
         except IvqError:
             raise
         except OSError as e:
@@ -902,7 +916,8 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
     after ``SmoothQuant`` when asked; the calibrator picks the float tensors of the nodes of those op types. So the
     key holds: the model file handed to the quantizer (its bytes and its external-data files'; ``proto``: that file
     already loaded, not read again), the calibration samples (their input digests), the method, the op types, the
-    ``Calib*`` and ``SmoothQuant*`` options, the calibration providers, the opset of the model calibrated
+    ``Calib*`` and ``SmoothQuant*`` options, for entropy the bins of :func:`~ivq_debug.qnn.entropy.entropy_ranges` (not
+    there for another method: its keys are those of earlier versions), the calibration providers, the opset of the model calibrated
     (:func:`calibrated_opset`: the only thing the activation / weight types and the overrides' 16-bit types change
     there) and the onnxruntime version. Not in the key, as not read by the calibration: the types themselves
     (a16w8, a16w16 and a8w8 with 16-bit overrides calibrate the same opset-21 model), ``per_channel`` (the
@@ -925,6 +940,8 @@ def calibration_cache_key(source: str | os.PathLike, samples: Sequence[Mapping[s
         "providers": [str(p) for p in cfg.calibration_providers or []],
         "opset": calibrated_opset(intake.opset_of(proto), cfg), "onnxruntime": onnxruntime.__version__,
     }
+    if _is_entropy(cfg):  # the bins entropy_ranges gives ORT (the ranges cached before them were MinMax's)
+        material["entropy_bins"] = list(ENTROPY_BINS)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -932,11 +949,15 @@ def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples
                      proto: Any = None) -> None:
     """ORT's ``quantize`` of a static config with its calibration kept in ``folder`` under
     :func:`calibration_cache_key` (ORT writes the cache atomically; a file another process wrote half is never
-    seen under the key). ``proto``: ``source`` already loaded."""
+    seen under the key). ``proto``: ``source`` already loaded. Entropy's ranges are :func:`entropy_ranges`, saved
+    under the key before ``quantize_static`` reads them (a miss there would calibrate with ORT's 128 / 128 bins)."""
     from onnxruntime.quantization import quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{calibration_cache_key(source, samples, cfg, proto)}.json"
+    if _is_entropy(cfg) and not path.is_file():
+        save_tensors_data(entropy_ranges(source, cfg), path)  # atomic (ORT's temp file + os.replace)
     quantize_static(source, staged, cfg.calibration_data_reader, calibrate_method=cfg.calibrate_method,
                     quant_format=cfg.quant_format, activation_type=cfg.activation_type, weight_type=cfg.weight_type,
                     op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_quantize=cfg.nodes_to_quantize,
@@ -944,6 +965,10 @@ def _quantize_cached(source: Path, staged: Path, cfg: Any, folder: Path, samples
                     use_external_data_format=cfg.use_external_data_format,
                     calibration_providers=cfg.calibration_providers, extra_options=cfg.extra_options,
                     calibration_cache_path=path)
+
+
+def _is_entropy(cfg: Any) -> bool:
+    return str(cfg.calibrate_method).rsplit(".", 1)[-1] == "Entropy"
 
 
 #: quantizer log lines that say nothing about this run (advice to run the preprocessing ``quantize_for_qnn`` ran)

@@ -1,6 +1,6 @@
 """A search lever whose quantized model has the bytes of a model measured in full takes its figures instead of
-running (``search.same_model``): ORT's entropy calibration through ``quantize_static`` (128 bins, 128 quantized
-bins) gives the MinMax ranges on the two-cause model, as on the PP-OCRv4 recognizer, so ``calibration entropy``
+running (``search.same_model``): at 16-bit activations entropy calibration is MinMax (a 65536-level grid is finer
+than the histogram: ``ivq_debug.qnn.entropy.ENTROPY_BINS``), so on an a16w8 baseline the ``calibration entropy`` lever
 is the baseline's model. Real quantizations and CPU-QDQ trials; the figures taken are checked against the lever
 run in full."""
 
@@ -26,7 +26,7 @@ def user(tmp_path_factory) -> dict:
 
 def _tuner(user: dict, wd: Path, method: str) -> Tuner:
     feeds = [dict(np.load(p)) for p in user["evals"][1::2]]
-    return Tuner(user["model"], user["cal"], feeds, None, wd, backend="cpu", resume=False,
+    return Tuner(user["model"], user["cal"], feeds, None, wd, backend="cpu", resume=False, preset="a16w8",
                  quantize_kw={"calibrate_method": method})
 
 
@@ -36,7 +36,7 @@ def test_a_lever_of_the_baselines_bytes_takes_its_figures_which_a_full_run_gives
     assert before.error is None
     ent = _tuner(user, tmp_path / "ent", "entropy")
     full = lever_job(ent.worker(tmp_path / "job-full"), "lever-calibration-entropy", [])  # run on every sample
-    assert full["model_sha256"] == sha256_file(before.qdq_model)  # the premise: entropy = MinMax bytes here
+    assert full["model_sha256"] == sha256_file(before.qdq_model)  # the premise: entropy = MinMax bytes at a16
     held = {"lever": "the baseline", "sqnr": dict(before.sqnr_table), "task": dict(before.task),
             "cycles": before.cycles, "samples": dict(before.samples)}
     worker = ent.worker(tmp_path / "job-same")
@@ -60,7 +60,7 @@ def test_a_lever_of_the_baselines_bytes_takes_its_figures_which_a_full_run_gives
 
 def test_the_cli_search_reports_the_lever_as_the_baselines_model(user, tmp_path: Path, capsys) -> None:
     code = ivq_cli("tune", user["model"], "--calibration", user["cal"], *user["evals"], "-o", tmp_path / "t",
-                   "--backend", "cpu", "--search", "--no-diagnose")
+                   "--backend", "cpu", "--preset", "a16w8", "--search", "--no-diagnose")
     rep = json.loads((tmp_path / "t" / "tune.json").read_text())
     out = capsys.readouterr().out
     assert code == 0
