@@ -820,10 +820,10 @@ def same_model(tuner: Tuner, label: str, suggestions: list[Suggestion], same: di
                ) -> dict[str, Any] | None:
     """A lever's job result without running it, when its quantized model has the bytes of a model measured in
     full on the same samples (``same``: ``{SHA-256: job result + "lever"}``): the same bytes on the same samples
-    give the same figures (the argument :func:`_deliver` rests on). On the PP-OCRv4 recognizer ORT's entropy
-    calibration (128 bins, 128 quantized bins: ``quantize_static`` passes no other) gives the MinMax ranges of
-    all 404 tensors, so the ``calibration entropy`` lever is the baseline's model: 12 emulated HTP lines for the
-    baseline's figures. None (the trial runs) when the quantization fails or is refused, the bytes are new, or
+    give the same figures (the argument :func:`_deliver` rests on). At 16-bit activations entropy calibration is
+    MinMax (:mod:`ivq_debug.qnn.entropy`), so on an a16w8 or a16w16 baseline the ``calibration entropy`` lever is
+    the baseline's model (before entropy had its bins, the a8w8 one was too: 12 emulated HTP lines of the
+    PP-OCRv4 recognizer for the baseline's figures). None (the trial runs) when the quantization fails or is refused, the bytes are new, or
     the figures held do not cover the tensors this lever measures (:meth:`~ivq_debug.tune.verify.Tuner.measured`).
     The HTP cycles are the measured model's (the same bytes: its emulated profile)."""
     t0 = time.perf_counter()
