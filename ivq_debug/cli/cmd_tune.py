@@ -103,6 +103,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--no-early-stop", action="store_true",
                    help="--search: run every lever on every evaluation sample (by default a lever stops at the sample "
                         "that proves it lowers a watched tensor or cannot be chosen; the choice is the same)")
+    p.add_argument("--frontier", action="store_true",
+                   help="--search with trials on the target: measure the frontier in full (a lever that cannot be "
+                        "chosen still runs every sample unless a lever of no greater cost scored above it; slower: "
+                        "on HTP the frontier's 16-bit levers run every line). By default such a lever stops once it "
+                        "cannot be chosen and a frontier mark it could overturn reads '?'; the choice is the same")
     p.add_argument("--sweep", action="store_true",
                    help="layer group x precision: each candidate one job (re-quantize, capture, compare), the best "
                         "set picked from the shards and verified (docs/tune.md); resumable")
@@ -140,9 +145,10 @@ def execute(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.sweep, args.greedy, args.search))) > 1:
         raise UsageError("--sweep, --greedy and --search are three searches: choose one")
     if not args.search and (any(v is not None for v in (args.max_size, args.max_cycles, args.target_metric,
-                                                         args.combinations)) or args.no_early_stop):
-        raise UsageError("--max-size, --max-cycles, --target-metric, --combinations and --no-early-stop are for "
-                         "--search")
+                                                         args.combinations)) or args.no_early_stop
+                            or args.frontier):
+        raise UsageError("--max-size, --max-cycles, --target-metric, --combinations, --no-early-stop and --frontier "
+                         "are for --search")
     for flag, v in (("--max-size", args.max_size), ("--max-cycles", args.max_cycles)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag} must be a positive ratio, got {v}")
@@ -350,7 +356,7 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
                      target=args.target_metric, target_task=task, executor=executor,
                      combinations=COMBINATIONS if args.combinations is None else args.combinations,
                      diagnosis=None if args.overrides else _start_diagnosis(args),
-                     early_stop=not args.no_early_stop)
+                     early_stop=not args.no_early_stop, frontier=args.frontier)
     rep = res.report
     path = None
     if rep.recommended and rep.after.suggestions:
@@ -366,11 +372,14 @@ def _search(args: argparse.Namespace, con: Any, tuner: Tuner, before: Any, where
     cols = [Col("lever", "lever", "name"), Col("kind", "kind", drop=3), Col("knobs", "knobs", drop=4),
             Col("overrides", "overrides", "num", drop=5), Col("SQNR dB", "sqnr_db", "num"),
             Col("gain dB", "gain_db", "num"), Col(f"cost ({res.cost_basis})", "cost", "num", drop=2),
-            Col("gain/cost", "efficiency", "num", drop=1), Col("frontier", "frontier", fmt=lambda v: "*" if v else ""),
+            Col("gain/cost", "efficiency", "num", drop=1), Col("frontier", "mark"),
             Col("status", "status")]
-    rows = sorted(res.table, key=lambda r: (r["cost"] is None, r["cost"] or 0.0, -(r["gain_db"] or 0.0)))
+    rows = sorted(({**r, "mark": "*" if r["frontier"] else "?" if r.get("frontier_open") else ""}
+                   for r in res.table), key=lambda r: (r["cost"] is None, r["cost"] or 0.0, -(r["gain_db"] or 0.0)))
+    open_ = any(r["mark"] == "?" for r in rows)
     emit(out, [TableData(f"search: {len(res.table)} lever(s) on {where}, gain vs relative {res.cost_basis} "
-                         "(* the frontier)", cols, rows)], resolve_format(None, out))
+                         "(* the frontier" + ("; ? a lever stopped early may beat it: --frontier settles it"
+                                              if open_ else "") + ")", cols, rows)], resolve_format(None, out))
     _print(out, rep, where)
     if not rep.recommended:
         out.print(f"[bold red]no lever recommended[/bold red]: none gains within the budget and holds on "

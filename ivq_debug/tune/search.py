@@ -362,6 +362,25 @@ class SearchResult:
         return doc
 
 
+def hardest_first(before: Trial, watch: Sequence[str]) -> tuple[int, ...] | None:
+    """Sample 0, then the other evaluation samples by the baseline's score on each (its lowest watched SQNR),
+    lowest first, ties in sample order (:attr:`~ivq_debug.tune.verify.Tuner.order` of the search's levers: a lever
+    that cannot matter usually falls below its floor on the samples that are hard for the baseline, so its early
+    stop comes after fewer samples). Sample 0 stays first: the alignment's value checks are made on the first
+    record compared (:func:`~ivq_debug.align.matcher.align` ``memo``), as in a whole capture compared afterwards,
+    so every figure is the one the sample order gives, to the bit. None without the baseline's per-sample table."""
+    t = before.comparison.table if before.comparison is not None else None
+    if t is None or t.empty or "sample" not in t.columns:
+        return None
+    rows = t.loc[t["ref_name"].isin(watch) | t["test_name"].isin(watch)]
+    per = rows.groupby("sample")["sqnr_db"].min()
+    n = int(t["sample"].max()) + 1
+    score = {int(i): float(v) for i, v in per.items()}
+    if set(score) != set(range(n)):
+        return None
+    return (0, *sorted(range(1, n), key=lambda i: (score[i], i)))
+
+
 def _variant(tuner: Tuner, lever: Lever) -> Tuner:
     kw = dict(tuner.quantize_kw) | {"per_channel": lever.per_channel, "calibrate_method": lever.calibrate_method}
     if not lever.per_channel:
@@ -381,7 +400,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
            progress: Callable[[str], None] | None = None, executor: Executor | None = None,
            shards: str | os.PathLike | None = None,
            diagnosis: Callable[[Tuner, Lever], Sequence[Lever]] | None = None,
-           early_stop: bool = True) -> SearchResult:
+           early_stop: bool = True, frontier: bool = False) -> SearchResult:
     """Measure ``levers``, then up to ``combinations`` combinations of them (:func:`grow`), choose, confirm on the
     target.
 
@@ -399,9 +418,16 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             combination step's first round on its start (:func:`grow` ``units``).
         early_stop: a lever's trial ends at the sample that proves it cannot matter (:class:`Below`; the choice,
             the delivered files and the figures of every lever measured in full are the same without).
+        frontier: measure the frontier in full: a lever that cannot be chosen still runs every sample unless an
+            eligible lever of no greater cost scored above its bound (the frontier marks are then those of a
+            search without early stops). Without it (default) such a lever stops once it cannot be chosen, and a
+            lever measured in full whose frontier mark a stopped lever could overturn has the mark open
+            (``frontier_open``: who could); the choice and the delivered files are the same either way.
     """
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
+    if early_stop and tuner.order is None:
+        tuner = replace(tuner, order=hardest_first(before, watch), _checkpoint=tuner._ckpt())
     s0 = _score(before, watch)
     rows: list[dict[str, Any]] = []
     trials: dict[str, tuple[Lever, Trial]] = {}
@@ -463,7 +489,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                    + (f" nor reaching the target {target:g} dB" if target is not None else "")
                    + (f" nor growing {cur['lever']} by {min_gain_db:g} dB" if cur is not None else ""))
         rivals = tuple((r["sqnr_db"], r["model_bytes"], r["cycles"]) for r in elig) if lim > s0 else ()
-        return Below(tuple(watch), s0, max(lim, s0), rivals), why
+        return Below(tuple(watch), s0, max(lim, s0), rivals, frontier=frontier), why
 
     def run(batch: Sequence[Lever]) -> None:
         """``batch`` in rounds of as many levers as the executor runs at once (:func:`run_jobs`), each round's
@@ -495,7 +521,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             label = lever_label(lv)
             below = None if stop is None else replace(stop[0])
             key = job_key(kind=KIND, knobs=lv.knobs(), overrides=[_suggestion_key(x) for x in lv.suggestions],
-                          watch=watch, **meta, **({"stop": below.key()} if below else {}))
+                          watch=watch, **meta, **({"stop": below.key(), "order": list(tuner.order or ())}
+                                                  if below else {}))
             if key not in jobs:  # two levers of the same knobs and overrides (two names of one set): one job
                 worker = _variant(tuner, lv).worker(root / "jobs" / label)
                 jobs[key] = Job(key, lever_job, {"tuner": worker, "label": label,
@@ -532,9 +559,10 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
                                                  "floor_db": stop[0].floor, "dominated": sc >= s0}}
                 where = f"at most {sc:.2f} dB after {tr.stopped['samples']} of {tr.stopped['of']} samples (stopped)"
                 w = min(watch, key=lambda n: tr.sqnr(n) if tr.sqnr(n) is not None else math.inf)
-                row["status"] = (f"dominated: {where} < {stop[0].floor:.2f} dB, {stop[1]}, and a lever of no "
-                                 "greater cost measured above it" if sc >= s0 else
-                                 f"lowers {w}: {where} < {before.sqnr(w):.2f} dB, the baseline's")
+                row["status"] = (f"dominated: {where} < {stop[0].floor:.2f} dB, {stop[1]}" + (
+                    ", and a lever of no greater cost measured above it" if frontier else
+                    " (not run to the end: --frontier would)") if sc >= s0 else
+                    f"lowers {w}: {where} < {before.sqnr(w):.2f} dB, the baseline's")
                 continue
             bad = judge(before, tr, watch)
             row |= {"sqnr_db": sc, "gain_db": None if sc is None or s0 is None else sc - s0,
@@ -596,9 +624,10 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     # a lever stopped as dominated is off the frontier when an eligible lever of no greater cost (in the table's
     # basis) measured above its bound; else (the HTP cycles it was stopped on moved) it runs again on every sample
     basis = basis_now()
-    resolve([r["lever"] for r in rows if (r.get("stopped") or {}).get("dominated") and not any(
-        eligible(o) and o["sqnr_db"] > r["stopped"]["at_most_db"] and cost(o, basis) <= cost(r, basis)
-        for o in rows)])
+    if frontier:
+        resolve([r["lever"] for r in rows if (r.get("stopped") or {}).get("dominated") and not any(
+            eligible(o) and o["sqnr_db"] > r["stopped"]["at_most_db"] and cost(o, basis) <= cost(r, basis)
+            for o in rows)])
     basis = basis_now()
     for r in rows:
         if r.get("stopped"):
@@ -623,6 +652,11 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     for r in elig:  # the frontier: no eligible lever with cost <= and gain >= (one of them strictly)
         r["frontier"] = not any(o is not r and o["cost"] <= r["cost"] and o["gain_db"] >= r["gain_db"]
                                 and (o["cost"] < r["cost"] or o["gain_db"] > r["gain_db"]) for o in elig)
+        # a lever stopped as dominated (not measured in full) that may beat it on both: the mark is open
+        could = [o["lever"] for o in rows if (o.get("stopped") or {}).get("dominated") and o["cost"] is not None
+                 and o["cost"] <= r["cost"] and o["stopped"]["gain_at_most_db"] >= r["gain_db"]]
+        if r["frontier"] and could:
+            r["frontier"], r["frontier_open"] = False, could
 
     def value(r: dict[str, Any]) -> float:
         if target_task:
@@ -725,7 +759,8 @@ class Below(Stop):
     (what the lever must reach to be chosen, be the combination step's start or grow its set: :func:`search`) while
     one of ``rivals`` — eligible levers measured in full, ``(score, model bytes, cycles)`` — scored above it at no
     greater cost (HTP cycles when both have them, else model bytes): the lever can then be neither chosen nor on
-    the frontier."""
+    the frontier. ``frontier=False`` (a search that measures in full only what may be chosen): below ``floor`` is
+    enough, whatever the cost — the lever may still be on the frontier, which the search then does not settle."""
 
     watch: tuple[str, ...]
     base: float
@@ -733,6 +768,7 @@ class Below(Stop):
     rivals: tuple[tuple[float, int | None, float | None], ...] = ()
     model_bytes: int | None = None
     cycles: float | None = None
+    frontier: bool = True
 
     def observe(self, model_bytes: int | None = None, cycles: float | None = None) -> None:
         """The running trial's model bytes (once quantized) and HTP cycles (after its first sample)."""
@@ -741,7 +777,8 @@ class Below(Stop):
 
     def key(self) -> list[Any]:
         """What decides the stop (a job's key)."""
-        return [repr(self.base), repr(self.floor), [[repr(x) for x in r] for r in self.rivals]]
+        return [repr(self.base), repr(self.floor), [[repr(x) for x in r] for r in self.rivals]] + (
+            [] if self.frontier else ["choice"])
 
     def cheaper(self, model_bytes: int | None, cycles: float | None) -> bool:
         """A rival of these figures costs no more than the running trial."""
@@ -755,7 +792,7 @@ class Below(Stop):
             return False
         bound = min(vals)
         return bound < self.base or (bound < self.floor and any(
-            score > bound and self.cheaper(b, c) for score, b, c in self.rivals))
+            score > bound and (not self.frontier or self.cheaper(b, c)) for score, b, c in self.rivals))
 
 
 def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], stop: Below | None = None,
@@ -783,10 +820,10 @@ def same_model(tuner: Tuner, label: str, suggestions: list[Suggestion], same: di
                ) -> dict[str, Any] | None:
     """A lever's job result without running it, when its quantized model has the bytes of a model measured in
     full on the same samples (``same``: ``{SHA-256: job result + "lever"}``): the same bytes on the same samples
-    give the same figures (the argument :func:`_deliver` rests on). On the PP-OCRv4 recognizer ORT's entropy
-    calibration (128 bins, 128 quantized bins: ``quantize_static`` passes no other) gives the MinMax ranges of
-    all 404 tensors, so the ``calibration entropy`` lever is the baseline's model: 12 emulated HTP lines for the
-    baseline's figures. None (the trial runs) when the quantization fails or is refused, the bytes are new, or
+    give the same figures (the argument :func:`_deliver` rests on). At 16-bit activations entropy calibration is
+    MinMax (:mod:`ivq_debug.qnn.entropy`), so on an a16w8 or a16w16 baseline the ``calibration entropy`` lever is
+    the baseline's model (before entropy had its bins, the a8w8 one was too: 12 emulated HTP lines of the
+    PP-OCRv4 recognizer for the baseline's figures). None (the trial runs) when the quantization fails or is refused, the bytes are new, or
     the figures held do not cover the tensors this lever measures (:meth:`~ivq_debug.tune.verify.Tuner.measured`).
     The HTP cycles are the measured model's (the same bytes: its emulated profile)."""
     t0 = time.perf_counter()

@@ -395,6 +395,12 @@ class Tuner:
     #: the calibration results trials share (default ``<workdir>/calibration-cache``; a job's tuner names its
     #: search's, so workers in other folders calibrate once too)
     calibration_cache: Path | None = None
+    #: the order the evaluation samples run in a trial compared in memory (sample indices; None: as given): a
+    #: search runs its levers on sample 0, then the baseline's hardest samples (``search.hardest_first``), so a
+    #: lever that cannot matter stops sooner. Keep sample 0 first (the alignment checks values on the first record
+    #: compared); the figures are then the same in any order (worst and mean per sample, the task metric on the
+    #: outputs put back in sample order)
+    order: tuple[int, ...] | None = None
     _calibrated: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
     _digests: dict[str, str] = field(default_factory=dict, repr=False)
     _ranges: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
@@ -711,14 +717,14 @@ class Tuner:
         sink = MemorySink(runner.backend, runner.info, path=f"<trial of {Path(runner.model_path).name}>"
                           if getattr(runner, "model_path", None) else "<trial>")
         joined = RecordwiseComparison()  # (the alignment's value checks shared across the records)
-        per: list[dict[str, np.ndarray]] = []
         last = held = held_ref = None
         cycles: float | None = None
         worst: dict[str, float] = {}
-        samples = _Samples(runner, sink, self.feeds, self.part, second)
+        samples = _Samples(runner, sink, self.feeds, self.part, second, order=self.order)
+        outs: dict[int, list[dict[str, np.ndarray]]] = {}
         try:
-            for i, mem in samples:
-                if i == 0:  # the first run of the first session: the cycles of its profile
+            for k, (i, mem) in enumerate(samples):
+                if k == 0:  # the first run of the first session: the cycles of its profile
                     cycles = _cycles(mem)
                     if stop is not None:
                         stop.observe(cycles=cycles)
@@ -729,19 +735,20 @@ class Tuner:
                     ref.close()  # the live reference keeps what was read (within its budget)
                 joined.add(cmp, (i, self.part, 0))
                 if outputs:
-                    per += _outputs(mem, outputs)
+                    outs[i] = _outputs(mem, outputs)
                 if last is not None and last is not held:
                     last.close()
                 last = mem
                 if i == hold:
                     held, held_ref = mem, ref
-                if stop is not None and i + 1 < len(self.feeds) and stop(worst_sqnr(cmp, worst)):
+                if stop is not None and k + 1 < len(self.feeds) and stop(worst_sqnr(cmp, worst)):
                     break
         finally:
             samples.close()  # (an early stop: the second runner finishes its sample and goes)
             if second is not None:
                 self._took("second_runner", samples.helped_s, len(samples.helped))
         assert last is not None, "a tune has at least one evaluation input"
+        per = [o for i in sorted(outs) for o in outs[i]]  # in sample order, whatever order they ran in
         if last is not held:
             last.close()
         test = held if held is not None else last
@@ -870,8 +877,9 @@ class Tuner:
 
 
 class _Samples:
-    """The evaluation samples of a trial run into memory, yielded in order as ``(i, record)`` (one
-    :class:`~ivq_debug.dump.memory.MemoryDump` each): on ``runner`` one after the other, or, given ``second`` (a
+    """The evaluation samples of a trial run into memory, yielded in ``order`` (default: sample order) as ``(i,
+    record)`` (sample ``i``, one :class:`~ivq_debug.dump.memory.MemoryDump` each; the positions below are places
+    in ``order``): on ``runner`` one after the other, or, given ``second`` (a
     factory of a second runner of the same model), on both at once. The x86 HTP emulation runs a session on one
     core (PP-OCRv4's a16w16 recognizer: ~10 s of one core per line), so two runners in two threads take about half
     the time on two cores; each sample's record is its own run's, the same bits whichever runner made it.
@@ -891,8 +899,12 @@ class _Samples:
     AHEAD = 1
 
     def __init__(self, runner: Any, sink: MemorySink, feeds: Sequence[dict[str, np.ndarray]], part: str,
-                 second: Callable[[], Any] | None = None) -> None:
+                 second: Callable[[], Any] | None = None, order: Sequence[int] | None = None) -> None:
         self.runner, self.sink, self.feeds, self.part, self.second = runner, sink, list(feeds), part, second
+        #: the sample run at each position (:attr:`Tuner.order`)
+        self.order = list(order) if order is not None else list(range(len(self.feeds)))
+        if sorted(self.order) != list(range(len(self.feeds))):
+            raise ValueError(f"the sample order {self.order} is not a permutation of {len(self.feeds)} samples")
         self._use = second is not None and len(self.feeds) > 1  # False once the second runner is not used
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-second-runner") if self._use else None
         self._theirs: tuple[int, cf.Future] | None = None  # the sample the second runner has, and its record
@@ -903,8 +915,10 @@ class _Samples:
         self.helped_s = 0.0
 
     def _run(self, runner: Any, sink: MemorySink, i: int) -> Any:
-        sink.begin_record(sample=i, part=self.part, step=0)
-        runner.run(self.feeds[i], sink)
+        """The record of the sample at position ``i`` (:attr:`order`)."""
+        s = self.order[i]
+        sink.begin_record(sample=s, part=self.part, step=0)
+        runner.run(self.feeds[s], sink)
         return sink.take()
 
     def _mine(self, i: int) -> Any:
@@ -925,7 +939,7 @@ class _Samples:
                 raise RuntimeError("the second runner exposes other tensors")
         t0 = time.perf_counter()
         rec = self._run(self._other, self._other_sink, i)  # type: ignore[arg-type]
-        self.helped.append(i)
+        self.helped.append(self.order[i])
         self.helped_s += time.perf_counter() - t0
         return rec
 
@@ -961,7 +975,7 @@ class _Samples:
                 if isinstance(rec, Exception):
                     raise rec
                 free = self._hand(free, want + 1)
-                yield want, rec
+                yield self.order[want], rec
         finally:
             for rec in mine.values():
                 if not isinstance(rec, Exception):

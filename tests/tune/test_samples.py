@@ -74,8 +74,8 @@ def _runner(qdq: dict, name: str, log: list, fail: tuple[int, ...] = (), selecti
 
 
 def _samples(qdq: dict, log: list, fail_a: tuple[int, ...] = (), fail_b: tuple[int, ...] = (),
-             second: Any = "same", b_s: float = RUN_S, got: list | None = None, made: list | None = None
-             ) -> _Samples:
+             second: Any = "same", b_s: float = RUN_S, got: list | None = None, made: list | None = None,
+             order: list[int] | None = None) -> _Samples:
     a = _runner(qdq, "a", log, fail_a, got=got)
     if made is not None:
         made.append(a)
@@ -87,7 +87,8 @@ def _samples(qdq: dict, log: list, fail_a: tuple[int, ...] = (), fail_b: tuple[i
             made.append(b)
         return b
 
-    return _Samples(a, MemorySink(a.backend, a.info), qdq["feeds"], "model", make_b if second == "same" else second)
+    return _Samples(a, MemorySink(a.backend, a.info), qdq["feeds"], "model", make_b if second == "same" else second,
+                    order=order)
 
 
 def _tensors(rec: Any) -> dict[str, tuple]:
@@ -221,3 +222,22 @@ def test_an_early_stop_and_a_signal_join_and_close_the_second_runner(qdq, monkey
             rec.close()
             interrupt._SIGNALLED.append(signal.SIGTERM)  # a SIGTERM during the comparison of sample 0
     assert seen == [0] and ("b", "close", None) in log and _no_thread_left()
+
+
+def test_samples_run_in_the_order_given_each_once_with_the_bits_of_one_runner(qdq) -> None:
+    """``order`` (``Tuner.order``: a search's hardest samples first): the records come in that order, each with its
+    sample's index and bits, on one runner or two; an order that is not a permutation is refused."""
+    alone = _one_runner(qdq)
+    order = list(reversed(range(N)))
+    for second in (None, "same"):
+        log: list = []
+        got = []
+        for i, rec in _samples(qdq, log, second=second, order=order):
+            got.append(i)
+            assert _tensors(rec) == alone[i], i
+            assert rec.records["sample"].tolist() == [i]
+            rec.close()
+        assert got == order
+        assert sorted(_ran(log, "a") + _ran(log, "b")) == list(range(N))
+    with pytest.raises(ValueError, match="not a permutation"):
+        _samples(qdq, [], second=None, order=[0] * N)

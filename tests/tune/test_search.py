@@ -153,3 +153,33 @@ def test_a_tampered_lever_shard_is_one_line_naming_it(user, budget, tmp_path: Pa
                    "--search", "--no-diagnose", "--max-size", "1.0001", "--resume")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(err) == 1 and shard.name in err[0] and "exec" in err[0], err
+
+
+@needs_qnn
+@pytest.mark.slow  # two searches on the emulated HTP (~1 min on 2 loaded cores)
+def test_a_qnn_search_measures_in_full_what_may_be_chosen_and_frontier_the_frontier(user, tmp_path: Path,
+                                                                                     capsys) -> None:
+    """Trials on HTP (their target: no later check may refuse the choice): by default a lever stops once it cannot
+    be chosen, whatever its cost, and says ``--frontier`` would run it; ``--frontier`` runs it unless a lever of
+    no greater cost scored above its bound. The same choice and delivered overrides either way."""
+    # no combination step: its ranking of parts would run a cheap lever stopped early in full again
+    code, fast = _search(user, tmp_path / "choice", "--combinations", "0", backend="qnn")
+    out = capsys.readouterr().out
+    code2, front = _search(user, tmp_path / "frontier", "--combinations", "0", "--frontier", backend="qnn")
+    assert code == code2 == 0 and fast["recommended"] and front["recommended"]
+    assert fast["search"]["chosen"] == front["search"]["chosen"] and fast["overrides"] == front["overrides"]
+
+    def run(doc: dict) -> int:  # evaluation samples run by the levers (a lever taken from the same bytes: none)
+        return sum(r["stopped"]["samples"] if r.get("stopped") else 0 if r.get("same_model_as") else 4
+                   for r in doc["search"]["table"] if r["cycles"] is not None)
+
+    stopped = [r for r in fast["search"]["table"] if (r.get("stopped") or {}).get("dominated")]
+    assert stopped and all(r["status"].endswith("(not run to the end: --frontier would)") for r in stopped)
+    assert all(r["stopped"]["at_most_db"] < r["stopped"]["floor_db"] for r in stopped)
+    # measured: a16w16 at most 22.5 dB after its first line, below a16w8 + per-channel's 30.6 dB: stopped whatever
+    # its cycles (with --frontier it stops only when a lever of fewer emulated cycles, noisy, scored above it)
+    assert "a16w16" in {r["lever"] for r in stopped}
+    assert all(r["status"].endswith("and a lever of no greater cost measured above it")
+               for r in front["search"]["table"] if (r.get("stopped") or {}).get("dominated"))
+    assert run(fast) <= run(front), (fast["search"]["table"], front["search"]["table"])
+    assert "(not run to the end: --frontier would)" in out  # the table on stdout says it

@@ -103,7 +103,8 @@ def test_grow_skips_what_is_measured_over_budget_or_illegal() -> None:
 
 @pytest.mark.parametrize(("extra", "says"), [(["--search", "--combinations", "-1"], "--combinations must be at least 0"),
                                              (["--combinations", "2"], "are for --search"),
-                                             (["--no-early-stop"], "are for --search")])
+                                             (["--no-early-stop"], "are for --search"),
+                                             (["--frontier"], "are for --search")])
 def test_combinations_flag_is_checked_before_any_work(two, tmp_path, capsys, extra, says) -> None:
     t = two["tuner"]
     code = ivq_cli("tune", t.float_model, "--calibration", two["cal"], "--inputs", two["eval"], "-o", tmp_path / "w",

@@ -7,11 +7,12 @@ backend may refuse the choice afterwards), a search with early stops against the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from ivq_debug.inputfiles import sha256_file
-from ivq_debug.tune.search import global_levers, lever_label, search, unit_levers
+from ivq_debug.tune.search import global_levers, hardest_first, lever_label, search, unit_levers
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import CHECKPOINT, Tuner, one_trial
 from tests.support.cli import ivq_cli
@@ -21,21 +22,61 @@ from tests.support.lever_models import two_causes_files, two_causes_trial_inputs
 UNITS = [Suggestion("rb", "a16", "resolution", 0.0, 4.0), Suggestion("wa", "w_per_channel", "weight spread", axis=0)]
 
 
-pytestmark = pytest.mark.slow  # two searches of 14 levers each (~17 s on 2 loaded cores)
+pytestmark = pytest.mark.slow  # five searches of 11-14 levers each (~25 s on 2 loaded cores)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
+    """``True``: early stops, the frontier measured in full (``frontier=True``); ``"choice"``: early stops, only
+    what may be chosen measured in full (the default); ``False``: no early stop. ``("choice" | True, 0)``: the
+    same without the combination step (whose ranking of parts runs a stopped lever in full again)."""
     d = tmp_path_factory.mktemp("stop")
     u = two_causes_trial_inputs(d, evaluation=6)
     out = {}
-    for early in (True, False):
-        t = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / f"wd-{early}", backend="cpu", target="cpu",
-                  resume=False, preprocess=False)
+    for early in (True, "choice", False, (True, 0), ("choice", 0)):
+        mode, combos = early if isinstance(early, tuple) else (early, 6)
+        t = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], d / f"wd-{mode}-{combos}", backend="cpu",
+                  target="cpu", resume=False, preprocess=False)
         before = t.trial("before", [])
-        res = search(t, before, global_levers(t) + unit_levers(t, UNITS), early_stop=early)
+        res = search(t, before, global_levers(t) + unit_levers(t, UNITS), early_stop=bool(mode),
+                     frontier=mode is True, combinations=combos)
         out[early] = {"tuner": t, "res": res, "rows": {r["lever"]: r for r in res.table}}
     return out
+
+
+def _samples_run(rows: dict) -> int:
+    return sum((r.get("stopped") or {}).get("samples", 0 if r.get("same_model_as") else 6) for r in rows.values()
+               if r["sqnr_db"] is not None or r.get("stopped"))
+
+
+def test_a_choice_only_search_stops_more_and_chooses_the_same(runs) -> None:
+    """Without ``frontier``, a lever stops once it cannot be chosen, whatever its cost: fewer samples run, the
+    same choice and delivered model; every lever measured in full has the figures of the search without early
+    stops, and a frontier mark is never claimed that the full search denies (an open mark names who may beat it)."""
+    choice, full = runs["choice"], runs[False]
+    c0, f0 = runs[("choice", 0)]["rows"], runs[(True, 0)]["rows"]
+    # measured: calibration percentile stops after 1 of 6 samples (5 with --frontier), unit weights after 1 (6)
+    assert _samples_run(c0) < _samples_run(f0) < _samples_run(full["rows"])
+    assert {n for n, r in c0.items() if r.get("stopped")} > {n for n, r in f0.items() if r.get("stopped")}
+    assert runs[("choice", 0)]["res"].chosen.name == runs[(True, 0)]["res"].chosen.name
+    stopped = {n: r for n, r in choice["rows"].items() if r.get("stopped")}
+    for name, r in stopped.items():
+        whole = full["rows"][name]
+        assert whole["sqnr_db"] <= r["stopped"]["at_most_db"] and whole["status"] != "chosen"
+        if r["stopped"]["dominated"]:
+            assert r["status"].endswith("(not run to the end: --frontier would)"), r
+    keys = ("sqnr_db", "gain_db", "model_bytes", "cost", "efficiency", "eligible", "task")
+    for name, r in choice["rows"].items():
+        if name not in stopped:
+            assert {k: r[k] for k in keys} == {k: full["rows"][name][k] for k in keys}, name
+            assert not r["frontier"] or full["rows"][name]["frontier"], name
+            if full["rows"][name]["frontier"] and not r["frontier"]:  # settled only by a lever stopped early
+                assert set(r["frontier_open"]) <= set(stopped), r
+    assert choice["res"].chosen.name == full["res"].chosen.name
+    a, b = choice["res"].report.to_dict(), full["res"].report.to_dict()
+    for k in ("recommended", "changed", "end_to_end", "overrides", "samples", "resolved_types"):
+        assert a[k] == b[k], k
+    assert sha256_file(a["after"]["qdq_model"]) == sha256_file(b["after"]["qdq_model"])
 
 
 def test_an_early_stopped_lever_is_provably_dominated_and_the_choice_is_the_same(runs) -> None:
@@ -115,3 +156,33 @@ def test_the_cli_stops_a_lever_that_lowers_the_output_and_no_early_stop_runs_it_
     assert docs[False]["search"]["chosen"] == docs[True]["search"]["chosen"]
     assert docs[False]["overrides"] == docs[True]["overrides"]
     assert docs[False]["end_to_end"] == docs[True]["end_to_end"]
+
+
+def test_levers_run_sample_0_then_the_baselines_hardest_with_the_same_figures(runs, tmp_path) -> None:
+    """``hardest_first``: sample 0 (the alignment's value checks are made on the first record), then the others by
+    the baseline's score, lowest first; a lever's trial in that order has the figures of the sample order to the
+    bit, and a stop at a floor comes no later."""
+    t = runs[False]["tuner"]
+    before = t.trial("before", [])
+    order = hardest_first(before, ["y"])
+    table = before.comparison.table
+    score = table[table["ref_name"] == "y"].groupby("sample")["sqnr_db"].min()
+    assert order[0] == 0 and sorted(order) == list(range(6)) and order != tuple(range(6))  # measured: not in order
+    assert [score[i] for i in order[1:]] == sorted(score[i] for i in order[1:])
+    got, runs_ = {}, {}
+    for name, o in (("given", None), ("hardest", order)):
+        runs_[name] = replace(t, workdir=tmp_path / name, order=o, _checkpoint=None, _ran=set(), resume=False)
+        whole = runs_[name].trial("lever", [UNITS[0]], whole=False)
+        got[name] = (whole.sqnr_table, whole.samples, whole.comparison.table)
+    assert got["given"][:2] == got["hardest"][:2]
+    lt = got["given"][2]
+    mine = lt[lt["ref_name"] == "y"].groupby("sample")["sqnr_db"].min()
+    floor = float(mine.min()) + 1e-9  # the stop fires at the lever's worst sample, wherever it runs
+    ran = {}
+    for name, vt in runs_.items():  # (a fresh tuner: not the finished trial of the same set again)
+        vt = replace(vt, workdir=tmp_path / f"{name}-stop", _checkpoint=None, _ran=set())
+        st = vt.trial("lever", [UNITS[0]], whole=False, stop=lambda worst: worst["y"] < floor).stopped
+        ran[name] = (st or {"samples": 6})["samples"]
+    # measured: the lever's worst sample is the baseline's hardest but one, run second instead of fifth
+    assert ran["hardest"] == list(order).index(int(mine.idxmin())) + 1 < ran["given"] == int(mine.idxmin()) + 1, \
+        (order, ran, mine.to_dict())
