@@ -36,7 +36,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -362,23 +362,26 @@ class SearchResult:
         return doc
 
 
-def hardest_first(before: Trial, watch: Sequence[str]) -> tuple[int, ...] | None:
-    """Sample 0, then the other evaluation samples by the baseline's score on each (its lowest watched SQNR),
-    lowest first, ties in sample order (:attr:`~ivq_debug.tune.verify.Tuner.order` of the search's levers: a lever
-    that cannot matter usually falls below its floor on the samples that are hard for the baseline, so its early
-    stop comes after fewer samples). Sample 0 stays first: the alignment's value checks are made on the first
-    record compared (:func:`~ivq_debug.align.matcher.align` ``memo``), as in a whole capture compared afterwards,
-    so every figure is the one the sample order gives, to the bit. None without the baseline's per-sample table."""
-    t = before.comparison.table if before.comparison is not None else None
+def sample_scores(cmp: Any, watch: Sequence[str]) -> dict[int, float]:
+    """Each sample's score in a comparison: its lowest SQNR over the ``watch`` tensors (finite ones only)."""
+    t = cmp.table if cmp is not None else None
     if t is None or t.empty or "sample" not in t.columns:
-        return None
+        return {}
     rows = t.loc[t["ref_name"].isin(watch) | t["test_name"].isin(watch)]
-    per = rows.groupby("sample")["sqnr_db"].min()
-    n = int(t["sample"].max()) + 1
-    score = {int(i): float(v) for i, v in per.items()}
-    if set(score) != set(range(n)):
+    return {int(i): float(v) for i, v in rows.groupby("sample")["sqnr_db"].min().items() if math.isfinite(v)}
+
+
+def hardest_first(scores: Mapping[int, float], n: int) -> tuple[int, ...] | None:
+    """Sample 0, then the other ``n - 1`` evaluation samples by ``scores`` (:func:`sample_scores` of the set a lever
+    is built on: the baseline's, or the combination step's current set's), lowest first, ties and samples without a
+    score after, in sample order: the :attr:`~ivq_debug.tune.verify.Tuner.order` of a lever's trial. A lever that
+    cannot matter usually falls below its floor on the samples hard for the set it changes, so its early stop
+    comes after fewer samples. Sample 0 stays first: the alignment's value checks are made on the first record
+    compared (:func:`~ivq_debug.align.matcher.align` ``memo``), as in a whole capture compared afterwards, so every
+    figure is the one the sample order gives, to the bit. None without scores."""
+    if not scores or n < 2:
         return None
-    return (0, *sorted(range(1, n), key=lambda i: (score[i], i)))
+    return (0, *sorted(range(1, n), key=lambda i: (scores.get(i, math.inf), i)))
 
 
 def _variant(tuner: Tuner, lever: Lever) -> Tuner:
@@ -426,8 +429,9 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
     """
     watch = list(watch) or _default_watch(before)
     tuner = tuner.watching(watch)
-    if early_stop and tuner.order is None:
-        tuner = replace(tuner, order=hardest_first(before, watch), _checkpoint=tuner._ckpt())
+    # each lever's samples run hardest first for the set it is built on (the baseline, or the combination step's
+    # current set): its per-sample scores, by lever name ("" the baseline)
+    by_sample: dict[str, dict[int, float]] = {"": sample_scores(before.comparison, watch)}
     s0 = _score(before, watch)
     rows: list[dict[str, Any]] = []
     trials: dict[str, tuple[Lever, Trial]] = {}
@@ -504,6 +508,8 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         """The legal levers of ``batch`` as jobs on the executor (a rerun skips the shards there), each row
         filled from its shard; a job stops early when its worst watched SQNR so far is below :func:`floor`."""
         stop = floor()
+        order = None if stop is None or tuner.order is not None else hardest_first(
+            by_sample.get(state.get("current") or "") or by_sample[""], len(tuner.feeds))
         jobs: dict[str, Job] = {}
         todo: list[tuple[Lever, dict[str, Any], str]] = []
         for lv in batch:
@@ -521,13 +527,15 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
             label = lever_label(lv)
             below = None if stop is None else replace(stop[0])
             key = job_key(kind=KIND, knobs=lv.knobs(), overrides=[_suggestion_key(x) for x in lv.suggestions],
-                          watch=watch, **meta, **({"stop": below.key(), "order": list(tuner.order or ())}
+                          watch=watch, **meta, **({"stop": below.key(), "order": list(order or ())}
                                                   if below else {}))
             if key not in jobs:  # two levers of the same knobs and overrides (two names of one set): one job
                 worker = _variant(tuner, lv).worker(root / "jobs" / label)
+                if order is not None:
+                    worker = replace(worker, order=order)
                 jobs[key] = Job(key, lever_job, {"tuner": worker, "label": label,
                                                  "suggestions": [x.to_dict() for x in lv.suggestions],
-                                                 "stop": below, "same": dict(same)}, meta)
+                                                 "stop": below, "same": dict(same), "watch": list(watch)}, meta)
             todo.append((lv, row, key))
         if not jobs:
             return
@@ -550,6 +558,7 @@ def search(tuner: Tuner, before: Trial, levers: Sequence[Lever], *, watch: Seque
         for lv, row, key in todo:
             tr = shard_trial(docs[key]["result"], Path(jobs[key].kwargs["tuner"].workdir))
             trials[lv.name] = (lv, tr)
+            by_sample[lv.name] = {int(i): v for i, v in (docs[key]["result"].get("by_sample") or {}).items()}
             shas[lv.name] = docs[key]["result"].get("model_sha256")
             lv.suggestions = list(tr.suggestions)  # the types the quantizer resolved are part of the lever
             sc = _score(tr, watch)
@@ -746,7 +755,8 @@ RESULT_SCHEMA: dict[str, Any] = {
         "stopped": {"type": ["object", "null"], "required": ["samples", "of"],
                     "properties": {"samples": {"type": "integer", "minimum": 1}, "of": {"type": "integer"}}},
         "model_sha256": {"type": ["string", "null"]},
-        "same_model_as": {"type": "string"}},
+        "same_model_as": {"type": "string"},
+        "by_sample": {"type": "object", "additionalProperties": {"type": "number"}}},
 }
 
 
@@ -796,12 +806,14 @@ class Below(Stop):
 
 
 def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], stop: Below | None = None,
-              same: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              same: dict[str, dict[str, Any]] | None = None, watch: Sequence[str] = ()) -> dict[str, Any]:
     """One lever (in a worker): its trial in ``tuner.workdir`` (a partial capture; ``stop``: ended at the sample
     that makes it irrelevant, :class:`Below`), what the choice reads and its model's SHA-256 (the delivery of the
     chosen lever checks it, :func:`_deliver`), then its files removed (kept, with the trial's dump, when
     ``tuner.keep_dumps``: ``--keep-dumps``). ``same``: the figures of models measured in full, by SHA-256
-    (:func:`same_model`): a lever quantized to one of them takes its figures instead of running."""
+    (:func:`same_model`): a lever quantized to one of them takes its figures instead of running. ``watch``: the
+    search's watched tensors, whose per-sample scores (``by_sample``, :func:`sample_scores`; a trial run on every
+    sample) order the samples of the levers built on this one (:func:`hardest_first`)."""
     sug = [Suggestion(**x) for x in suggestions]
     out = same_model(tuner, label, sug, same) if same and not tuner.keep_dumps else None
     if out is None:
@@ -810,7 +822,9 @@ def lever_job(tuner: Tuner, label: str, suggestions: list[dict[str, Any]], stop:
                "task": dict(tr.task), "model_bytes": tr.model_bytes, "cycles": tr.cycles,
                "seconds": round(tr.seconds, 3), "suggestions": [x.to_dict() for x in tr.suggestions],
                "fixes": list(tr.fixes), "samples": dict(tr.samples), "stopped": tr.stopped,
-               "model_sha256": None if tr.error or not tr.qdq_model.is_file() else sha256_file(tr.qdq_model)}
+               "model_sha256": None if tr.error or not tr.qdq_model.is_file() else sha256_file(tr.qdq_model),
+               "by_sample": {} if tr.error or tr.stopped else {
+                   str(i): v for i, v in sample_scores(tr.comparison, watch or tuner.watch).items()}}
     if not tuner.keep_dumps:
         shutil.rmtree(tuner.workdir, ignore_errors=True)
     return json_safe(out)

@@ -12,7 +12,15 @@ from dataclasses import replace
 import pytest
 
 from ivq_debug.inputfiles import sha256_file
-from ivq_debug.tune.search import global_levers, hardest_first, lever_label, search, unit_levers
+from ivq_debug.tune.search import (
+    Lever,
+    global_levers,
+    hardest_first,
+    lever_label,
+    sample_scores,
+    search,
+    unit_levers,
+)
 from ivq_debug.tune.suggest import Suggestion
 from ivq_debug.tune.verify import CHECKPOINT, Tuner, one_trial
 from tests.support.cli import ivq_cli
@@ -164,7 +172,7 @@ def test_levers_run_sample_0_then_the_baselines_hardest_with_the_same_figures(ru
     bit, and a stop at a floor comes no later."""
     t = runs[False]["tuner"]
     before = t.trial("before", [])
-    order = hardest_first(before, ["y"])
+    order = hardest_first(sample_scores(before.comparison, ["y"]), 6)
     table = before.comparison.table
     score = table[table["ref_name"] == "y"].groupby("sample")["sqnr_db"].min()
     assert order[0] == 0 and sorted(order) == list(range(6)) and order != tuple(range(6))  # measured: not in order
@@ -186,3 +194,46 @@ def test_levers_run_sample_0_then_the_baselines_hardest_with_the_same_figures(ru
     # measured: the lever's worst sample is the baseline's hardest but one, run second instead of fifth
     assert ran["hardest"] == list(order).index(int(mine.idxmin())) + 1 < ran["given"] == int(mine.idxmin()) + 1, \
         (order, ran, mine.to_dict())
+
+
+def test_a_combination_runs_hardest_first_for_the_set_it_grows(tmp_path, monkeypatch) -> None:
+    """In the combination step a lever's samples run by the per-sample scores of the current set it is built on
+    (that set's job's ``by_sample``); before it, by the baseline's. Each job's ``Tuner.order`` recorded as it
+    starts, each finished job's scores as it ends (a real search: the spy only records)."""
+    import ivq_debug.tune.search as S
+
+    u = two_causes_trial_inputs(tmp_path, evaluation=6)
+    t = Tuner(u["model"], u["cal"], u["feeds"], u["ref"], tmp_path / "wd", backend="cpu", target="cpu",
+              resume=False, preprocess=False)
+    before = t.trial("before", [])
+    order: dict[str, tuple | None] = {}
+    scores: dict[str, dict] = {}
+    real = S.lever_job
+
+    def job(tuner, label, suggestions, stop=None, same=None, watch=()):
+        order[label] = tuner.order if stop is not None else "full"
+        out = real(tuner, label, suggestions, stop, same, watch)
+        scores[label] = {int(k): v for k, v in out.get("by_sample", {}).items()}
+        return out
+
+    monkeypatch.setattr(S, "lever_job", job)
+    res = search(t, before, global_levers(t) + unit_levers(t, UNITS))
+    base = hardest_first(sample_scores(before.comparison, ["y"]), 6)
+    names = [r["lever"] for r in res.table]
+
+    def label(name: str) -> str:
+        return lever_label(Lever(name, "combination", "a8w8", False, "minmax"))
+
+    grown = 0
+    for name in names:
+        if order.get(label(name)) in (None, "full"):
+            continue
+        # the current set a combination grows: the longest measured lever its name starts with
+        parents = [p for p in names if name.startswith(p + " + ") and scores.get(label(p))]
+        if parents and name != "a16w8 + per-channel":  # (a global lever of that name, not a grown one)
+            parent = max(parents, key=len)
+            assert order[label(name)] == hardest_first(scores[label(parent)], 6), (name, parent, order[label(name)])
+            grown += order[label(name)] != base
+        else:
+            assert order[label(name)] == base, (name, order[label(name)], base)
+    assert grown, order  # measured: the start's order differs from the baseline's
