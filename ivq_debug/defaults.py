@@ -238,6 +238,9 @@ SATURATION_ERROR_CLIP_SNR_DB = 20.0
 #: reported on the producer only
 VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Identity", "Slice",
             "Concat", "Split", "Gather", "Neg")
+#: the view ops whose output holds every value of their (first) input once, rearranged: the same min, max and
+#: histogram (entropy calibration takes the input's, ``ivq_debug.qnn.entropy.permuted``)
+PERMUTING_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 #: SNR (dB) of the reference values fake-quantized with the test encoding, above its lowest bin
 RESOLUTION_WARN_DB = 20.0
 RESOLUTION_ERROR_DB = 10.0

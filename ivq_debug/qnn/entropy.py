@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ivq_debug import defaults
 from ivq_debug.errors import UsageError
 
 #: ``--calibrate-method entropy`` at 8-bit activations: (histogram bins, quantized bins) of ORT's KL-divergence
@@ -256,16 +257,12 @@ def _ranges(session: Any, reader: Any, names: list[str], held: list[dict[str, np
     return {k: (lo.get(k), hi.get(k)) for k in names}
 
 
-#: ops whose output holds the values of their (first) input, rearranged: the same min, max and histogram
-PERMUTING_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
-
-
 def permuted(model: Any, names: list[str]) -> dict[str, str]:
-    """``{tensor: source}`` for each of ``names`` that a chain of :data:`PERMUTING_OPS` makes of another of
+    """``{tensor: source}`` for each of ``names`` that a chain of ``defaults.PERMUTING_OPS`` makes of another of
     ``names``: its histogram is the source's (ORT computes it again)."""
     want = set(names)
     src = {n.output[0]: n.input[0] for n in model.graph.node
-           if n.op_type in PERMUTING_OPS and n.input and n.output and n.input[0]}
+           if n.op_type in defaults.PERMUTING_OPS and n.input and n.output and n.input[0]}
     out: dict[str, str] = {}
     for t in names:
         root, seen = t, {t}

@@ -58,6 +58,7 @@ from ivq_debug.tune.verify import (
     _suggestion_key,
     confirm_on_target,
     judge,
+    sample_scores,
 )
 
 #: a lever's relative cost below this counts as this (a free lever ranks by its gain alone)
@@ -360,15 +361,6 @@ class SearchResult:
                                    "command": self.chosen.command() if self.chosen else None,
                                    "jobs": self.jobs})
         return doc
-
-
-def sample_scores(cmp: Any, watch: Sequence[str]) -> dict[int, float]:
-    """Each sample's score in a comparison: its lowest SQNR over the ``watch`` tensors (finite ones only)."""
-    t = cmp.table if cmp is not None else None
-    if t is None or t.empty or "sample" not in t.columns:
-        return {}
-    rows = t.loc[t["ref_name"].isin(watch) | t["test_name"].isin(watch)]
-    return {int(i): float(v) for i, v in rows.groupby("sample")["sqnr_db"].min().items() if math.isfinite(v)}
 
 
 def hardest_first(scores: Mapping[int, float], n: int) -> tuple[int, ...] | None:

@@ -1072,15 +1072,24 @@ def worst_sqnr(cmp: Any, running: dict[str, float] | None = None) -> dict[str, f
     return running
 
 
+def sample_scores(cmp: Any, names: Collection[str]) -> dict[int, float]:
+    """Each sample's score in a comparison: its lowest SQNR over the pairs naming one of ``names`` (reference or
+    test name), finite ones only, in sample order; empty without a comparison table."""
+    t = cmp.table if cmp is not None else None
+    if t is None or t.empty or "sample" not in t.columns:
+        return {}
+    rows = t.loc[t["ref_name"].isin(names) | t["test_name"].isin(names)]
+    return {int(i): float(v) for i, v in rows.groupby("sample")["sqnr_db"].min().items() if math.isfinite(v)}
+
+
 def per_sample(cmp: Any, watch: Sequence[str]) -> dict[str, dict[str, float]]:
-    """``{watched tensor: {"mean": dB, "worst": dB, "n": samples}}`` over the evaluation samples."""
-    t = cmp.table
+    """``{watched tensor: {"mean": dB, "worst": dB, "n": samples}}`` over the evaluation samples
+    (:func:`sample_scores` of each)."""
+    import pandas as pd
+
     out: dict[str, dict[str, float]] = {}
-    if t.empty or "sample" not in t.columns:
-        return out
     for w in watch:
-        v = t.loc[(t["ref_name"] == w) | (t["test_name"] == w)].groupby("sample")["sqnr_db"].min()
-        v = v[np.isfinite(v.to_numpy(dtype=float))] if len(v) else v
+        v = pd.Series(list(sample_scores(cmp, [w]).values()), dtype=float)
         if len(v):
             out[w] = {"mean": float(v.mean()), "worst": float(v.min()), "n": len(v)}
     return out
