@@ -9,6 +9,7 @@ unit's errors into its :class:`Acc` (the definitions: :mod:`ivq_debug.diagnose.r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,16 +110,20 @@ class BatchContext:
     indexes: dict[str, RefIndex]
     runner_factory: RunnerFactory | None
     do_check: bool
+    #: the ranking attribution (``local`` / ``iso``): whose sums :func:`replay_batch` adds first when it defers
+    ranking: str = "local"
 
 
 @dataclass
 class BatchResult:
-    """The accumulators of one batch's units, the backend that ran them (None: none ran on it) and its sessions."""
+    """The accumulators of one batch's units, the backend that ran them (None: none ran on it) and its sessions;
+    ``rest``: when :func:`replay_batch` deferred them, the call that adds the last record's other sums."""
 
     accs: dict[str, Acc]
     backend: str | None
     info: dict[str, Any]
     sessions: int
+    rest: Callable[[], None] | None = None
 
 
 @dataclass
@@ -145,9 +150,11 @@ def _steps(got: np.ndarray, want: np.ndarray, scale: float | None) -> float | No
 
 
 @one_blas_thread
-def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
+def replay_batch(ctx: BatchContext, batch: list[Unit], defer: bool = False) -> BatchResult:
     """Replay one batch of units over every record (the shadow model and the backend model: one session each per
-    feed signature, reused across records)."""
+    feed signature, reused across records). ``defer``: of the last record, add only the ranking attribution's sums
+    (``ctx.ranking``: what the effect targets read) and leave the other sums to ``BatchResult.rest``, which the
+    caller runs while the effect runs are under way (each accumulator sums the same values in the same order)."""
     model = ctx.model
     on_cpu = ctx.runner_factory is None
     factory = ctx.runner_factory or cpu_runner
@@ -167,8 +174,9 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
                         if on_backend else (None, {}, {}))
     pool = SessionPool()
     work = _Work()
+    rest = None
     try:
-        for rid in ctx.rids:
+        for i, rid in enumerate(ctx.rids):
             idx = ctx.indexes[rid]
             feeds = {gi: idx.read(x) for gi, (_, x) in s_map.items()}
             s_runner = pool.get("shadow", shadow, feeds, cpu_runner)
@@ -183,13 +191,30 @@ def replay_batch(ctx: BatchContext, batch: list[Unit]) -> BatchResult:
                 backend, info = br.backend, br.info
                 b = _run_backend(br, ctx.do_check, b_map, feeds, s_out, batch, on_backend, idx)
             shadow_on = s_runner.backend + (" (data movement: exact on every backend)" if not on_cpu else "")
-            for k, u in zip(keys, batch, strict=True):
-                _accumulate(accs[u.node], k, u, idx, s_out, b, backend or "", shadow_on, out_scale[u.node], work)
-            del feeds, s_out, b
+            sums = functools.partial(_sums, accs, batch, idx, s_out, b, backend or "", shadow_on, out_scale, work,
+                                     ranking=ctx.ranking)
+            if defer and i == len(ctx.rids) - 1:
+                sums(_RANKING)
+                rest = functools.partial(one_blas_thread(sums), _REST)
+            else:
+                sums(_ALL)
+            del feeds, s_out, b, sums
     finally:
         sessions += len(pool.runners)
         pool.close()
-    return BatchResult(accs, backend, info, sessions)
+    return BatchResult(accs, backend, info, sessions, rest)
+
+
+#: which of a unit's sums :func:`_accumulate` adds: all, the ranking attribution's only, all but those
+_ALL, _RANKING, _REST = "all", "ranking", "rest"
+
+
+def _sums(accs: dict[str, Acc], batch: list[Unit], idx: RefIndex, s_out: dict[str, np.ndarray], b: _BackendRun,
+          backend: str, shadow_on: str, out_scale: dict[str, float | None], work: _Work, part: str,
+          ranking: str = "local") -> None:
+    """Add one record's sums (``part``) of every unit of the batch."""
+    for k, u in enumerate(batch):
+        _accumulate(accs[u.node], k, u, idx, s_out, b, backend, shadow_on, out_scale[u.node], work, part, ranking)
 
 
 def _run_backend(br: Any, do_check: bool, b_map: dict[str, tuple[int, str]], feeds: dict[str, np.ndarray],
@@ -245,8 +270,11 @@ class _Work:
 
 
 def _accumulate(a: Acc, k: int, u: Unit, idx: RefIndex, s_out: dict[str, np.ndarray], b: _BackendRun,
-                backend: str, shadow_on: str, out_scale: float | None, work: _Work) -> None:
-    """Add one record's errors of unit ``k`` into its accumulators (the definitions: the replay module)."""
+                backend: str, shadow_on: str, out_scale: float | None, work: _Work, part: str = _ALL,
+                ranking: str = "local") -> None:
+    """Add one record's errors of unit ``k`` into its accumulators (the definitions: the replay module): every sum
+    (``part`` :data:`_ALL`), the ``ranking`` attribution's only (:data:`_RANKING`) or the others (:data:`_REST`);
+    each casts the values it reads."""
     ref = idx.read(u.output)
     fq_v = s_out[f"u{k}::fq"] if u.compute is not None else None
     fw_v = s_out[f"u{k}::fw"] if u.weights else None
@@ -259,17 +287,23 @@ def _accumulate(a: Acc, k: int, u: Unit, idx: RefIndex, s_out: dict[str, np.ndar
     a.ref_match = idx.source(u.output).how
     if len({x.size for x in (ref, fq_v, fw_v, t_iso_v, t_loc_v) if x is not None}) != 1:
         return  # element counts differ: the unit's metrics stay empty
+    loc = part != _RANKING or ranking == "local"  # the local sums' values are needed
+    iso = part != _RANKING or ranking == "iso"
     r = work.cast(0, ref)
-    fq = work.cast(1, fq_v) if fq_v is not None else r
-    fw = work.cast(2, fw_v) if fw_v is not None else r
-    t_iso = work.cast(3, t_iso_v)
-    t_loc = t_iso if t_loc_v is t_iso_v else work.cast(4, t_loc_v)
+    fq = work.cast(1, fq_v) if fq_v is not None and loc else r
+    fw = work.cast(2, fw_v) if fw_v is not None and loc else r
+    t_iso = work.cast(3, t_iso_v) if iso else r
+    t_loc = (t_iso if t_loc_v is t_iso_v and iso else work.cast(4, t_loc_v)) if loc else r
     r_loc = fq
-    if u.weights:  # r + fq − fw
+    if u.weights and loc:  # r + fq − fw
         r_loc = np.add(r, fq, out=work.get(5, r.size))
         np.subtract(r_loc, fw, out=r_loc)
-    a.iso.update(r, t_iso)
-    a.local.update(r_loc, t_loc)
+    if part == _ALL or (part == _RANKING) == (ranking == "iso"):
+        a.iso.update(r, t_iso)
+    if part == _ALL or (part == _RANKING) == (ranking == "local"):
+        a.local.update(r_loc, t_loc)
+    if part == _RANKING:
+        return
     d = work.get(6, r.size)
     if u.weights:
         a.weight.sum_sq_err += _sq(fw, r, d)

@@ -59,9 +59,6 @@ from ivq_debug.diagnose.graphs import (
     typed_inputs,
 )
 from ivq_debug.diagnose.jobs import describe_factory
-from ivq_debug.diagnose.patterns import groups, sortable
-from ivq_debug.diagnose.remedy import unit_evidence
-from ivq_debug.diagnose.units import activation_bits
 from ivq_debug.dump import open_dump
 from ivq_debug.errors import InputError, IvqError, UsageError, one_line
 from ivq_debug.executor import Executor, Job, JobFailure, JobsFailedError, LocalExecutor, job_key, versions
@@ -585,98 +582,3 @@ def why_small(effect: dict[str, Any], weight_share: float | None) -> str | None:
                 "another one downstream")
     return (f"absorbed downstream: putting it back to float changes the final outputs' SQNR by "
             f"{effect['gain_db']:+.2f} dB")
-
-
-def _over(rows: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
-    return [r for r in rows if sortable(r.get("intro_sqnr_db")) < budget or r.get("intro_status") == "non_finite"]
-
-
-def is_copy(row: dict[str, Any], copies: dict[str, list[str]]) -> bool:
-    """A data-movement unit whose output shares its encoding with another tensor (its producer's): its error is
-    that encoding's, charged to the producer (``iso`` repeats it); never a target nor a candidate of its own."""
-    return row.get("op_type") in defaults.VIEW_OPS and len(copies.get(str(row["tensor"]), [])) > 1
-
-
-def unit_target(row: dict[str, Any], copies: dict[str, list[str]]) -> tuple[list[str], list[str]]:
-    """What putting one unit back to float lifts: its output and every tensor sharing that encoding, and its
-    weights (bias included)."""
-    t = str(row["tensor"])
-    return list(dict.fromkeys([t, *copies.get(t, [])])), [w for w in str(row.get("weights") or "").split(",") if w]
-
-
-def replay_effects(model: Model, ref: Any, rids: list[str], table: Any, budget: float, *,
-                   read: Callable[[str], np.ndarray | None], float_model: Model | None = None,
-                   runner_factory: Callable[[str], Any] | None = None, executor: Executor | None = None,
-                   shards: str | os.PathLike | None = None, measure: bool = True, progress: bool = False
-                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """A replay's remedies evidence and effects: ``(evidence by node, effects document, effect by group key)``.
-
-    Measured only when a unit breaks the budget. The targets: the :data:`EFFECT_GROUPS` worst groups over budget
-    (their units over budget: what the group fix changes) and the :data:`EFFECT_UNITS` worst units by introduced
-    error, within the budget or not (a unit just inside it can still cost the output most). A group with no
-    unit over budget whose measured unit removes at least :data:`EFFECT_MATTERS` of the output error joins the
-    candidates with that unit (``effects["groups"]`` lists each group's fix units). Adds ``effect_share`` /
-    ``effect_gain_db`` columns to ``table`` (NaN for units not measured alone).
-    """
-
-    table["effect_share"] = np.nan
-    table["effect_gain_db"] = np.nan
-    if not len(table):
-        return {}, {}, {}
-    rows = table.to_dict("records")
-    over = _over(rows, budget)
-    if not over:
-        return {}, {}, {}
-    copies = shared_encodings(model)
-    finite = [r for r in rows if sortable(r.get("intro_sqnr_db")) < float("inf") and not is_copy(r, copies)]
-    top = sorted(finite, key=lambda r: sortable(r.get("intro_sqnr_db")))[:EFFECT_UNITS] if measure else []
-    nodes = list(dict.fromkeys([r["node"] for r in over] + [r["node"] for r in top]))
-    chosen = [r for r in rows if r["node"] in set(nodes)]
-    weights = {w for r in chosen for w in str(r.get("weights") or "").split(",") if w}
-    fw = float_weights(model, float_model, weights) if float_model is not None else {}
-    evidence = unit_evidence(model.proto, table, read, budget, nodes=nodes, base_dir=model.base_dir, float_weights=fw,
-                             copies=copies, activation_bits=activation_bits(model))
-    if not measure:
-        return evidence, {}, {}
-    targets: list[Target] = []
-    all_groups = groups(table)
-    gs = [g for g in all_groups if [r for r in _over(g.rows, budget) if not is_copy(r, copies)]][:EFFECT_GROUPS]
-    fix_units: dict[str, list[str]] = {}
-    for g in gs:
-        ts: list[str] = []
-        ws: list[str] = []
-        for r in _over(g.rows, budget):
-            a, b = unit_target(r, copies)
-            ts += a
-            ws += b
-        targets.append(Target(g.key, ts, ws))
-        fix_units[g.key] = [r["node"] for r in _over(g.rows, budget)]
-    for r in top:
-        a, b = unit_target(r, copies)
-        targets.append(Target(f"unit:{r['node']}", a, b))
-    effects = measure_effects(model, ref, rids, targets, float_model=float_model, runner_factory=runner_factory,
-                              executor=executor, shards=shards, progress=progress)
-    if not effects:
-        return evidence, {}, {}
-    by_node = {r["node"]: r for r in rows}
-    for key, e in effects["targets"].items():
-        if key.startswith("unit:"):
-            node = key[len("unit:"):]
-            sel = table["node"] == node
-            table.loc[sel, "effect_share"] = e["share"]
-            table.loc[sel, "effect_gain_db"] = e["gain_db"]
-            e["why"] = why_small(e, by_node[node].get("weight_share"))
-        else:
-            g = next(g for g in gs if g.key == key)
-            e["why"] = why_small(e, g.weight_share(_over(g.rows, budget)))
-    lifted = {g.key: effects["targets"][g.key] for g in gs}
-    for g in all_groups:  # within the budget, but one of its units costs the output this much
-        if g.key in lifted:
-            continue
-        hits = [r for r in g.rows if effects["targets"].get(f"unit:{r['node']}", {}).get("share", 0.0) >= EFFECT_MATTERS]
-        if hits:
-            best = max(hits, key=lambda r: effects["targets"][f"unit:{r['node']}"]["share"])
-            lifted[g.key] = effects["targets"][f"unit:{best['node']}"]
-            fix_units[g.key] = [best["node"]]
-    effects["groups"] = fix_units
-    return evidence, effects, lifted

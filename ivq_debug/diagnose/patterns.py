@@ -179,7 +179,7 @@ def replay_findings(res: Any) -> list[Finding]:
         for shown, g in enumerate(cands[:MORE_PATTERNS + 1]):
             over = over_of(g)
             within = not over
-            if within:  # a unit within the budget whose effect on the output is large (effect.replay_effects)
+            if within:  # a unit within the budget whose effect on the output is large (effect_targets.replay_effects)
                 over = [r for r in g.rows if r["node"] in set(fix_units[g.key])]
             w = min(over, key=lambda r: sortable(r.get("intro_sqnr_db")))
             kind, text, override, exclude = fix_for(res, over)

@@ -51,6 +51,7 @@ import math
 import os
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,8 @@ from ivq_debug import defaults
 from ivq_debug.console import track
 from ivq_debug.diagnose.accumulation import Accumulation, explain_accumulation
 from ivq_debug.diagnose.batch import Acc, BatchContext, BatchResult, RunnerFactory, replay_batch
-from ivq_debug.diagnose.effect import replay_effects
+from ivq_debug.diagnose.effect import measure_effects
+from ivq_debug.diagnose.effect_targets import EffectPlan, effect_plan, replay_effects
 from ivq_debug.diagnose.findings import Finding
 from ivq_debug.diagnose.hazards import resolution_collapse, saturation
 from ivq_debug.diagnose.jobs import describe_factory, replay_jobs
@@ -305,23 +307,25 @@ def replay(
     batches = _batches(runnable, index(rids[0]), batch_bytes, executor is not None)
     do_check = (runner_factory is not None) if selfcheck is None else bool(selfcheck)
     indexes = {rid: index(rid) for rid in rids}
-    if executor is None:  # in this process, as one loop
-        ctx = BatchContext(model, rids, indexes, runner_factory, do_check)
+    if executor is None:  # in this process, as one loop; on the exact CPU path the last sums beside the effect runs
+        ctx = BatchContext(model, rids, indexes, runner_factory, do_check, attribution)
         it = track(batches, "replaying", total=len(batches)) if progress else batches
-        done, jobs = [replay_batch(ctx, batch) for batch in it], {}
+        defer = lift and runner_factory is None  # the last batch's last sums: _start_effects
+        done, jobs = [replay_batch(ctx, b, defer=defer and i == len(batches) - 1) for i, b in enumerate(it)], {}
     else:
         done, jobs = replay_jobs(executor, shards, model, ref, cumulative, rids, batches, runner_factory, do_check,
                                  progress)
     accs, backend, info, sessions = _merged(done)
-    table = _table(runnable, accs, attribution)
-    # the remedies' evidence (units over budget) and the effect on the output (counterfactual runs): effect.py. They
-    # read the replay's own columns only, so the comparison's table is waited for after them (api.diagnose computes
-    # it in a thread meanwhile)
+    # the remedies' evidence and the effects (effect_targets.py) read the replay's own columns only: the comparison's
+    # table is waited for after them (api.diagnose computes it in a thread meanwhile)
     idx0 = index(rids[0])
-    evidence, effects, lifted = replay_effects(
-        model, ref, rids, table, budget, read=lambda t: idx0.read(t) if idx0.source(t) is not None else None,
-        float_model=fmodel, runner_factory=runner_factory, executor=executor, shards=shards, measure=lift,
-        progress=progress)
+    with ThreadPoolExecutor(1, thread_name_prefix="ivq-effect") as pool:
+        table, plan, started = _start_effects(pool, model, ref, rids, runnable, accs, attribution, budget, fmodel,
+                                              executor, shards, progress, [d.rest for d in done if d.rest is not None])
+        evidence, effects, lifted = replay_effects(
+            model, ref, rids, table, budget, read=lambda t: idx0.read(t) if idx0.source(t) is not None else None,
+            float_model=fmodel, runner_factory=runner_factory, executor=executor, shards=shards, measure=lift,
+            progress=progress, plan=plan, started=started)
     _add_cumulative(table, runnable, accs, attribution, *_cumulative(cumulative, ref, rids, runnable))
     recs = _record_keys(ref, rids)
     accumulation = _accumulation(model, table, budget, recs[0], attribution, cumulative, ref, rids, runnable)
@@ -340,6 +344,28 @@ def replay_records(qdq_model: str | os.PathLike | Model, reference: Any, record:
     model = load(qdq_model)
     key_of = {rid: key for key, rid in ref.record_keys().items()}
     return [key_of[r] for r in model_records(ref, record, record_ids(ref, record), model, _indexer(ref, model, None))]
+
+
+def _start_effects(pool: ThreadPoolExecutor, model: Model, ref: Any, rids: list[str], runnable: list[Unit],
+                   accs: dict[str, Acc], attribution: str, budget: float, fmodel: Model | None,
+                   executor: Executor | None, shards: Any, progress: bool, rest: list[Any]
+                   ) -> tuple[Any, EffectPlan | None, Any]:
+    """The replay table; with sums deferred (``rest``, :func:`~ivq_debug.diagnose.batch.replay_batch`), first the
+    effect runs of the targets the ranking attribution's sums choose (:func:`~ivq_debug.diagnose.effect_targets.
+    effect_plan`) started on ``pool`` (ONNX Runtime releases the GIL), then the other sums added here while they run
+    (``docs/scale.md``, seventh pass). Returns the table, the plan and ``(its targets, the call that waits for their
+    effects)`` for ``replay_effects``."""
+    if not rest:
+        return _table(runnable, accs, attribution), None, None
+    plan = effect_plan(model, _table(runnable, accs, attribution), budget)
+    started = None
+    if plan is not None:
+        fut = pool.submit(measure_effects, model, ref, rids, plan.targets, float_model=fmodel, executor=executor,
+                          shards=shards, progress=progress)
+        started = (plan.targets, fut.result)
+    for add in rest:
+        add()
+    return _table(runnable, accs, attribution), plan, started
 
 
 def _accumulation(model: Model, table: Any, budget: float, record: dict[str, Any], attribution: str,

@@ -245,3 +245,25 @@ def test_a_group_without_the_unchanged_model_runs_it_only_up_to_what_its_copies_
     assert len(specs) >= 3 and latest < n and len(own) < n
     assert {o.name for o in merged.graph.output}.isdisjoint(o.name for o in qdq.proto.graph.output)
     one_graph_equals_one_by_one(qdq, load(m["float"]), ref, list(ref.records["rid"][:1]), specs)
+
+
+@pytest.mark.parametrize("att", ["local", "iso"])
+def test_the_sums_added_while_the_effects_run_equal_those_of_one_pass(m, att) -> None:
+    """On the exact CPU path the replay adds the last record's ranking sums first, starts the effect runs on the
+    targets they choose, and adds the other sums while those run: over two records and under either attribution,
+    every column equals, to the bit, the replay that adds every sum in one pass (without effect runs), and the
+    effects are measured on the targets the finished table chooses."""
+    from ivq_debug.diagnose.effect_targets import effect_plan
+    from ivq_debug.onnxgraph.load import load
+
+    common = dict(record="all", attribution=att, float_model=m["float"], progress=False)
+    deferred = replay(m["act"], m["ref"], lift=True, **common)
+    one_pass = replay(m["act"], m["ref"], lift=False, **common)
+    effect_cols = ["effect_share", "effect_gain_db"]
+    assert len(deferred.records) == 2 and deferred.effects["runs"] > 1
+    a, b = deferred.table.drop(columns=effect_cols), one_pass.table.drop(columns=effect_cols)
+    assert a.columns.tolist() == b.columns.tolist() and len(a) == len(b)
+    for c in a.columns:
+        assert a[c].tolist() == b[c].tolist() or np.array_equal(a[c], b[c], equal_nan=True), c
+    plan = effect_plan(load(m["act"]), b, deferred.budget_sqnr_db)
+    assert sorted(deferred.effects["targets"]) == sorted(t.key for t in plan.targets)
