@@ -24,6 +24,16 @@ class Source:
 
 
 
+def read_whole(dump: Any, e: Any) -> np.ndarray:
+    """A full tensor of ``dump``, as ``dump.read`` gives it (its stored dtype, bfloat16 as float32, its shape), read
+    by the reader's streaming read in one block: an uncompressed tensor by ``os.pread`` from its offset, without
+    opening an h5py dataset per read and with the GIL released during the I/O (``docs/scale.md``, seventh pass). A
+    tensor stored as its integers only, or a reference that is not a dump, is read by ``read``."""
+    if e.size and e.stored == "full" and not e.derived and hasattr(dump, "iter_flat"):
+        return next(iter(dump.iter_flat(e, e.size))).reshape(e.shape)
+    return dump.read(e)
+
+
 class RefIndex:
     """Reference values of one record by QDQ float name (name, alignment pair, or lineage): :meth:`source` says
     where one comes from (None: none, the reason in ``rejected``), :meth:`read` reads it in the model's shape.
@@ -123,7 +133,7 @@ class RefIndex:
         if v is None:
             src = self.cache.get(name) or self.source(name)
             assert src is not None
-            v = self.ref.read(src.entry)
+            v = read_whole(self.ref, src.entry)
             if src.how != "name":
                 v = v.reshape(self.shapes[name])
             self.values[name] = v

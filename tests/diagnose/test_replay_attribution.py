@@ -267,3 +267,17 @@ def test_the_sums_added_while_the_effects_run_equal_those_of_one_pass(m, att) ->
         assert a[c].tolist() == b[c].tolist() or np.array_equal(a[c], b[c], equal_nan=True), c
     plan = effect_plan(load(m["act"]), b, deferred.budget_sqnr_db)
     assert sorted(deferred.effects["targets"]) == sorted(t.key for t in plan.targets)
+
+
+def test_the_reference_read_in_one_block_is_the_dumps_read(m) -> None:
+    """The replay reads its reference values by the reader's streaming read (``refs.read_whole``: ``os.pread``, no
+    h5py dataset per read): every tensor and input of every record of the ViT's reference, in the dtype, shape and
+    bytes of ``Dump.read``."""
+    from ivq_debug.diagnose.refs import read_whole
+
+    d = open_dump(m["ref"])
+    ents = [e for rid in d.records["rid"] for e in [*d.tensors(rid), *d.tensors(rid, kind="input")]]
+    assert len(ents) > 200
+    for e in ents:
+        a, b = read_whole(d, e), d.read(e)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), e.name
