@@ -287,20 +287,22 @@ def _accumulate(a: Acc, k: int, u: Unit, idx: RefIndex, s_out: dict[str, np.ndar
     a.ref_match = idx.source(u.output).how
     if len({x.size for x in (ref, fq_v, fw_v, t_iso_v, t_loc_v) if x is not None}) != 1:
         return  # element counts differ: the unit's metrics stay empty
-    loc = part != _RANKING or ranking == "local"  # the local sums' values are needed
-    iso = part != _RANKING or ranking == "iso"
+    do_iso = part == _ALL or (part == _RANKING) == (ranking == "iso")  # which attribution's sums this part adds
+    do_loc = part == _ALL or (part == _RANKING) == (ranking == "local")
+    loc = do_loc or part != _RANKING  # the values the local sums or the weight / activation parts read
+    iso = do_iso or part != _RANKING
     r = work.cast(0, ref)
     fq = work.cast(1, fq_v) if fq_v is not None and loc else r
     fw = work.cast(2, fw_v) if fw_v is not None and loc else r
     t_iso = work.cast(3, t_iso_v) if iso else r
     t_loc = (t_iso if t_loc_v is t_iso_v and iso else work.cast(4, t_loc_v)) if loc else r
-    r_loc = fq
-    if u.weights and loc:  # r + fq − fw
-        r_loc = np.add(r, fq, out=work.get(5, r.size))
-        np.subtract(r_loc, fw, out=r_loc)
-    if part == _ALL or (part == _RANKING) == (ranking == "iso"):
+    if do_iso:
         a.iso.update(r, t_iso)
-    if part == _ALL or (part == _RANKING) == (ranking == "local"):
+    if do_loc:
+        r_loc = fq
+        if u.weights:  # r + fq − fw
+            r_loc = np.add(r, fq, out=work.get(5, r.size))
+            np.subtract(r_loc, fw, out=r_loc)
         a.local.update(r_loc, t_loc)
     if part == _RANKING:
         return
