@@ -287,8 +287,9 @@ def _accumulate(a: Acc, k: int, u: Unit, idx: RefIndex, s_out: dict[str, np.ndar
     a.ref_match = idx.source(u.output).how
     if len({x.size for x in (ref, fq_v, fw_v, t_iso_v, t_loc_v) if x is not None}) != 1:
         return  # element counts differ: the unit's metrics stay empty
-    do_iso = part == _ALL or (part == _RANKING) == (ranking == "iso")  # which attribution's sums this part adds
-    do_loc = part == _ALL or (part == _RANKING) == (ranking == "local")
+    both = {"iso", "local"}  # the attributions whose sums this part adds: the ranking one first, the other after
+    adds = both if part == _ALL else {ranking} if part == _RANKING else both - {ranking}
+    do_iso, do_loc = "iso" in adds, "local" in adds
     loc = do_loc or part != _RANKING  # the values the local sums or the weight / activation parts read
     iso = do_iso or part != _RANKING
     r = work.cast(0, ref)
