@@ -269,9 +269,10 @@ CAPTURE_RUN_BYTES = 1 << 30
 #: every tensor a search's trials measure, 22.5 MiB per line (of 192 MiB), and the alignment's value checks: 384 MiB
 #: keeps them (32 MiB a line; 256 MiB, 21 MiB a line, left the largest out: a forward of every line per lever)
 TUNE_REFERENCE_KEEP_BYTES = 384 << 20
-#: ``ivq tune``: the QNN HTP runners of one HTP trial, each running evaluation samples in its own thread (the x86 HTP
-#: emulation runs a session on one core: PP-OCRv4's a16w16 recognizer takes ~10 s of one core per line, the same
-#: with two sessions at once, bit for bit; 1: one after the other)
+#: ``ivq tune``: the QNN HTP runners of one HTP trial, the second in a worker process (``capture/worker.py``: the x86
+#: HTP emulation runs a session on one core, PP-OCRv4's a16w16 recognizer ~10 s of one core per line, and two
+#: sessions of one process take turns; in two processes two lines take the time of one, bit for bit; 1: one
+#: runner, the samples one after the other)
 TUNE_HTP_RUNNERS = 2
 #: ``ivq tune``: the run's cache of quantized models (one quantization per distinct setting: a lever's job and its
 #: re-run, a CPU-QDQ trial and its HTP check) holds at most this many times the float model's bytes, the least

@@ -43,6 +43,7 @@ from ivq_debug import comparator, defaults, interrupt
 from ivq_debug.api import compare
 from ivq_debug.capture.base import Selection, capture, make_runner
 from ivq_debug.capture.qnn_ep.session import qnn_ep_status
+from ivq_debug.capture.worker import ProcessRunner
 from ivq_debug.comparator.records import RecordwiseComparison
 from ivq_debug.console import track
 from ivq_debug.dump import Dump, open_dump
@@ -747,6 +748,8 @@ class Tuner:
             samples.close()  # (an early stop: the second runner finishes its sample and goes)
             if second is not None:
                 self._took("second_runner", samples.helped_s, len(samples.helped))
+                self.timings["second_runner_cpu_s"] = self.timings.get("second_runner_cpu_s", 0.0) \
+                    + samples.helped_cpu_s
         assert last is not None, "a tune has at least one evaluation input"
         per = [o for i in sorted(outs) for o in outs[i]]  # in sample order, whatever order they ran in
         if last is not held:
@@ -769,15 +772,17 @@ class Tuner:
                            verify=check, **self.qnn_session)
 
     def _second(self, qdq: Path, prof: Path, fallback: bool) -> Callable[[], Any] | None:
-        """A factory of a second HTP runner of a trial's model (:data:`~ivq_debug.defaults.TUNE_HTP_RUNNERS`): its
-        profile in ``<label>.profile.b.csv``, no exposure check (:meth:`_runner`).
+        """A factory of a second HTP runner of a trial's model (:data:`~ivq_debug.defaults.TUNE_HTP_RUNNERS`), in
+        this process's worker process (:class:`~ivq_debug.capture.worker.ProcessRunner`: two HTP sessions of one
+        process take turns): its profile in ``<label>.profile.b.csv``, no exposure check (:meth:`_runner`).
         None on CPU-QDQ (ORT runs a session on every core already), with a runner factory, or for one sample."""
         if self.backend != "qnn" or self.runner_factory is not None or len(self.feeds) < 2 \
                 or defaults.TUNE_HTP_RUNNERS < 2:
             return None
-        return lambda: make_runner("qnn", qdq, selection=Selection(), profiling_level="detailed",
-                                   profiling_path=prof.with_name(prof.stem + ".b.csv"), overwrite=True, verify=False,
-                                   allow_cpu_fallback=fallback, optimization=self.optimization, **self.qnn_session)
+        return lambda: ProcessRunner("qnn", qdq, path=f"<trial of {qdq.name}>", selection=Selection(),
+                                     profiling_level="detailed", profiling_path=prof.with_name(prof.stem + ".b.csv"),
+                                     overwrite=True, verify=False, allow_cpu_fallback=fallback,
+                                     optimization=self.optimization, **self.qnn_session)
 
     def calibrated(self) -> dict[str, tuple[float, float]]:
         """``{tensor: (min, max)}`` the calibration gave (the baseline's activation encodings, grid ranges): the
@@ -880,14 +885,16 @@ class _Samples:
     """The evaluation samples of a trial run into memory, yielded in ``order`` (default: sample order) as ``(i,
     record)`` (sample ``i``, one :class:`~ivq_debug.dump.memory.MemoryDump` each; the positions below are places
     in ``order``): on ``runner`` one after the other, or, given ``second`` (a
-    factory of a second runner of the same model), on both at once. The x86 HTP emulation runs a session on one
-    core (PP-OCRv4's a16w16 recognizer: ~10 s of one core per line), so two runners in two threads take about half
-    the time on two cores; each sample's record is its own run's, the same bits whichever runner made it.
+    factory of a second runner of the same model, a :class:`~ivq_debug.capture.worker.ProcessRunner`), on both at
+    once. The x86 HTP emulation runs a session on one core (PP-OCRv4's a16w16 recognizer: ~10 s of one core per
+    line) and two sessions of one process one at a time, so the second runner is in another process: two lines
+    take about the time of one on two cores; each sample's record is its own run's, the same bits whichever runner
+    made it.
 
     This thread schedules and runs ``runner``: it creates its sessions first (``runner.prepare()``: compiled, or
     loaded from the QNN context cache, and stored there) and runs sample 0 (its profile gives the trial's cycles);
-    the second runner is a one-thread :class:`~concurrent.futures.ThreadPoolExecutor` that makes it at its first
-    sample (its sessions loaded from the cache) and runs the samples this thread hands it, one at a time. Each
+    a one-thread :class:`~concurrent.futures.ThreadPoolExecutor` makes the second runner at its first
+    sample (its sessions loaded from the cache) and waits for the samples this thread hands it, one at a time. Each
     runner takes the next free sample, at most :attr:`AHEAD` past the awaited one (the second is handed its next
     before this one runs or a record is yielded, so it works during the comparison too). A second runner that
     cannot be made, exposes other tensors or fails a sample is not used again, and that sample is run again here, so
@@ -913,10 +920,15 @@ class _Samples:
         #: the samples the second runner ran, and its seconds running them
         self.helped: list[int] = []
         self.helped_s = 0.0
+        #: the CPU seconds of the second runner's process (a :class:`ProcessRunner`'s; 0 for one in this process)
+        self.helped_cpu_s = 0.0
 
-    def _run(self, runner: Any, sink: MemorySink, i: int) -> Any:
-        """The record of the sample at position ``i`` (:attr:`order`)."""
+    def _run(self, runner: Any, sink: MemorySink | None, i: int) -> Any:
+        """The record of the sample at position ``i`` (:attr:`order`); without ``sink``, ``runner`` records it
+        (:meth:`ProcessRunner.record`)."""
         s = self.order[i]
+        if sink is None:
+            return runner.record(self.feeds[s], sample=s, part=self.part, step=0)
         sink.begin_record(sample=s, part=self.part, step=0)
         runner.run(self.feeds[s], sink)
         return sink.take()
@@ -933,12 +945,13 @@ class _Samples:
         """Sample ``i`` on the second runner (in the pool's thread; made and prepared at its first sample)."""
         if self._other is None:
             self._other = self.second()  # type: ignore[misc]
-            self._other_sink = MemorySink(self._other.backend, self._other.info, path=self.sink.path)
             self._other.prepare()
+            if not hasattr(self._other, "record"):  # a runner in this process: its own sink
+                self._other_sink = MemorySink(self._other.backend, self._other.info, path=self.sink.path)
             if [s.output for s in self._other.sites] != [s.output for s in self.runner.sites]:
                 raise RuntimeError("the second runner exposes other tensors")
         t0 = time.perf_counter()
-        rec = self._run(self._other, self._other_sink, i)  # type: ignore[arg-type]
+        rec = self._run(self._other, self._other_sink, i)
         self.helped.append(self.order[i])
         self.helped_s += time.perf_counter() - t0
         return rec
@@ -993,6 +1006,7 @@ class _Samples:
             self._theirs = None
         if self._other is not None:
             self._other.close()
+            self.helped_cpu_s += getattr(self._other, "cpu_s", 0.0)
             self._other = None
 
 

@@ -172,8 +172,9 @@ def five(tmp_path_factory) -> dict:
 @needs_qnn
 def test_an_htp_trial_runs_its_samples_on_two_runners_with_the_figures_of_one(five, tmp_path: Path,
                                                                               monkeypatch) -> None:
-    """The emulated HTP runs a session on one core: a trial's samples run on two runners at once (two threads),
-    and every figure is the one of a single runner, to the bit (the live reference, the task metric too)."""
+    """The emulated HTP runs a session on one core: a trial's samples run on two runners at once (the second in the
+    worker process, ``capture/worker.py``), and every figure is the one of a single runner, to the bit (the live
+    reference, the task metric too)."""
     import threading
 
     from ivq_debug import defaults
