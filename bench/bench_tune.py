@@ -152,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads((run / "tune.json").read_text()) if (run / "tune.json").exists() else {}
         s = doc.get("search") or {}
         trials = _trials(run)
-        # the tune's CPU and its HTP worker's (a forkserver child: not in the tune's own rusage)
-        worker_cpu = (doc.get("timings") or {}).get("second_runner_cpu_s", 0.0)
-        r = {"exit": m.returncode, "wall_s": round(m.seconds, 1), "cpu_s": round(m.cpu_seconds + worker_cpu, 1),
-             "worker_cpu_s": worker_cpu,
+        r = {"exit": m.returncode, "wall_s": round(m.seconds, 1), "cpu_s": round(m.cpu_seconds, 1),
              "peak_rss_mib": round(m.peak_rss / MiB),
              "workdir_peak_mib": round(size.peak / MiB, 1), "workdir_kept_mib": round(_du(run) / MiB, 1),
              "chosen": s.get("chosen"), "command": s.get("command"), "frontier": s.get("frontier"),

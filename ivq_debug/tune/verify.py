@@ -891,18 +891,19 @@ class _Samples:
     take about the time of one on two cores; each sample's record is its own run's, the same bits whichever runner
     made it.
 
-    This thread schedules and runs ``runner``: it creates its sessions first (``runner.prepare()``: compiled, or
-    loaded from the QNN context cache, and stored there) and runs sample 0 (its profile gives the trial's cycles);
-    a one-thread :class:`~concurrent.futures.ThreadPoolExecutor` makes the second runner at its first
-    sample (its sessions loaded from the cache) and waits for the samples this thread hands it, one at a time. Each
-    runner takes the next free sample, at most :attr:`AHEAD` past the awaited one (the second is handed its next
-    before this one runs or a record is yielded, so it works during the comparison too). A second runner that
-    cannot be made, exposes other tensors or fails a sample is not used again, and that sample is run again here, so
-    a failure is the first runner's, as without it. :meth:`close` (after the last sample read, an early stop or an
-    error) lets the second runner finish its sample and joins it."""
+    With one runner, this thread runs it. With two, this thread only schedules: it creates the first runner's
+    sessions (``runner.prepare()``: compiled, or loaded from the QNN context cache, and stored there), then each
+    runner waits for its samples in a one-thread :class:`~concurrent.futures.ThreadPoolExecutor` of its own (the
+    second made at its first sample, its sessions loaded from the cache); sample 0 is the first runner's (its
+    profile gives the trial's cycles). Each idle runner takes the next free sample, at most :attr:`AHEAD` past the
+    awaited one, and the second is handed its next before a record is yielded, so it works during the comparison
+    too; as a runner finishes, the other one's record is yielded if it is the awaited one, so neither waits for the
+    other. A second runner that cannot be made, exposes other tensors or fails a sample is not used again, and that
+    sample is run again on the first, so a failure is the first runner's, as without it. :meth:`close` (after the
+    last sample read, an early stop or an error) lets both finish their sample, joins them and closes the second."""
 
     #: how many samples a runner runs past the one the comparison awaits (records held in memory; 1 keeps both
-    #: runners busy, and an early stop waits for at most the one sample the second runner started with it)
+    #: runners busy, and an early stop waits for at most the one sample each runner started with it)
     AHEAD = 1
 
     def __init__(self, runner: Any, sink: MemorySink, feeds: Sequence[dict[str, np.ndarray]], part: str,
@@ -913,9 +914,11 @@ class _Samples:
         if sorted(self.order) != list(range(len(self.feeds))):
             raise ValueError(f"the sample order {self.order} is not a permutation of {len(self.feeds)} samples")
         self._use = second is not None and len(self.feeds) > 1  # False once the second runner is not used
-        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-second-runner") if self._use else None
-        self._theirs: tuple[int, cf.Future] | None = None  # the sample the second runner has, and its record
-        self._other: Any = None  # the second runner and its sink, once made (in the pool's thread)
+        two = self._use
+        self._pools = {"first": cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-first-runner"),
+                       "second": cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-second-runner")} if two else {}
+        self._busy: dict[str, tuple[int, cf.Future]] = {}  # runner -> the position it runs, and its record
+        self._other: Any = None  # the second runner and its sink, once made (in its pool's thread)
         self._other_sink: MemorySink | None = None
         #: the samples the second runner ran, and its seconds running them
         self.helped: list[int] = []
@@ -934,7 +937,7 @@ class _Samples:
         return sink.take()
 
     def _mine(self, i: int) -> Any:
-        """Sample ``i`` on this thread's runner: its record, or its exception (raised when ``i`` is awaited: a
+        """Sample ``i`` on the first runner: its record, or its exception (raised when ``i`` is awaited: a
         sample run ahead fails where one after the other would, after the samples before it)."""
         try:
             return self._run(self.runner, self.sink, i)
@@ -942,7 +945,7 @@ class _Samples:
             return e
 
     def _theirs_run(self, i: int) -> Any:
-        """Sample ``i`` on the second runner (in the pool's thread; made and prepared at its first sample)."""
+        """Sample ``i`` on the second runner (in its pool's thread; made and prepared at its first sample)."""
         if self._other is None:
             self._other = self.second()  # type: ignore[misc]
             self._other.prepare()
@@ -956,38 +959,65 @@ class _Samples:
         self.helped_s += time.perf_counter() - t0
         return rec
 
-    def _hand(self, i: int, want: int) -> int:
-        """Hand sample ``i`` to an idle second runner when it is free and within reach; the next free sample."""
-        if self._use and self._theirs is None and i < min(len(self.feeds), want + self.AHEAD + 1):
-            self._theirs = (i, self._pool.submit(self._theirs_run, i))  # type: ignore[union-attr]
-            return i + 1
-        return i
+    def _give(self, who: str, i: int) -> None:
+        fn = self._mine if who == "first" else self._theirs_run
+        self._busy[who] = (i, self._pools[who].submit(fn, i))
+
+    def _collect(self, mine: dict[int, Any], redo: list[int]) -> None:
+        """The records of the runners that finished; a sample the second runner failed goes to ``redo``."""
+        for who, (i, f) in list(self._busy.items()):
+            if not f.done():
+                continue
+            del self._busy[who]
+            if who == "first" or f.exception() is None:
+                mine[i] = f.result()
+            else:  # not used again; the sample runs on the first (a failure is the first runner's)
+                self._use = False
+                redo.append(i)
+
+    def _dispatch(self, free: int, reach: int, redo: list[int], second_only: bool = False) -> int:
+        """Give idle runners the samples before position ``reach`` (``redo`` first); the next free position."""
+        for who in ("second",) if second_only else ("first", "second"):
+            if who in self._busy or (who == "second" and not self._use):
+                continue
+            if who == "first" and redo:
+                self._give(who, redo.pop(0))
+            elif free < min(len(self.feeds), reach):
+                self._give(who, free)
+                free += 1
+        return free
+
+    def _one(self) -> Iterator[tuple[int, Any]]:
+        """One runner, in this thread."""
+        for i in range(len(self.feeds)):
+            interrupt.raise_if_signalled()
+            rec = self._mine(i)
+            if isinstance(rec, Exception):
+                raise rec
+            yield self.order[i], rec
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        n, free = len(self.feeds), 0  # free: the next sample nobody has taken
-        mine: dict[int, Any] = {}  # records (or exceptions) not yielded yet, the second runner's once collected
+        if not self._use:
+            yield from self._one()
+            return
+        n, free = len(self.feeds), 0  # free: the next position nobody has taken
+        mine: dict[int, Any] = {}  # records (or exceptions) not yielded yet
+        redo: list[int] = []  # positions the second runner failed, for the first
         try:
-            if self._use:
-                self.runner.prepare()  # its sessions, compiled or loaded (and cached for the second runner)
+            self.runner.prepare()  # its sessions, compiled or loaded (and cached for the second runner)
+            self._give("first", 0)
+            free = 1
             for want in range(n):
                 while want not in mine:
                     interrupt.raise_if_signalled()
-                    if self._theirs is not None and self._theirs[1].done():  # the second runner's record is in
-                        (i, f), self._theirs = self._theirs, None
-                        if f.exception() is None:
-                            mine[i] = f.result()
-                        else:  # not used again; the sample runs here (a failure is the first runner's)
-                            self._use = False
-                            mine[i] = self._mine(i)
-                    elif free < min(n, want + self.AHEAD + 1):  # this runner takes the next free sample
-                        j, free = free, self._hand(free + 1, want)
-                        mine[j] = self._mine(j)
-                    else:  # the awaited sample is the second runner's
-                        cf.wait([self._theirs[1]], timeout=1.0)  # type: ignore[index]
+                    free = self._dispatch(free, want + self.AHEAD + 1, redo)
+                    cf.wait([f for _, f in self._busy.values()], timeout=1.0, return_when=cf.FIRST_COMPLETED)
+                    self._collect(mine, redo)
+                interrupt.raise_if_signalled()
                 rec = mine.pop(want)
                 if isinstance(rec, Exception):
                     raise rec
-                free = self._hand(free, want + 1)
+                free = self._dispatch(free, want + self.AHEAD + 2, redo, second_only=True)
                 yield self.order[want], rec
         finally:
             for rec in mine.values():
@@ -996,14 +1026,13 @@ class _Samples:
             self.close()
 
     def close(self) -> None:
-        """Let the second runner finish its sample, join it, drop the record nobody read, close the runner."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._theirs is not None:
-            f = self._theirs[1]
-            if not f.cancelled() and f.exception() is None:
+        """Let both runners finish their sample, join them, drop the records nobody read, close the second."""
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        for _i, f in self._busy.values():
+            if not f.cancelled() and f.exception() is None and not isinstance(f.result(), Exception):
                 f.result().close()
-            self._theirs = None
+        self._busy = {}
         if self._other is not None:
             self._other.close()
             self.helped_cpu_s += getattr(self._other, "cpu_s", 0.0)

@@ -56,10 +56,12 @@ def test_the_worker_records_what_this_process_records(qdq) -> None:
     for a, b in zip(here, got, strict=True):
         assert _tensors(a) == _tensors(b)  # dtype, shape and bytes of every tensor
         assert a.record_keys() == b.record_keys() and a.records["meta"].tolist() == b.records["meta"].tolist()
-    # the worker stays for the next runner
+    # the worker stays for the next runner; Ctrl-C (SIGINT to the process group) is the parent's to handle
+    os.kill(there.pid, signal.SIGINT)
     again = ProcessRunner("onnx", qdq["model"], selection=Selection(), optimization="disable")
     again.prepare()
     assert again.pid == there.pid
+    assert _tensors(again.record(qdq["feeds"][0], sample=0)) == _tensors(here[0])
     again.close()
 
 
@@ -74,5 +76,16 @@ def test_a_worker_that_dies_raises_and_the_next_runner_starts_another(qdq) -> No
     rec = nxt.record(qdq["feeds"][0])  # (prepared at its first record)
     assert nxt.pid not in (None, r.pid) and len(rec.tensors()) > 3
     nxt.close()
-    worker.shutdown()
+    proc = worker._WORKER.proc
+    worker.shutdown()  # the worker exits once its socket closes
+    assert proc.returncode == 0
     worker.shutdown()  # nothing left to stop
+
+
+def test_a_failure_in_the_worker_is_named_and_the_worker_serves_on(qdq, tmp_path) -> None:
+    bad = ProcessRunner("onnx", tmp_path / "missing.onnx", path="<missing>", selection=Selection())
+    with pytest.raises(RuntimeError, match=r"the worker process of <missing>: .*missing\.onnx"):
+        bad.prepare()
+    ok = ProcessRunner("onnx", qdq["model"], selection=Selection(), optimization="disable")
+    assert len(ok.record(qdq["feeds"][0]).tensors()) > 3 and ok.cpu_s > 0
+    ok.close()

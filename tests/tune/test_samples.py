@@ -75,8 +75,8 @@ def _runner(qdq: dict, name: str, log: list, fail: tuple[int, ...] = (), selecti
 
 def _samples(qdq: dict, log: list, fail_a: tuple[int, ...] = (), fail_b: tuple[int, ...] = (),
              second: Any = "same", b_s: float = RUN_S, got: list | None = None, made: list | None = None,
-             order: list[int] | None = None) -> _Samples:
-    a = _runner(qdq, "a", log, fail_a, got=got)
+             order: list[int] | None = None, a_s: float = RUN_S) -> _Samples:
+    a = _runner(qdq, "a", log, fail_a, got=got, run_s=a_s)
     if made is not None:
         made.append(a)
 
@@ -143,11 +143,30 @@ def test_no_sample_runs_more_than_ahead_of_the_awaited_one(qdq) -> None:
         rec.close()
     assert got == list(range(N))
     starts = [x for r in made for x in r.starts]
-    # the first runner runs in the consumer's thread: while it awaits sample c, it runs c + AHEAD at most
+    # the first runner: while the consumer awaits sample c, it runs c + AHEAD at most
     assert all(j <= c + s.AHEAD for name, j, c in starts if name == "a"), starts
     assert any(j == c + s.AHEAD for name, j, c in starts if name == "a"), starts  # and it does run ahead
     # the second is handed its sample before a record is yielded (awaited c + 1)
     assert all(j <= c + 1 + s.AHEAD for name, j, c in starts if name == "b"), starts
+
+
+def test_the_awaited_record_of_one_runner_is_yielded_while_the_other_runs(qdq) -> None:
+    """A slow first runner (5x): the second runner's records are compared while the first still runs its sample,
+    and the second takes most samples (each runner in a thread of its own: neither waits for the other)."""
+    log: list = []
+    s = _samples(qdq, log, a_s=5 * RUN_S)
+    for i, rec in s:
+        log.append(("consumer", "got", i))
+        rec.close()
+    running: set[int] = set()
+    during = []
+    for name, ev, i in log:
+        if name == "a" and ev in ("run", "done"):
+            (running.add if ev == "run" else running.discard)(i)
+        elif name == "consumer" and running:
+            during.append(i)
+    assert during and len(_ran(log, "b")) > N // 2, log
+    assert [i for name, _, i in log if name == "consumer"] == list(range(N))
 
 
 def test_the_second_runner_works_during_the_comparison(qdq) -> None:
