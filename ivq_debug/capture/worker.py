@@ -97,7 +97,8 @@ class _Worker:
         root = str(Path(__file__).resolve().parents[2])  # the folder holding this ivq_debug
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         self.proc = subprocess.Popen([sys.executable, "-m", "ivq_debug.capture.worker", str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                                     pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                                     stdout=2)  # (its console lines on stderr: this process's stdout is its own)
         theirs.close()
         self.conn = Connection(os.dup(mine.fileno()))
         mine.close()
