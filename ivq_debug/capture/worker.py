@@ -14,9 +14,9 @@ it by token, each with its own :class:`~ivq_debug.dump.memory.MemorySink`, and s
 socket pair (:class:`multiprocessing.connection.Connection`). A record crosses as the
 :class:`~ivq_debug.dump.memory.MemoryDump` the worker's sink gives (its arrays pickled as they are: the same bytes,
 ``tests/capture/test_worker.py``); that is the only data the parent reads from it, made by this package in its own
-child, not a file. Ctrl-C reaches the worker too (the terminal's process group): it ignores SIGINT and finishes
-its call, as the thread it replaces did, and the parent handles the signal; the worker ends when the parent's end
-of the socket closes.
+child, not a file. The worker is in a process group of its own, so the terminal's Ctrl-C reaches only the parent,
+which handles it (as it did with the thread this replaces: the call in progress finishes); the worker ends when the
+parent's end of the socket closes (the parent's exit included, a killed one too: at most after its call).
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class _Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         self.proc = subprocess.Popen([sys.executable, "-m", "ivq_debug.capture.worker", str(theirs.fileno())],
                                      pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                                     stdout=2)  # (its console lines on stderr: this process's stdout is its own)
+                                     stdout=2,  # (its console lines on stderr: this process's stdout is its own)
+                                     process_group=0)  # (the terminal's Ctrl-C is this process's to handle)
         theirs.close()
         self.conn = Connection(os.dup(mine.fileno()))
         mine.close()
@@ -134,7 +135,10 @@ _TOKENS = iter(range(1, sys.maxsize))
 def _worker() -> _Worker:
     global _WORKER
     with _LOCK:
-        if _WORKER is None or _WORKER.dead is not None:
+        if _WORKER is not None and _WORKER.dead is not None:
+            _WORKER.stop()  # (reaped)
+            _WORKER = None
+        if _WORKER is None:
             _WORKER = _Worker()
         return _WORKER
 
