@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,34 @@ def test_a_failure_in_the_worker_is_named_and_the_worker_serves_on(qdq, tmp_path
     ok = ProcessRunner("onnx", qdq["model"], selection=Selection(), optimization="disable")
     assert len(ok.record(qdq["feeds"][0]).tensors()) > 3 and ok.cpu_s > 0
     ok.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_worker_ends_with_its_parent(qdq, sig) -> None:
+    """A parent killed (SIGTERM: exits through Python; SIGKILL: its socket closed by the system) leaves no worker."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time\n"
+            "from ivq_debug.capture.base import Selection\n"
+            "from ivq_debug.capture.worker import ProcessRunner\n"
+            f"r = ProcessRunner('onnx', {str(qdq['model'])!r}, selection=Selection())\n"
+            "r.prepare()\n"
+            "print(r.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+    pid = int(parent.stdout.readline())
+    os.kill(pid, 0)  # the worker runs
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+    for _ in range(100):  # (its own child: reaped by init once it exits)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the worker {pid} outlived its parent ({sig!r})")
