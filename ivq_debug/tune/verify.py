@@ -948,9 +948,9 @@ class _Samples:
         """Sample ``i`` on the second runner (in its pool's thread; made and prepared at its first sample)."""
         if self._other is None:
             self._other = self.second()  # type: ignore[misc]
-            self._other.prepare()
             if not hasattr(self._other, "record"):  # a runner in this process: its own sink
                 self._other_sink = MemorySink(self._other.backend, self._other.info, path=self.sink.path)
+            self._other.prepare()
             if [s.output for s in self._other.sites] != [s.output for s in self.runner.sites]:
                 raise RuntimeError("the second runner exposes other tensors")
         t0 = time.perf_counter()
