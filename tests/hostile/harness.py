@@ -35,6 +35,11 @@ REPO = Path(__file__).resolve().parents[2]
 OUTCOMES = ("signal", "hang", "traceback", "clobbered input", "outside read", "wrong exit", "not one line",
             "unescaped", "leftovers", "broken case")
 
+#: what others leave in TMPDIR, not the tool: ``.ses``, the session file ONNX Runtime's telemetry (the 1DS SDK in
+#: ``libonnxruntime.so``) writes there when a process imports ``onnxruntime`` (``TMPDIR=d python -c "import
+#: onnxruntime"`` leaves ``d/.ses``). The cases run in processes forked from a zygote that imported it already; a
+#: child the tool starts (the HTP worker of ``ivq tune``, ``capture/worker.py``) imports it afresh.
+TMP_OTHERS = frozenset({".ses"})
 #: characters that must never reach a terminal or a report raw: C0 controls but tab/newline, DEL, C1
 _RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -416,7 +421,7 @@ def judge(r: Result, ws: Workspace, before: dict[str, str], atimes: dict[str, fl
     new = sorted(k for k in after if k not in before and not _matches(k, case.creates))
     if new:
         add(("leftovers", ", ".join(new[:5])))
-    tmp_left = sorted(os.listdir(ws.tmp))
+    tmp_left = sorted(set(os.listdir(ws.tmp)) - TMP_OTHERS)
     if tmp_left:
         add(("leftovers", "TMPDIR: " + ", ".join(tmp_left[:5])))
 
