@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -85,7 +86,10 @@ def serve(fd: int) -> None:
             out: tuple[bool, Any] = (True, calls[name](*args))
         except Exception as e:  # (said to the parent, which decides)
             out = (False, f"{type(e).__name__}: {e}")
-        conn.send((*out, time.process_time() - c0))
+        try:
+            conn.send((*out, time.process_time() - c0))
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # (pickled before a byte is sent)
+            conn.send((False, f"cannot send the result of {name}: {type(e).__name__}: {e}", 0.0))
 
 
 # ---------------------------------------------------------------------------------------------- the parent's side
@@ -115,6 +119,10 @@ class _Worker:
                 except (EOFError, OSError) as e:
                     code = self.proc.poll()
                     self.dead = f"exit {code}" if code is not None else type(e).__name__
+                except BaseException:  # (a signal between a call and its answer: the next answer is not ours)
+                    self.dead = "interrupted"
+                    self.proc.kill()
+                    raise
             raise BrokenPipeError(self.dead)
 
     def stop(self) -> None:
