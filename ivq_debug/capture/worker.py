@@ -60,9 +60,7 @@ class _Served:
 
     def record(self, token: int, feeds: dict[str, Any], sample: int, part: str, step: int) -> Any:
         runner, sink = self.open[token]
-        sink.begin_record(sample=sample, part=part, step=step)
-        runner.run(feeds, sink)
-        return sink.take()
+        return sink.record(runner, feeds, sample, part, step)
 
     def close(self, token: int) -> None:
         got = self.open.pop(token, None)

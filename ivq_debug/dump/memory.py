@@ -127,6 +127,12 @@ class MemorySink(RecordBook):
         return got[1]
 
     # ---------------------------------------------------------------- handing over
+    def record(self, runner: Any, feeds: Any, sample: int = 0, part: str = "model", step: int = 0) -> MemoryDump:
+        """One run of ``runner`` on ``feeds`` as record (``sample``, ``part``, ``step``), taken (:meth:`take`)."""
+        self.begin_record(sample=sample, part=part, step=step)
+        runner.run(feeds, self)
+        return self.take()
+
     def take(self) -> MemoryDump:
         """The records so far as a :class:`MemoryDump`; the sink starts empty again (the tables, ``/meta`` and
         backend info stay: a runner writes them once per capture)."""

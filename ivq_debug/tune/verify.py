@@ -470,9 +470,7 @@ class Tuner:
             out: dict[str, tuple[float, float]] = {}
             for i, feeds in enumerate(samples):
                 interrupt.raise_if_signalled()
-                sink.begin_record(sample=i, part=self.part, step=0)
-                runner.run(feeds, sink)
-                d = sink.take()
+                d = sink.record(runner, feeds, i, self.part)
                 for e in [*d.tensors(), *d.tensors(kind="input")]:
                     st = tensor_stats(d.read(e))
                     lo, hi = st.get("min"), st.get("max")
@@ -914,9 +912,9 @@ class _Samples:
         if sorted(self.order) != list(range(len(self.feeds))):
             raise ValueError(f"the sample order {self.order} is not a permutation of {len(self.feeds)} samples")
         self._use = second is not None and len(self.feeds) > 1  # False once the second runner is not used
-        two = self._use
         self._pools = {"first": cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-first-runner"),
-                       "second": cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-second-runner")} if two else {}
+                       "second": cf.ThreadPoolExecutor(1, thread_name_prefix="ivq-tune-second-runner")
+                       } if self._use else {}
         self._busy: dict[str, tuple[int, cf.Future]] = {}  # runner -> the position it runs, and its record
         self._other: Any = None  # the second runner and its sink, once made (in its pool's thread)
         self._other_sink: MemorySink | None = None
@@ -931,10 +929,8 @@ class _Samples:
         (:meth:`ProcessRunner.record`)."""
         s = self.order[i]
         if sink is None:
-            return runner.record(self.feeds[s], sample=s, part=self.part, step=0)
-        sink.begin_record(sample=s, part=self.part, step=0)
-        runner.run(self.feeds[s], sink)
-        return sink.take()
+            return runner.record(self.feeds[s], sample=s, part=self.part)
+        return sink.record(runner, self.feeds[s], s, self.part)
 
     def _mine(self, i: int) -> Any:
         """Sample ``i`` on the first runner: its record, or its exception (raised when ``i`` is awaited: a
