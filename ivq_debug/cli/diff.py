@@ -12,13 +12,13 @@ verdict line says why a run passed or failed (:mod:`ivq_debug.diagnose.verdict`)
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, NoReturn
 
 from ivq_debug import __version__, defaults
 from ivq_debug.api import compare
 from ivq_debug.arrays import read_arrays
 from ivq_debug.cli import cmd_capture
-from ivq_debug.cli.common import check_args, comma_list, escape, run, write_json
+from ivq_debug.cli.common import check_args, comma_list, escape, exit_with, write_json
 from ivq_debug.cli.render import FORMATS, comparison_report, emit, print_line, resolve_format
 from ivq_debug.comparator import Budgets, Comparison, regressions_against
 from ivq_debug.console import results
@@ -201,9 +201,9 @@ def _main(argv: list[str]) -> int:
     return execute_diff(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
-    raise SystemExit(run("ivq-diff", _main, argv))
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point (:func:`~ivq_debug.cli.common.exit_with`)."""
+    exit_with("ivq-diff", _main, argv)
 
 
 if __name__ == "__main__":

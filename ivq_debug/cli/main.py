@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any
+from typing import Any, NoReturn
 
 from ivq_debug import __version__
-from ivq_debug.cli.common import check_args, run
+from ivq_debug.cli.common import check_args, exit_with
 from ivq_debug.errors import UsageError
 
 #: subcommand → (module, help); each module defines ``add_arguments(parser)`` and ``execute(args) -> int``
@@ -68,9 +68,9 @@ def _main(argv: list[str]) -> int:
     return module.execute(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
-    raise SystemExit(run("ivq", _main, argv))
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point (:func:`~ivq_debug.cli.common.exit_with`)."""
+    exit_with("ivq", _main, argv)
 
 
 if __name__ == "__main__":
