@@ -8,12 +8,14 @@ that want one stage alone. The CLI is a script of these calls.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from threading import Event
 from types import SimpleNamespace
@@ -33,6 +35,7 @@ from ivq_debug.diagnose.verdict import build_verdict
 from ivq_debug.dump import Dump, open_dump
 from ivq_debug.errors import UsageError
 from ivq_debug.executor import Executor
+from ivq_debug.forked import fork_call
 from ivq_debug.onnxgraph.load import Model, load
 
 #: ``ivq.diagnose`` backends: the replay's runner backend for each
@@ -201,26 +204,42 @@ def diagnose(
     """
     if backend not in REPLAY_BACKENDS:
         raise UsageError(f"unknown replay backend {backend!r} ({', '.join(REPLAY_BACKENDS)})")
+    factory = replay_factory(backend, **runner_options)
+    # on the exact CPU path the comparison runs beside the replay: in a child forked before any file is open
+    # (forked.py), else in a thread (_PendingComparison)
+    child = (_ForkedComparison.start(ref, test, allow_input_mismatch)
+             if factory is None and not isinstance(ref, Dump) and not isinstance(test, Dump) else None)
+    try:
+        return _diagnose(ref, test, model, factory, child, float_model=float_model, record=record, nodes=nodes,
+                         attribution=attribution, budget_sqnr_db=budget_sqnr_db, lift=lift,
+                         allow_input_mismatch=allow_input_mismatch, executor=executor, shards=shards,
+                         progress=progress)
+    finally:
+        if child is not None:
+            child.close()
+
+
+def _diagnose(ref: Any, test: Any, model: Any, factory: Any, child: _ForkedComparison | None, *, float_model: Any,
+              record: Any, nodes: Any, attribution: str, budget_sqnr_db: float | None, lift: bool,
+              allow_input_mismatch: bool, executor: Executor | None, shards: Any, progress: bool) -> ReplayResult:
+    """:func:`diagnose` once its runner factory is known and its comparison's child (if any) forked."""
     ref_d = ref if isinstance(ref, Dump) else open_dump(ref)
     test_d = test if isinstance(test, Dump) else open_dump(test)
     qdq = load(model)
     fmodel = load(float_model) if float_model is not None else None
-    factory = replay_factory(backend, **runner_options)
-    # the cumulative error of the replayed records only (the first record holding the model's inputs by default: a
-    # session dump's vision record for the vision part), every record with "all"
-    keys = set(replay_records(qdq, ref_d, record))
-    only = (lambda k: k in keys) if keys & set(test_d.record_keys()) else None
+    keys = _replayed(qdq, ref_d, test_d, record)
+    only = None if keys is None else keys.__contains__
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
-        # the encoding fit is left to the replay, which reads it only when no unit breaks the budget
-        cmp_args = dict(records=only, only_records=True, allow_input_mismatch=allow, diagnose=False, fit=False)
+        cmp_args = _cmp_args(only, allow)
         if factory is not None:  # another backend: the comparison first, then the replay
             cmp = compare(reference, test_d, **cmp_args)
             return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
                           budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
                           lift=lift, executor=executor, shards=shards, progress=progress)
         with ThreadPoolExecutor(1, thread_name_prefix="ivq-compare") as pool:
-            cmp = _PendingComparison.start(pool, reference, test_d, **cmp_args)
+            cmp = (child.pending(reference, test_d, keys, allow) if child is not None and reference is ref_d else
+                   _PendingComparison.start(pool, reference, test_d, **cmp_args))
             return replay(qdq, reference, record=record, runner_factory=factory, cumulative=cmp,
                           budget_sqnr_db=budget_sqnr_db, nodes=nodes, attribution=attribution, float_model=fmodel,
                           lift=lift, executor=executor, shards=shards, progress=progress)
@@ -236,6 +255,88 @@ def diagnose(
             shutil.rmtree(tmp, ignore_errors=True)
         r.note = note
     return r
+
+
+def _replayed(qdq: Model, ref_d: Dump, test_d: Dump, record: Any) -> set[Any] | None:
+    """The records of the cumulative comparison: those the replay replays (the first record holding the model's
+    inputs by default: a session dump's vision record for the vision part; every record with "all"), as keys
+    ``(sample, part, step)``; None (every record) when the test dump has none of them."""
+    keys = set(replay_records(qdq, ref_d, record))
+    return keys if keys & set(test_d.record_keys()) else None
+
+
+def _cmp_args(only: Any, allow: bool) -> dict[str, Any]:
+    """:func:`compare`'s options in :func:`diagnose` (the encoding fit is left to the replay, which reads it only
+    when no unit breaks the budget)."""
+    return dict(records=only, only_records=True, allow_input_mismatch=allow, diagnose=False, fit=False)
+
+
+class _ForkedComparison:
+    """The comparison of :func:`diagnose` in a forked child (:mod:`ivq_debug.forked`), forked at the start of
+    :func:`diagnose`, only when this process runs no other thread (a lock another thread held would stay held in the
+    child). The child opens the two dumps while the parent loads the model, then takes the replayed records from
+    the parent, checks the contract and compares as the thread of :class:`_PendingComparison` does, sending the
+    aligned pairs once aligned and then the comparison (its dumps left out: the parent's are put back)."""
+
+    def __init__(self, forked: Any) -> None:
+        self.forked = forked
+
+    @classmethod
+    def start(cls, ref: Any, test: Any, allow: bool) -> _ForkedComparison | None:
+        """The child comparing the dumps at ``ref`` and ``test``, or None (no fork on this platform, or other
+        threads in this process)."""
+        if threading.active_count() > 1:
+            return None
+
+        def compared(channel: Any) -> None:
+            ref_d, test_d = open_dump(ref), open_dump(test)
+            _, keys = channel.recv()  # the replayed records (:func:`_replayed`)
+            only = None if keys is None else keys.__contains__
+            cmp_args = {k: v for k, v in _cmp_args(only, allow).items() if k != "allow_input_mismatch"}
+            ref_d, test_d, _, contract, _ = contracted(ref_d, test_d, None, allow, only)
+
+            def select(pairs: list[Any]) -> list[Any]:
+                channel.send("pairs", pairs)
+                return pairs
+
+            cmp = _compared(ref_d, test_d, None, contract, None, k=None, fail_on=defaults.DIFF_FAIL_ON,
+                            select=select, progress=False, **cmp_args)
+            channel.send("comparison", dataclasses.replace(cmp, ref=None, test=None))
+
+        forked = fork_call(compared)
+        return cls(forked) if forked is not None else None
+
+    def pending(self, ref_d: Dump, test_d: Dump, keys: set[Any] | None, allow: bool) -> _PendingComparison:
+        """The comparison as :class:`_PendingComparison` gives it, read from the child in a thread, of the records
+        ``keys`` (None: every record). The contract is checked here first (a broken one stops the diagnose before
+        any replay, as the thread's does)."""
+        only = None if keys is None else keys.__contains__
+        contracted(ref_d, test_d, None, allow, only)
+        self.forked.send("records", keys)
+        fut: Future[Any] = Future()
+        aligned = Event()
+        pairs: list[Any] = []
+
+        def read() -> None:
+            try:
+                while True:
+                    kind, value = self.forked.recv()
+                    if kind == "pairs":
+                        pairs.extend(value)
+                        aligned.set()
+                    else:
+                        value.ref, value.test = ref_d, test_d
+                        fut.set_result(value)
+                        return
+            except BaseException as e:  # raised where the comparison is read
+                fut.set_exception(e)
+
+        threading.Thread(target=read, name="ivq-compare-child", daemon=True).start()
+        return _PendingComparison(fut, aligned, pairs, ref_d, test_d)
+
+    def close(self) -> None:
+        """End the child (done or not) and reap it."""
+        self.forked.close()
 
 
 class _PendingComparison:

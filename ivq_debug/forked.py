@@ -1,0 +1,107 @@
+"""A call in a forked child of this process, its messages read back as it sends them.
+
+``ivq diagnose`` compares its two dumps (the alignment, then the metrics of every pair) beside its replay. That work
+is Python under the GIL: in a thread of the same process it took turns with the replay's own Python (the reference
+reads, the sums, the table), and the replay waited for the alignment. A forked child is this process as it was at
+the fork, its imports done, with a GIL of its own: it starts at once, on the core the parent's start leaves idle
+(``docs/scale.md``, eighth pass).
+
+The child runs ``fn(channel)`` and ends with ``os._exit`` (no ``atexit`` handler, no buffered output and no temporary
+file of the parent's is touched); the parent and the child each ``send(kind, value)`` and ``recv()`` the other's
+messages over a socket pair, in order. What ``fn`` raises comes back as ``("error", exception)`` and the parent's
+:meth:`Channel.recv` raises it. The messages are our own
+child's data over a socket (:class:`multiprocessing.connection.Connection`), never a file. The child ignores SIGINT
+(the terminal's Ctrl-C is the parent's to handle); the parent's :meth:`Forked.close` kills and reaps it, and a child
+whose parent has gone ends at its next send. Fork the child before this process opens the files it reads (an HDF5
+file open across a fork is shared with the child) and before it starts threads of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import warnings
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class Channel:
+    """One end of the socket pair: ``(kind, value)`` messages, pickled, in order."""
+
+    def __init__(self, conn: Connection, other: str) -> None:
+        self._conn: Connection | None = conn
+        self._other = other
+
+    def send(self, kind: str, value: Any = None) -> None:
+        """Send a message to the other end."""
+        if self._conn is None:
+            raise EOFError(f"the channel to the {self._other} is closed")
+        self._conn.send((kind, value))
+
+    def recv(self) -> tuple[str, Any]:
+        """The other end's next ``(kind, value)``; raises what the child's call raised (``kind == "error"``), or
+        :class:`EOFError` when the other end ended without a word."""
+        if self._conn is None:
+            raise EOFError(f"the channel to the {self._other} is closed")
+        try:
+            kind, value = self._conn.recv()
+        except (OSError, EOFError) as e:
+            raise EOFError(f"the {self._other} ended before its answer ({e or 'end of file'})") from None
+        if kind == "error":
+            raise value
+        return kind, value
+
+
+class Forked(Channel):
+    """The parent's end: the channel to the child, then its reaping."""
+
+    def __init__(self, pid: int, conn: Connection) -> None:
+        super().__init__(conn, f"child (pid {pid})")
+        self.pid = pid
+
+    def close(self) -> None:
+        """Kill the child if it still runs, and reap it."""
+        if self._conn is None:
+            return
+        self._conn.close()
+        self._conn = None
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
+    """Run ``fn(channel)`` in a forked child (module docstring); None where this platform cannot fork."""
+    if not hasattr(os, "fork"):
+        return None
+    parent, child = socket.socketpair()
+    with warnings.catch_warnings():  # (Python 3.12+ warns of a fork beside native threads: BLAS's, idle here)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            parent.close()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            channel = Channel(Connection(child.detach()), "parent")
+            try:
+                fn(channel)
+            except BaseException as e:  # every failure goes back to the parent
+                try:
+                    channel.send("error", e)
+                except Exception:  # an exception that cannot be pickled: its text
+                    channel.send("error", RuntimeError(f"{type(e).__name__}: {e}"))
+        except BaseException:  # the parent has gone: nothing to tell
+            code = 1
+        finally:
+            os._exit(code)
+    child.close()
+    return Forked(pid, Connection(parent.detach()))

@@ -1,0 +1,95 @@
+"""``ivq_debug.forked``: a call in a forked child, its messages both ways in order, its errors raised in the parent,
+and the child always reaped."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from ivq_debug.errors import InputError
+from ivq_debug.forked import fork_call
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` is no child of this process any more (reaped)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_messages_go_both_ways_in_order_and_the_child_is_reaped() -> None:
+    parent_pid = os.getpid()
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    def child(ch) -> None:
+        _, n = ch.recv()
+        for i in range(n):
+            ch.send("item", (i, os.getpid() != parent_pid))
+        ch.send("array", arr * 2)  # the parent's memory as it was at the fork, then computed on
+
+    f = fork_call(child)
+    assert f is not None
+    f.send("count", 3)
+    assert [f.recv() for _ in range(3)] == [("item", (i, True)) for i in range(3)]
+    kind, got = f.recv()
+    assert kind == "array" and got.dtype == np.float32 and np.array_equal(got, arr * 2)
+    f.close()
+    assert _gone(f.pid)
+    f.close()  # twice: nothing left to do
+
+
+def test_what_the_child_raises_is_raised_in_the_parent() -> None:
+    def child(ch) -> None:
+        ch.send("started")
+        raise InputError("manifest row 3: bad dtype", "/data/ref.h5")
+
+    f = fork_call(child)
+    assert f.recv() == ("started", None)
+    with pytest.raises(InputError) as e:
+        f.recv()
+    assert str(e.value) == "/data/ref.h5: manifest row 3: bad dtype"
+    f.close()
+    assert _gone(f.pid)
+
+
+def test_an_exception_that_cannot_be_pickled_comes_back_as_its_text() -> None:
+    class Local(Exception):  # a class defined in a function: pickle cannot name it
+        pass
+
+    def child(ch) -> None:
+        raise Local("no pickle for me")
+
+    f = fork_call(child)
+    with pytest.raises(RuntimeError, match="Local: no pickle for me"):
+        f.recv()
+    f.close()
+
+
+def test_a_child_that_dies_without_a_word_is_an_eof() -> None:
+    def child(ch) -> None:
+        os._exit(3)
+
+    f = fork_call(child)
+    with pytest.raises(EOFError, match="ended before its answer"):
+        f.recv()
+    f.close()
+    assert _gone(f.pid)
+
+
+def test_close_kills_a_child_still_at_work_and_reaps_it() -> None:
+    def child(ch) -> None:
+        ch.send("busy")
+        time.sleep(60)
+
+    f = fork_call(child)
+    assert f.recv() == ("busy", None)
+    t = time.monotonic()
+    f.close()
+    assert time.monotonic() - t < 5 and _gone(f.pid)
+    with pytest.raises(EOFError):
+        f.recv()
