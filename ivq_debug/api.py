@@ -207,7 +207,7 @@ def diagnose(
     factory = replay_factory(backend, **runner_options)
     # on the exact CPU path the comparison runs beside the replay: in a child forked before any file is open
     # (forked.py), else in a thread (_PendingComparison)
-    child = (_ForkedComparison.start(ref, test, allow_input_mismatch)
+    child = (_ForkedComparison.start(ref, test, record, allow_input_mismatch)
              if factory is None and not isinstance(ref, Dump) and not isinstance(test, Dump) else None)
     try:
         return _diagnose(ref, test, model, factory, child, float_model=float_model, record=record, nodes=nodes,
@@ -265,6 +265,17 @@ def _replayed(qdq: Model, ref_d: Dump, test_d: Dump, record: Any) -> set[Any] | 
     return keys if keys & set(test_d.record_keys()) else None
 
 
+def _guessed(ref_d: Dump, test_d: Dump, record: Any) -> set[Any] | bool | None:
+    """The records :func:`_replayed` most likely gives before the model is loaded: the first record (by default) or
+    every record (``"all"``) of the reference, as :func:`~ivq_debug.diagnose.refs.record_ids` orders them (a part's
+    model may hold its inputs only in later records: then :func:`_replayed` differs); False for a record named."""
+    if record is not None and record != "all":
+        return False
+    keys = sorted(ref_d.record_keys(), key=lambda k: (k[0], k[2], k[1]))
+    guess = set(keys[:1] if record is None else keys)
+    return guess if guess & set(test_d.record_keys()) else None
+
+
 def _cmp_args(only: Any, allow: bool) -> dict[str, Any]:
     """:func:`compare`'s options in :func:`diagnose` (the encoding fit is left to the replay, which reads it only
     when no unit breaks the budget)."""
@@ -274,34 +285,51 @@ def _cmp_args(only: Any, allow: bool) -> dict[str, Any]:
 class _ForkedComparison:
     """The comparison of :func:`diagnose` in a forked child (:mod:`ivq_debug.forked`), forked at the start of
     :func:`diagnose`, only when this process runs no other thread (a lock another thread held would stay held in the
-    child). The child opens the two dumps while the parent loads the model, then takes the replayed records from
-    the parent, checks the contract and compares as the thread of :class:`_PendingComparison` does, sending the
-    aligned pairs once aligned and then the comparison (its dumps left out: the parent's are put back)."""
+    child). The child opens the two dumps and, while the parent loads the model, compares them for the records the
+    replay most likely replays (:func:`_guessed`: the first record by default, every record with ``"all"``); the
+    parent then sends the records it replays (:func:`_replayed`). Each comparison sends its pairs once aligned,
+    before its metrics (the parent keeps those of its records); the same records: the comparison made is sent;
+    others: the child compares again for them (the value checks of the first alignment kept: ``align``'s
+    ``memo``). The child checks the contract and compares as the thread of
+    :class:`_PendingComparison` does; the comparison goes back without its dumps (the parent's are put back). So the
+    alignment, the metrics and their imports run on the core the parent's own start leaves idle (``docs/scale.md``,
+    eighth pass)."""
 
     def __init__(self, forked: Any) -> None:
         self.forked = forked
 
     @classmethod
-    def start(cls, ref: Any, test: Any, allow: bool) -> _ForkedComparison | None:
-        """The child comparing the dumps at ``ref`` and ``test``, or None (no fork on this platform, or other
-        threads in this process)."""
+    def start(cls, ref: Any, test: Any, record: Any, allow: bool) -> _ForkedComparison | None:
+        """The child comparing the dumps at ``ref`` and ``test`` for the replayed records of ``record``, or None (no
+        fork on this platform, or other threads in this process)."""
         if threading.active_count() > 1:
             return None
 
         def compared(channel: Any) -> None:
             ref_d, test_d = open_dump(ref), open_dump(test)
+            memo: dict[Any, Any] = {}
+
+            def comparison(keys: set[Any] | None) -> Any:
+                only = None if keys is None else keys.__contains__
+                cmp_args = {k: v for k, v in _cmp_args(only, allow).items() if k != "allow_input_mismatch"}
+                ref2, test2, _, contract, _ = contracted(ref_d, test_d, None, allow, only)
+
+                def select(pairs: list[Any]) -> list[Any]:  # the pairs for these records, before any metric
+                    channel.send("pairs", (keys, pairs))
+                    return pairs
+
+                cmp = _compared(ref2, test2, None, contract, None, k=None, fail_on=defaults.DIFF_FAIL_ON,
+                                select=select, progress=False, memo=memo, **cmp_args)
+                return dataclasses.replace(cmp, ref=None, test=None)
+
+            guess, made = _guessed(ref_d, test_d, record), None
+            if guess is not False:
+                try:
+                    made = comparison(guess)
+                except Exception:  # (for other records it may hold: said when they are the ones replayed)
+                    made = None
             _, keys = channel.recv()  # the replayed records (:func:`_replayed`)
-            only = None if keys is None else keys.__contains__
-            cmp_args = {k: v for k, v in _cmp_args(only, allow).items() if k != "allow_input_mismatch"}
-            ref_d, test_d, _, contract, _ = contracted(ref_d, test_d, None, allow, only)
-
-            def select(pairs: list[Any]) -> list[Any]:
-                channel.send("pairs", pairs)
-                return pairs
-
-            cmp = _compared(ref_d, test_d, None, contract, None, k=None, fail_on=defaults.DIFF_FAIL_ON,
-                            select=select, progress=False, **cmp_args)
-            channel.send("comparison", dataclasses.replace(cmp, ref=None, test=None))
+            channel.send("comparison", comparison(keys) if made is None or keys != guess else made)
 
         forked = fork_call(compared)
         return cls(forked) if forked is not None else None
@@ -321,9 +349,10 @@ class _ForkedComparison:
             try:
                 while True:
                     kind, value = self.forked.recv()
-                    if kind == "pairs":
-                        pairs.extend(value)
-                        aligned.set()
+                    if kind == "pairs":  # (those of the child's guess, when it guessed other records: left)
+                        if value[0] == keys:
+                            pairs.extend(value[1])
+                            aligned.set()
                     else:
                         value.ref, value.test = ref_d, test_d
                         fut.set_result(value)
