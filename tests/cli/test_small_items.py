@@ -55,3 +55,26 @@ def test_output_in_a_missing_folder_is_exit_2(tmp_path: Path, capsys) -> None:
     (tmp_path / "missing").mkdir()
     assert run("ivq", ivq_main, ["capture", "onnx", str(model), "--inputs", str(tmp_path / "x.npz"), "-o",
                                  str(out)]) == 0 and out.is_file()
+
+
+
+@pytest.mark.parametrize(("entry", "argv"), [("ivq_debug.cli.main", ["ls", "missing.h5"]),
+                                             ("ivq_debug.cli.diff", ["missing.h5", "other.h5"])])
+@pytest.mark.parametrize("console", [True, False])
+def test_a_console_script_freezes_what_its_command_left(entry: str, argv: list[str], console: bool,
+                                                        tmp_path: Path) -> None:
+    """``exit_with``: run as the process's own command (no argv: the console script, ``python -m ivq_debug``) the
+    objects left are frozen before the interpreter's teardown (``gc.freeze``: its collections walk none of them),
+    and the process exits with the command's code; called with an argv (tests, notebooks) nothing is frozen."""
+    import subprocess
+    import sys
+
+    script = ("import atexit, gc, sys\n"
+              "atexit.register(lambda: print('frozen', gc.get_freeze_count(), file=sys.stderr))\n"
+              f"from {entry} import main\n"
+              f"sys.argv = ['ivq', *{argv!r}]\n"
+              f"main({None if console else argv!r})\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 3 and "missing.h5" in p.stderr, p.stderr  # the command's own exit code (no such file)
+    count = int(p.stderr.split("frozen ")[1].split()[0])
+    assert (count > 1000) == console, count
