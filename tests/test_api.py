@@ -43,6 +43,7 @@ def test_cli_parses_each_model_file_once_and_writes_no_model(m, tmp_path: Path, 
     fork = api.fork_call
     with counting() as c, pytest.MonkeyPatch.context() as mp:
         mp.setattr(api, "fork_call", lambda fn: forks.append(fork(fn)) or forks[-1])
+        mp.setattr(api.threading, "active_count", lambda: 1)  # as in the `ivq` process (tests may leave threads)
         code = ivq_cli("diagnose", m["ref"], m["test"], "--model", m["act"], "--float-model", m["float"],
                        "--backend", backend, "--json", out)
     assert code == 1  # the injected fault breaks the budget
@@ -118,6 +119,7 @@ def test_the_comparison_beside_the_replay_gives_the_sequential_replay(m, monkeyp
     forks: list[Any] = []
     fork = api.fork_call
     monkeypatch.setattr(api, "fork_call", lambda fn: forks.append(fork(fn)) or forks[-1])
+    monkeypatch.setattr(api.threading, "active_count", lambda: 1)  # as in the `ivq` process (tests may leave threads)
     r = ivq.diagnose(m["ref"], m["test"], m["act"], record="all", progress=False)
     assert len(forks) == 1 and r.effects["runs"] >= 2
     assert r.table["cum_sqnr_db"].notna().sum() > 50 and r.table["inherited_share"].notna().sum() > 50
