@@ -349,8 +349,8 @@ class _ForkedComparison:
             try:
                 while True:
                     kind, value = self.forked.recv()
-                    if kind == "pairs":  # (those of the child's guess, when it guessed other records: left)
-                        if value[0] == keys:
+                    if kind == "pairs":  # the first for these records (a guess of other records: left)
+                        if value[0] == keys and not aligned.is_set():
                             pairs.extend(value[1])
                             aligned.set()
                     else:
