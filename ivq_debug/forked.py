@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -81,6 +82,11 @@ def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
     """Run ``fn(channel)`` in a forked child (module docstring); None where this platform cannot fork."""
     if not hasattr(os, "fork"):
         return None
+    for stream in (sys.stdout, sys.stderr):  # (what is buffered would be written again by the child)
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
     parent, child = socket.socketpair()
     with warnings.catch_warnings():  # (Python 3.12+ warns of a fork beside native threads: BLAS's, idle here)
         warnings.simplefilter("ignore", DeprecationWarning)
