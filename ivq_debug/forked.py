@@ -79,8 +79,9 @@ class Forked(Channel):
 
 
 def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
-    """Run ``fn(channel)`` in a forked child (module docstring); None where this platform cannot fork."""
-    if not hasattr(os, "fork"):
+    """Run ``fn(channel)`` in a forked child (module docstring); None off Linux (no ``fork`` on Windows; on macOS
+    a forked child may not use the system's frameworks, NumPy's BLAS among them)."""
+    if not sys.platform.startswith("linux"):
         return None
     for stream in (sys.stdout, sys.stderr):  # (what is buffered would be written again by the child)
         try:
