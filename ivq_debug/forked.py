@@ -9,10 +9,10 @@ the fork, its imports done, with a GIL of its own: it starts at once, on the cor
 The child runs ``fn(channel)`` and ends with ``os._exit`` (no ``atexit`` handler, no buffered output and no temporary
 file of the parent's is touched); the parent and the child each ``send(kind, value)`` and ``recv()`` the other's
 messages over a socket pair, in order. What ``fn`` raises comes back as ``("error", exception)`` and the parent's
-:meth:`Channel.recv` raises it. The messages are our own
-child's data over a socket (:class:`multiprocessing.connection.Connection`), never a file. The child ignores SIGINT
-(the terminal's Ctrl-C is the parent's to handle); the parent's :meth:`Forked.close` kills and reaps it, and a child
-whose parent has gone ends at its next send. Fork the child before this process opens the files it reads (an HDF5
+:meth:`Channel.recv` raises it. The messages are our own child's data over a socket
+(:class:`multiprocessing.connection.Connection`), never a file. The child ignores SIGINT (the terminal's Ctrl-C is
+the parent's to handle); the parent's :meth:`Forked.close` kills and reaps it, and a child whose parent has gone ends
+at its next send or receive. Fork the child before this process opens the files it reads (an HDF5
 file open across a fork is shared with the child) and before it starts threads of its own.
 """
 
