@@ -18,6 +18,7 @@ file open across a fork is shared with the child) and before it starts threads o
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -41,15 +42,19 @@ class Channel:
             raise EOFError(f"the channel to the {self._other} is closed")
         self._conn.send((kind, value))
 
-    def recv(self) -> tuple[str, Any]:
-        """The other end's next ``(kind, value)``; raises what the child's call raised (``kind == "error"``), or
-        :class:`EOFError` when the other end ended without a word."""
+    def recv(self, timeout: float | None = None) -> tuple[str, Any]:
+        """The other end's next ``(kind, value)``; raises what the child's call raised (``kind == "error"``),
+        :class:`EOFError` when the other end ended without a word, :class:`TimeoutError` after ``timeout`` seconds
+        without a message."""
         if self._conn is None:
             raise EOFError(f"the channel to the {self._other} is closed")
         try:
-            kind, value = self._conn.recv()
+            ready = timeout is None or self._conn.poll(timeout)
+            kind, value = self._conn.recv() if ready else (None, None)
         except (OSError, EOFError) as e:
             raise EOFError(f"the {self._other} ended before its answer ({e or 'end of file'})") from None
+        if not ready:
+            raise TimeoutError(f"no message from the {self._other} in {timeout:g} s")
         if kind == "error":
             raise value
         return kind, value
@@ -95,6 +100,10 @@ def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
     if pid == 0:  # the child: never returns
         code = 0
         try:
+            # what this process held at the fork stays as it is: a collection here would run the destructors of
+            # the parent's garbage (an ONNX Runtime session in a cycle waits for thread-pool threads the child has
+            # not: measured, a child hung in pthread_cond_destroy)
+            gc.freeze()
             parent.close()
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

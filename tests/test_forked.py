@@ -93,3 +93,46 @@ def test_close_kills_a_child_still_at_work_and_reaps_it() -> None:
     assert time.monotonic() - t < 5 and _gone(f.pid)
     with pytest.raises(EOFError):
         f.recv()
+
+
+def test_the_parent_s_garbage_is_not_collected_in_the_child() -> None:
+    """The child freezes what it inherited: an ONNX Runtime session left in a reference cycle by the parent (its
+    thread pool's threads are not in the child) is not destroyed by a collection there, which hung in
+    ``pthread_cond_destroy`` (a slow test's ``ivq diagnose`` after earlier sessions in the same process)."""
+    import gc
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2  # a thread pool of its own
+    sess = ort.InferenceSession(onnx.shape_inference.infer_shapes(m).SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    sess.run(None, {"x": np.ones((64, 64), np.float32)})
+
+    class Cycle:
+        pass
+
+    c = Cycle()
+    c.me, c.sess = c, sess
+    del c, sess
+    gc.disable()  # the cycle stays garbage in the parent until the fork
+    time.sleep(1)  # the pool's threads stop spinning and wait on their condition variable
+    try:
+        def child(ch) -> None:
+            gc.collect()
+            ch.send("collected")
+
+        f = fork_call(child)
+        try:
+            assert f.recv(timeout=60) == ("collected", None)
+        finally:
+            f.close()
+    finally:
+        gc.enable()
+        gc.collect()

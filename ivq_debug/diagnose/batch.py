@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,25 +212,9 @@ _ALL, _RANKING, _REST = "all", "ranking", "rest"
 def _sums(accs: dict[str, Acc], batch: list[Unit], idx: RefIndex, s_out: dict[str, np.ndarray], b: _BackendRun,
           backend: str, shadow_on: str, out_scale: dict[str, float | None], work: _Work, part: str,
           ranking: str = "local") -> None:
-    """Add one record's sums (``part``) of every unit of the batch, BLAS on one thread for the whole loop. The sums
-    on the replay's path (all of them, or the ranking attribution's that the effect targets wait for) run on two
-    threads, every other unit on the second with work arrays of its own (NumPy and BLAS release the GIL on a unit's
-    arrays); each unit's accumulators add the same values in the same order, so the sums are the same bits. The
-    others (:data:`_REST`, beside the effect runs) stay on one thread."""
-
-    def add(ks: range, w: _Work) -> None:
-        for k in ks:
-            u = batch[k]
-            _accumulate(accs[u.node], k, u, idx, s_out, b, backend, shadow_on, out_scale[u.node], w, part, ranking)
-
-    with one_blas_thread:
-        if part == _REST or len(batch) < 2:
-            add(range(len(batch)), work)
-            return
-        with ThreadPoolExecutor(1, thread_name_prefix="ivq-sums") as pool:
-            other = pool.submit(add, range(1, len(batch), 2), _Work())
-            add(range(0, len(batch), 2), work)
-            other.result()
+    """Add one record's sums (``part``) of every unit of the batch."""
+    for k, u in enumerate(batch):
+        _accumulate(accs[u.node], k, u, idx, s_out, b, backend, shadow_on, out_scale[u.node], work, part, ranking)
 
 
 def _run_backend(br: Any, do_check: bool, b_map: dict[str, tuple[int, str]], feeds: dict[str, np.ndarray],

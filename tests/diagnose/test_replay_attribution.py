@@ -269,40 +269,6 @@ def test_the_sums_added_while_the_effects_run_equal_those_of_one_pass(m, att) ->
     assert sorted(deferred.effects["targets"]) == sorted(t.key for t in plan.targets)
 
 
-def test_the_sums_on_two_threads_are_those_of_one(m, monkeypatch) -> None:
-    """The replay adds the sums on its path on two threads (``batch._sums``: every other unit on the second): over two
-    records, both attributions' columns equal, to the bit, the same sums added one unit after another in one thread
-    (the second thread's share run at its submit)."""
-    from concurrent.futures import Future
-
-    from ivq_debug.diagnose import batch
-
-    class InLine:  # an executor that runs each call where it is submitted
-        def __init__(self, *a: object, **k: object) -> None:
-            pass
-
-        def __enter__(self) -> InLine:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def submit(self, fn: object, *args: object) -> Future:
-            f: Future = Future()
-            f.set_result(fn(*args))
-            return f
-
-    common = dict(record="all", float_model=m["float"], progress=False, lift=False)
-    two = replay(m["act"], m["ref"], **common)
-    monkeypatch.setattr(batch, "ThreadPoolExecutor", InLine)
-    one = replay(m["act"], m["ref"], **common)
-    assert len(two.records) == 2 and len(two.table) > 50
-    a, b = two.table, one.table
-    assert a.columns.tolist() == b.columns.tolist()
-    for c in a.columns:
-        assert a[c].tolist() == b[c].tolist() or np.array_equal(a[c], b[c], equal_nan=True), c
-
-
 def test_the_reference_read_in_one_block_is_the_dumps_read(m) -> None:
     """The replay reads its reference values by the reader's streaming read (``refs.read_whole``: ``os.pread``, no
     h5py dataset per read): every tensor and input of every record of the ViT's reference, in the dtype, shape and
