@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -297,6 +298,20 @@ class _ForkedComparison:
 
     def __init__(self, forked: Any) -> None:
         self.forked = forked
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        # read from the start: a child blocked sending its pairs would not go on to their metrics
+        threading.Thread(target=self._read, name="ivq-compare-child", daemon=True).start()
+
+    def _read(self) -> None:
+        """The child's messages into the inbox, to its comparison or its error (raised where it is read)."""
+        try:
+            while True:
+                kind, value = self.forked.recv()
+                self._inbox.put((kind, value))
+                if kind == "comparison":
+                    return
+        except BaseException as e:
+            self._inbox.put(("error", e))
 
     @classmethod
     def start(cls, ref: Any, test: Any, record: Any, allow: bool) -> _ForkedComparison | None:
@@ -345,22 +360,22 @@ class _ForkedComparison:
         aligned = Event()
         pairs: list[Any] = []
 
-        def read() -> None:
-            try:
-                while True:
-                    kind, value = self.forked.recv()
-                    if kind == "pairs":  # the first for these records (a guess of other records: left)
-                        if value[0] == keys and not aligned.is_set():
-                            pairs.extend(value[1])
-                            aligned.set()
-                    else:
-                        value.ref, value.test = ref_d, test_d
-                        fut.set_result(value)
-                        return
-            except BaseException as e:  # raised where the comparison is read
-                fut.set_exception(e)
+        def follow() -> None:
+            while True:
+                kind, value = self._inbox.get()
+                if kind == "pairs":  # the first for these records (a guess of other records: left)
+                    if value[0] == keys and not aligned.is_set():
+                        pairs.extend(value[1])
+                        aligned.set()
+                elif kind == "error":  # raised where the comparison is read
+                    fut.set_exception(value)
+                    return
+                else:
+                    value.ref, value.test = ref_d, test_d
+                    fut.set_result(value)
+                    return
 
-        threading.Thread(target=read, name="ivq-compare-child", daemon=True).start()
+        threading.Thread(target=follow, name="ivq-compare-pending", daemon=True).start()
         return _PendingComparison(fut, aligned, pairs, ref_d, test_d)
 
     def close(self) -> None:

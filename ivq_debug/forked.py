@@ -68,11 +68,9 @@ class Forked(Channel):
         self.pid = pid
 
     def close(self) -> None:
-        """Kill the child if it still runs, and reap it."""
+        """Kill the child if it still runs, reap it, then close this end (a thread reading it sees the end)."""
         if self._conn is None:
             return
-        self._conn.close()
-        self._conn = None
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -81,6 +79,8 @@ class Forked(Channel):
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+        conn, self._conn = self._conn, None
+        conn.close()
 
 
 def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
