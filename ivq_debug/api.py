@@ -229,7 +229,7 @@ def _diagnose(ref: Any, test: Any, model: Any, factory: Any, child: _ForkedCompa
     qdq = load(model)
     fmodel = load(float_model) if float_model is not None else None
     keys = _replayed(qdq, ref_d, test_d, record)
-    only = None if keys is None else keys.__contains__
+    only = _only(keys)
 
     def run(reference: Dump, allow: bool) -> ReplayResult:
         cmp_args = _cmp_args(only, allow)
@@ -275,6 +275,11 @@ def _guessed(ref_d: Dump, test_d: Dump, record: Any) -> set[Any] | bool | None:
     keys = sorted(ref_d.record_keys(), key=lambda k: (k[0], k[2], k[1]))
     guess = set(keys[:1] if record is None else keys)
     return guess if guess & set(test_d.record_keys()) else None
+
+
+def _only(keys: set[Any] | None) -> Any:
+    """:func:`compare`'s ``records`` predicate of the replayed records ``keys`` (None: every record)."""
+    return None if keys is None else keys.__contains__
 
 
 def _cmp_args(only: Any, allow: bool) -> dict[str, Any]:
@@ -325,7 +330,7 @@ class _ForkedComparison:
             memo: dict[Any, Any] = {}
 
             def comparison(keys: set[Any] | None) -> Any:
-                only = None if keys is None else keys.__contains__
+                only = _only(keys)
                 cmp_args = {k: v for k, v in _cmp_args(only, allow).items() if k != "allow_input_mismatch"}
                 ref2, test2, _, contract, _ = contracted(ref_d, test_d, None, allow, only)
 
@@ -353,7 +358,7 @@ class _ForkedComparison:
         """The comparison as :class:`_PendingComparison` gives it, read from the child in a thread, of the records
         ``keys`` (None: every record). The contract is checked here first (a broken one stops the diagnose before
         any replay, as the thread's does)."""
-        only = None if keys is None else keys.__contains__
+        only = _only(keys)
         contracted(ref_d, test_d, None, allow, only)
         self.forked.send("records", keys)
         fut: Future[Any] = Future()
