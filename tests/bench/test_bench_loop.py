@@ -123,3 +123,23 @@ def test_the_diagnose_rows_print_each_steps_cpu_beside_its_wall() -> None:
     (line,) = bench_loop.details({"diagnose": {"cpu": row}})
     assert "capture 2.6 s (CPU 2.3 s), diagnose 5.2 s (CPU 6.1 s) = 2.0×" in line
     assert "diagnose [6.0, 5.2] s (CPU [6.3, 6.1] s)" in line
+
+
+def test_the_goals_table_gives_each_ratio_its_floor_on_this_machine() -> None:
+    """The floor column: the machine's limit over ``qdq_loss_debug``, and a diagnose's CPU seconds spread over every
+    core over its capture's wall; a floor above its goal is called so, a row without a bound has none."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_loop
+
+    res = {"cores": 2,
+           "capture": {"ratios": {"ivq_vs_ort": 0.92}, "limit": {"total_s": 7.5},
+                       "rows": {"ORT qdq_loss_debug": {"total_s": 9.0}}},
+           "diagnose": {"cpu": {"ratio": 2.9, "capture": {"wall_s": 1.0}, "this": {"wall_s": 2.9, "cpu_s": 4.9}},
+                        "htp": {"ratio": 1.3, "capture": {"wall_s": 15.0}, "this": {"wall_s": 20.0, "cpu_s": 24.0}}}}
+    lines = bench_loop.report(res)
+    assert res["floors"] == {"ivq_vs_ort": 0.833, "diagnose_cpu": 2.45, "diagnose_htp": 0.8}
+    row = {ln.split(" | ")[0].lstrip("| "): ln for ln in lines}
+    assert row["ivq diagnose / one capture (CPU-QDQ)"].endswith("| NOT met | 2.45 (above the goal) |")
+    assert row["ivq diagnose / one capture (QNN HTP)"].endswith("| met | 0.80 |")
+    assert row["capture ×2 + diff / ORT qdq_loss_debug"].endswith("| NOT met | 0.83 (above the goal) |")
+    assert row["one tune trial / one capture"].endswith("| — | — |")
