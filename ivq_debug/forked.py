@@ -11,9 +11,12 @@ file of the parent's is touched); the parent and the child each ``send(kind, val
 messages over a socket pair, in order. What ``fn`` raises comes back as ``("error", exception)`` and the parent's
 :meth:`Channel.recv` raises it. The messages are our own child's data over a socket
 (:class:`multiprocessing.connection.Connection`), never a file. The child ignores SIGINT (the terminal's Ctrl-C is
-the parent's to handle); the parent's :meth:`Forked.close` kills and reaps it, and a child whose parent has gone ends
-at its next send or receive. Fork the child before this process opens the files it reads (an HDF5
-file open across a fork is shared with the child) and before it starts threads of its own.
+the parent's to handle); the parent's :meth:`Forked.close` kills and reaps it, and a parent that ends without closing
+it (killed outright: the OOM killer, a CI timeout's ``SIGKILL``) takes the child with it (``PR_SET_PDEATHSIG``: the
+kernel kills the child when the thread that forked it ends; a child left at work would compute on, an orphan
+holding its memory, until its next message). Fork the child from the thread that outlives it, before this process
+opens the files it reads (an HDF5 file open across a fork is shared with the child) and before it starts threads of
+its own.
 """
 
 from __future__ import annotations
@@ -83,6 +86,23 @@ class Forked(Channel):
         conn.close()
 
 
+#: ``prctl``'s option: the signal this process gets when its parent (the thread that forked it) ends
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent(parent: int) -> None:
+    """In the child: be killed when the parent ends (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and end now if it
+    already has (it ended between the fork and this call: this process was given to another parent)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # (no prctl: the child ends at its next message instead)
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
     """Run ``fn(channel)`` in a forked child (module docstring); None off Linux (no ``fork`` on Windows; on macOS
     a forked child may not use the system's frameworks, NumPy's BLAS among them)."""
@@ -94,6 +114,7 @@ def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
         except (OSError, ValueError, AttributeError):
             pass
     parent, child = socket.socketpair()
+    me = os.getpid()
     with warnings.catch_warnings():  # (Python 3.12+ warns of a fork beside native threads: BLAS's, idle here)
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
@@ -104,6 +125,7 @@ def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
             # the parent's garbage (an ONNX Runtime session in a cycle waits for thread-pool threads the child has
             # not: measured, a child hung in pthread_cond_destroy)
             gc.freeze()
+            _end_with_parent(me)
             parent.close()
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

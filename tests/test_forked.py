@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,3 +137,45 @@ def test_the_parent_s_garbage_is_not_collected_in_the_child() -> None:
     finally:
         gc.enable()
         gc.collect()
+
+
+def test_a_child_at_work_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed outright (``SIGKILL``: the OOM killer, a CI timeout) cannot close its child: the child at
+    work ends with it instead of computing on, an orphan holding its memory, until its next message."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from ivq_debug.forked import fork_call\n"
+        "def child(ch):\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "f = fork_call(child)\n"
+        "print(f.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        kid = int(p.stdout.readline())
+        os.kill(kid, 0)  # at work
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(kid, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{kid}/stat") as st:  # a zombie waiting for init to reap it has ended
+                if st.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        else:
+            os.kill(kid, signal.SIGKILL)
+            raise AssertionError("the child still runs 10 s after its parent was killed")
+    finally:
+        p.kill()
+        p.wait()
