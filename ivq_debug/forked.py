@@ -12,11 +12,8 @@ messages over a socket pair, in order. What ``fn`` raises comes back as ``("erro
 :meth:`Channel.recv` raises it. The messages are our own child's data over a socket
 (:class:`multiprocessing.connection.Connection`), never a file. The child ignores SIGINT (the terminal's Ctrl-C is
 the parent's to handle); the parent's :meth:`Forked.close` kills and reaps it, and a parent that ends without closing
-it (killed outright: the OOM killer, a CI timeout's ``SIGKILL``) takes the child with it (``PR_SET_PDEATHSIG``: the
-kernel kills the child when the thread that forked it ends; a child left at work would compute on, an orphan
-holding its memory, until its next message). Fork the child from the thread that outlives it, before this process
-opens the files it reads (an HDF5 file open across a fork is shared with the child) and before it starts threads of
-its own.
+it (killed outright) takes the child with it (:func:`end_with`). Fork the child before this process opens the files
+it reads (an HDF5 file open across a fork is shared with the child) and before it starts threads of its own.
 """
 
 from __future__ import annotations
@@ -86,21 +83,41 @@ class Forked(Channel):
         conn.close()
 
 
-#: ``prctl``'s option: the signal this process gets when its parent (the thread that forked it) ends
-_PR_SET_PDEATHSIG = 1
+def end_with(owner: int) -> None:
+    """End this process as soon as process ``owner`` ends (at once if it already has): a daemon thread waits on a
+    pidfd of ``owner`` (Linux 5.3+; elsewhere it looks twice a second) and calls ``os._exit(1)``.
 
-
-def _end_with_parent(parent: int) -> None:
-    """In the child: be killed when the parent ends (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and end now if it
-    already has (it ended between the fork and this call: this process was given to another parent)."""
-    import ctypes
+    Every child process of ivq-debug calls it first with the pid of the process that owns it — the forked
+    comparison (:func:`fork_call`), a :class:`~ivq_debug.executor.LocalExecutor` worker (whose parent is the
+    ``forkserver``, which outlives the owner), the capture worker (:mod:`ivq_debug.capture.worker`) — so that an
+    owner killed outright (the OOM killer, a CI timeout's ``SIGKILL``), which cannot close them, takes them with
+    it instead of leaving them computing on, orphans holding their memory, until their next message."""
+    import select
+    import threading
+    import time
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # (no prctl: the child ends at its next message instead)
-        pass
-    if os.getppid() != parent:
+        fd: int | None = os.pidfd_open(owner)
+    except ProcessLookupError:
         os._exit(1)
+    except (OSError, AttributeError):  # (no pidfd here: look instead)
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while True:
+                time.sleep(0.5)
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ivq-end-with-owner", daemon=True).start()
 
 
 def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
@@ -125,7 +142,7 @@ def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
             # the parent's garbage (an ONNX Runtime session in a cycle waits for thread-pool threads the child has
             # not: measured, a child hung in pthread_cond_destroy)
             gc.freeze()
-            _end_with_parent(me)
+            end_with(me)
             parent.close()
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

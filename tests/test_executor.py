@@ -130,3 +130,74 @@ def test_ray_address_where_nothing_listens_is_refused_not_waited_for(tmp_path) -
         port = s.getsockname()[1]
     with pytest.raises(ToolNotFoundError, match="nothing accepts a connection"):
         RayExecutor(f"127.0.0.1:{port}").run([], tmp_path / "shards")
+
+
+_OWNER = '''
+import os, signal, sys, time
+from pathlib import Path
+from ivq_debug import interrupt
+from ivq_debug.executor import Job, LocalExecutor
+
+def work(i: int, folder: str) -> dict:
+    Path(folder, f"pid-{os.getpid()}").touch()
+    t = time.monotonic()
+    while i and time.monotonic() - t < 120:  # job 0 ends at once, the others are at work for 2 minutes
+        sum(range(10000))
+    return {"i": i}
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, interrupt.on_signal)  # as the CLI does
+    folder = sys.argv[1]
+    try:
+        LocalExecutor(2).run([Job(f"k{i}", work, {"i": i, "folder": folder}, {}) for i in range(4)],
+                             Path(folder, "shards"), "jobs", progress=False)
+    except interrupt.Signalled as e:
+        sys.exit(128 + e.signum)
+'''
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (not gone, not a zombie left for init to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signalled_or_killed_owner_leaves_no_pool_worker_at_work(tmp_path: Path, sig: int) -> None:
+    """``SIGTERM`` (the CLI's ``Signalled``) stops the jobs in flight instead of running every submitted job to the end
+    first (60 s for four 30 s jobs, measured before), and keeps the finished job's shard; an owner killed outright
+    (``SIGKILL``: the OOM killer, a CI timeout) cannot stop its workers, which end with it (``forked.end_with``)
+    instead of computing on."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "owner.py"
+    script.write_text(_OWNER)
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("pid-*"))) < 2 or not shard_path(tmp_path / "shards", "k0").exists():
+            assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.05)
+        workers = {int(f.name[4:]) for f in tmp_path.glob("pid-*")}
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        code = p.wait(30)
+        left = time.monotonic() - t0
+        while any(_alive(w) for w in workers) and time.monotonic() - t0 < 15:
+            time.sleep(0.05)
+        running = [w for w in workers if _alive(w)]
+        for w in running:
+            os.kill(w, signal.SIGKILL)
+        assert not running, f"workers {running} still run {time.monotonic() - t0:.1f} s after the owner's {sig!r}"
+        if sig == signal.SIGTERM:
+            assert code == 143 and left < 15, (code, left, p.stderr.read())
+        assert shard_path(tmp_path / "shards", "k0").exists()  # the finished job's shard is kept
+    finally:
+        p.kill()
+        p.wait()

@@ -16,7 +16,8 @@ socket pair (:class:`multiprocessing.connection.Connection`). A record crosses a
 ``tests/capture/test_worker.py``); that is the only data the parent reads from it, made by this package in its own
 child, not a file. The worker is in a process group of its own, so the terminal's Ctrl-C reaches only the parent,
 which handles it (as it did with the thread this replaces: the call in progress finishes); the worker ends when the
-parent's end of the socket closes (the parent's exit included, a killed one too: at most after its call).
+parent's end of the socket closes, and with the parent when it is killed outright (:func:`ivq_debug.forked.end_with`:
+at once, not after the call in progress).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from ivq_debug.capture.base import make_runner
 from ivq_debug.dump.memory import MemorySink
+from ivq_debug.forked import end_with
 
 
 # ---------------------------------------------------------------------------------------------- the worker's side
@@ -68,10 +70,12 @@ class _Served:
             got[0].close()
 
 
-def serve(fd: int) -> None:
+def serve(fd: int, owner: int | None = None) -> None:
     """The worker's loop on socket ``fd``: ``(call, args)`` in, ``(ok, result or "Type: message", cpu seconds)``
-    out, until the parent closes its end."""
+    out, until the parent closes its end; the process ends with process ``owner`` (the parent) too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to handle
+    if owner is not None:
+        end_with(owner)
     conn, served = Connection(fd), _Served()
     calls = {"open": served.open_runner, "record": served.record, "close": served.close}
     while True:
@@ -98,7 +102,8 @@ class _Worker:
         mine, theirs = socket.socketpair()
         root = str(Path(__file__).resolve().parents[2])  # the folder holding this ivq_debug
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        self.proc = subprocess.Popen([sys.executable, "-m", "ivq_debug.capture.worker", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "ivq_debug.capture.worker", str(theirs.fileno()),
+                                      str(os.getpid())],
                                      pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                                      stdout=2,  # (its console lines on stderr: this process's stdout is its own)
                                      process_group=0)  # (the terminal's Ctrl-C is this process's to handle)
@@ -221,4 +226,4 @@ class ProcessRunner:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)
