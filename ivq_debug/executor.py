@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ivq_debug import __version__
+from ivq_debug import __version__, interrupt
 from ivq_debug.console import track
 from ivq_debug.errors import (
     EXIT_FAIL,
@@ -298,7 +298,8 @@ def _drive(todo: list[Job], submit: Callable[[Job], cf.Future], report: RunRepor
     def results() -> Iterator[None]:
         fill()
         while inflight:
-            finished, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+            finished, _ = cf.wait(list(inflight), timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            interrupt.raise_if_signalled()  # (a signal whose exception was lost: not a wait for the next job's end)
             for f in finished:
                 j = inflight.pop(f)
                 try:
@@ -384,16 +385,21 @@ class LocalExecutor:
 def _stop(pool: cf.ProcessPoolExecutor) -> None:
     """Cancel ``pool``'s queued jobs and kill its workers at once: ``shutdown(wait=True)`` after a ``SIGTERM`` ran
     every job submitted to the end first (measured: 60 s for four 30 s jobs on 2 workers, the signal at 4 s).
-    What the finished jobs wrote is kept (a shard is written atomically: a killed job leaves none)."""
+    The finished jobs' shards are kept; a killed job leaves no shard (written atomically), at most its temporary
+    file (``.KEY.json.*.partial``, which no run reads)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())  # (Python < 3.14 has no kill_workers())
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         try:
-            proc.kill()
+            if proc.is_alive():  # (one that has ended may have its pid taken again)
+                proc.kill()
         except (OSError, ValueError):
             pass
     for proc in procs:
         proc.join(5)
+    if manager is not None:  # (its teardown done before the interpreter's exit handlers run)
+        manager.join(5)
 
 
 def _ray() -> Any:

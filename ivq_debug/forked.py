@@ -83,7 +83,7 @@ class Forked(Channel):
         conn.close()
 
 
-def end_with(owner: int) -> None:
+def end_with(owner: int, parent: bool = False) -> None:
     """End this process as soon as process ``owner`` ends (at once if it already has): a daemon thread waits on a
     pidfd of ``owner`` (Linux 5.3+; elsewhere it looks twice a second) and calls ``os._exit(1)``.
 
@@ -91,7 +91,10 @@ def end_with(owner: int) -> None:
     comparison (:func:`fork_call`), a :class:`~ivq_debug.executor.LocalExecutor` worker (whose parent is the
     ``forkserver``, which outlives the owner), the capture worker (:mod:`ivq_debug.capture.worker`) — so that an
     owner killed outright (the OOM killer, a CI timeout's ``SIGKILL``), which cannot close them, takes them with
-    it instead of leaving them computing on, orphans holding their memory, until their next message."""
+    it instead of leaving them computing on, orphans holding their memory, until their next message. ``parent``: the
+    owner is this process's parent (the forked child, the capture worker), checked once the pidfd is open: a parent
+    that has gone already, its pid perhaps another process's by now, ends this one at once. (A pool worker's parent
+    is the forkserver; its owner's pid is not checked.)"""
     import select
     import threading
     import time
@@ -100,24 +103,39 @@ def end_with(owner: int) -> None:
         fd: int | None = os.pidfd_open(owner)
     except ProcessLookupError:
         os._exit(1)
-    except (OSError, AttributeError):  # (no pidfd here: look instead)
+    except (OSError, AttributeError):  # (no pidfd here, or refused: look instead)
         fd = None
+    if parent and os.getppid() != owner:  # (after the pidfd is open: that pid cannot be another's from here on)
+        os._exit(1)
 
     def watch() -> None:
-        if fd is not None:
-            select.select([fd], [], [])
-        else:
-            while True:
-                time.sleep(0.5)
-                try:
-                    os.kill(owner, 0)
-                except ProcessLookupError:
-                    break
-                except PermissionError:
+        try:
+            if fd is not None:  # (poll, not select: the fd may be 1024 or above in a process with many files open)
+                p = select.poll()
+                p.register(fd, select.POLLIN)
+                while not p.poll():
                     pass
+                os._exit(1)
+        except OSError:
+            pass
+        while not _gone(owner):
+            time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watch, name="ivq-end-with-owner", daemon=True).start()
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has ended: no such process, another user's (its pid taken again), or a zombie (``/proc``)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
@@ -142,7 +160,7 @@ def fork_call(fn: Callable[[Channel], None]) -> Forked | None:
             # the parent's garbage (an ONNX Runtime session in a cycle waits for thread-pool threads the child has
             # not: measured, a child hung in pthread_cond_destroy)
             gc.freeze()
-            end_with(me)
+            end_with(me, parent=True)
             parent.close()
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -21,6 +21,7 @@ from ivq_debug.executor import (
     read_shard,
     shard_path,
 )
+from tests.support.procs import running
 
 
 def square(x: int, log: str, fail: str = "") -> dict[str, int]:
@@ -156,15 +157,6 @@ if __name__ == "__main__":
 '''
 
 
-def _alive(pid: int) -> bool:
-    """``pid`` runs (not gone, not a zombie left for init to reap)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signalled_or_killed_owner_leaves_no_pool_worker_at_work(tmp_path: Path, sig: int) -> None:
     """``SIGTERM`` (the CLI's ``Signalled``) stops the jobs in flight instead of running every submitted job to the end
@@ -189,12 +181,12 @@ def test_a_signalled_or_killed_owner_leaves_no_pool_worker_at_work(tmp_path: Pat
         p.send_signal(sig)
         code = p.wait(30)
         left = time.monotonic() - t0
-        while any(_alive(w) for w in workers) and time.monotonic() - t0 < 15:
+        while any(running(w) for w in workers) and time.monotonic() - t0 < 15:
             time.sleep(0.05)
-        running = [w for w in workers if _alive(w)]
-        for w in running:
+        alive = [w for w in workers if running(w)]
+        for w in alive:
             os.kill(w, signal.SIGKILL)
-        assert not running, f"workers {running} still run {time.monotonic() - t0:.1f} s after the owner's {sig!r}"
+        assert not alive, f"workers {alive} still run {time.monotonic() - t0:.1f} s after the owner's {sig!r}"
         if sig == signal.SIGTERM:
             assert code == 143 and left < 15, (code, left, p.stderr.read())
         assert shard_path(tmp_path / "shards", "k0").exists()  # the finished job's shard is kept

@@ -12,6 +12,7 @@ import pytest
 
 from ivq_debug.errors import InputError
 from ivq_debug.forked import fork_call
+from tests.support.procs import running
 
 
 def _gone(pid: int) -> bool:
@@ -164,16 +165,9 @@ def test_a_child_at_work_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
         p.send_signal(signal.SIGKILL)
         p.wait(10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(kid, 0)
-            except ProcessLookupError:
-                break
-            with open(f"/proc/{kid}/stat") as st:  # a zombie waiting for init to reap it has ended
-                if st.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    break
+        while running(kid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        else:
+        if running(kid):
             os.kill(kid, signal.SIGKILL)
             raise AssertionError("the child still runs 10 s after its parent was killed")
     finally:

@@ -75,7 +75,7 @@ def serve(fd: int, owner: int | None = None) -> None:
     out, until the parent closes its end; the process ends with process ``owner`` (the parent) too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to handle
     if owner is not None:
-        end_with(owner)
+        end_with(owner, parent=True)
     conn, served = Connection(fd), _Served()
     calls = {"open": served.open_runner, "record": served.record, "close": served.close}
     while True:
