@@ -53,7 +53,7 @@ from ivq_debug.errors import (
 from ivq_debug.forked import end_with
 from ivq_debug.inputfiles import file_in_folder_problem, is_inside
 from ivq_debug.jsonio import load_json
-from ivq_debug.outputs import atomic_write_text
+from ivq_debug.outputs import atomic_write_text, partial_files
 from ivq_debug.schema import check_schema
 
 #: the executors of ``--executor``
@@ -376,6 +376,9 @@ class LocalExecutor:
         except BaseException:  # a signal (Signalled) or an error: the jobs in flight are stopped, not waited for
             if pools[0] is not None:
                 _stop(pools[0])
+                for j in todo:  # (a job killed while writing its shard left its temporary file)
+                    for tmp in partial_files(shard_path(folder, j.key)):
+                        tmp.unlink(missing_ok=True)
             raise
         if pools[0] is not None:
             pools[0].shutdown(wait=True)
@@ -385,8 +388,8 @@ class LocalExecutor:
 def _stop(pool: cf.ProcessPoolExecutor) -> None:
     """Cancel ``pool``'s queued jobs and kill its workers at once: ``shutdown(wait=True)`` after a ``SIGTERM`` ran
     every job submitted to the end first (measured: 60 s for four 30 s jobs on 2 workers, the signal at 4 s).
-    The finished jobs' shards are kept; a killed job leaves no shard (written atomically), at most its temporary
-    file (``.KEY.json.*.partial``, which no run reads)."""
+    The finished jobs' shards are kept; a killed job leaves no shard (written atomically), and the caller removes
+    the temporary file it may have left (``outputs.partial_files``)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())  # (Python < 3.14 has no kill_workers())
     manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)

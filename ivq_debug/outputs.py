@@ -171,6 +171,24 @@ def atomic_write_json(path: str | os.PathLike, doc: Any, *, overwrite: bool = Fa
     return atomic_write_with(path, fill, overwrite=overwrite)
 
 
+def partial_files(path: str | os.PathLike) -> list[Path]:
+    """The temporary files an atomic write of ``path`` left (its writer killed before the rename):
+    ``.NAME.*.partial`` beside it, as :func:`atomic_write_with` names them."""
+    import glob
+
+    p = Path(path)
+    return sorted(p.parent.glob(f"{glob.escape(_temp_prefix(p))}*{PARTIAL_SUFFIX}"))
+
+
+#: the suffix of an atomic write's temporary file
+PARTIAL_SUFFIX = ".partial"
+
+
+def _temp_prefix(p: Path) -> str:
+    """The prefix of the temporary file an atomic write of ``p`` makes beside it (hidden: a dot first)."""
+    return f".{p.name}."
+
+
 def atomic_write_with(path: str | os.PathLike, fill: Any, *, overwrite: bool = False) -> Path:
     """The atomic write of :func:`atomic_write_bytes`, the content written by ``fill(binary_file)``."""
     p = Path(path)
@@ -183,7 +201,7 @@ def atomic_write_with(path: str | os.PathLike, fill: Any, *, overwrite: bool = F
     created = _make_parents(p)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(p), suffix=PARTIAL_SUFFIX, dir=p.parent)
         with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()

@@ -141,6 +141,8 @@ from ivq_debug.executor import Job, LocalExecutor
 
 def work(i: int, folder: str) -> dict:
     Path(folder, f"pid-{os.getpid()}").touch()
+    if i:  # what a job killed while writing its shard leaves: its temporary file
+        Path(folder, "shards", f".k{i}.json.x{os.getpid()}.partial").write_text("{")
     t = time.monotonic()
     while i and time.monotonic() - t < 120:  # job 0 ends at once, the others are at work for 2 minutes
         sum(range(10000))
@@ -160,7 +162,8 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signalled_or_killed_owner_leaves_no_pool_worker_at_work(tmp_path: Path, sig: int) -> None:
     """``SIGTERM`` (the CLI's ``Signalled``) stops the jobs in flight instead of running every submitted job to the end
-    first (60 s for four 30 s jobs, measured before), and keeps the finished job's shard; an owner killed outright
+    first (60 s for four 30 s jobs, measured before), keeps the finished job's shard and removes the temporary files
+    of the killed ones; an owner killed outright
     (``SIGKILL``: the OOM killer, a CI timeout) cannot stop its workers, which end with it (``forked.end_with``)
     instead of computing on."""
     import subprocess
@@ -189,6 +192,7 @@ def test_a_signalled_or_killed_owner_leaves_no_pool_worker_at_work(tmp_path: Pat
         assert not alive, f"workers {alive} still run {time.monotonic() - t0:.1f} s after the owner's {sig!r}"
         if sig == signal.SIGTERM:
             assert code == 143 and left < 15, (code, left, p.stderr.read())
+            assert not list((tmp_path / "shards").glob(".*.partial"))  # the killed jobs' temporary files removed
         assert shard_path(tmp_path / "shards", "k0").exists()  # the finished job's shard is kept
     finally:
         p.kill()
