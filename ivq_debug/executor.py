@@ -375,21 +375,18 @@ class LocalExecutor:
             _drive(todo, submit, report, description, progress, lost=lost)
         except BaseException:  # a signal (Signalled) or an error: the jobs in flight are stopped, not waited for
             if pools[0] is not None:
-                _stop(pools[0])
-                for j in todo:  # (a job killed while writing its shard left its temporary file)
-                    for tmp in partial_files(shard_path(folder, j.key)):
-                        tmp.unlink(missing_ok=True)
+                _stop(pools[0], [shard_path(folder, j.key) for j in todo])
             raise
         if pools[0] is not None:
             pools[0].shutdown(wait=True)
         return report
 
 
-def _stop(pool: cf.ProcessPoolExecutor) -> None:
+def _stop(pool: cf.ProcessPoolExecutor, shards: list[Path]) -> None:
     """Cancel ``pool``'s queued jobs and kill its workers at once: ``shutdown(wait=True)`` after a ``SIGTERM`` ran
     every job submitted to the end first (measured: 60 s for four 30 s jobs on 2 workers, the signal at 4 s).
-    The finished jobs' shards are kept; a killed job leaves no shard (written atomically), and the caller removes
-    the temporary file it may have left (``outputs.partial_files``)."""
+    The finished jobs' shards are kept; a killed job leaves no shard (written atomically), and the temporary file it
+    may have left beside one of ``shards`` is removed (``outputs.partial_files``)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())  # (Python < 3.14 has no kill_workers())
     manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
@@ -403,6 +400,9 @@ def _stop(pool: cf.ProcessPoolExecutor) -> None:
         proc.join(5)
     if manager is not None:  # (its teardown done before the interpreter's exit handlers run)
         manager.join(5)
+    for shard in shards:
+        for tmp in partial_files(shard):
+            tmp.unlink(missing_ok=True)
 
 
 def _ray() -> Any:
